@@ -1,0 +1,5 @@
+"""CRIU through its RPC interface (``criu swrk``)."""
+
+from ckptd.adapters.criu.swrk import CriuSwrk
+
+__all__ = ["CriuSwrk"]

@@ -1,0 +1,28 @@
+"""Reading CRIU's own image files (only the few ckptd needs)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from ckptd._gen.criu import stats_pb2
+
+IMG_SERVICE_MAGIC = 0x55105940
+STATS_MAGIC = 0x57093306
+
+
+def read_dump_stats(work_dir: Path) -> stats_pb2.dump_stats_entry | None:
+    """The ``stats-dump`` image CRIU writes into its work directory after a dump; None if
+    absent or unreadable."""
+    try:
+        raw = (work_dir / "stats-dump").read_bytes()
+    except OSError:
+        return None
+    if len(raw) < 12:
+        return None
+    magic0, magic1, size = struct.unpack_from("<III", raw, 0)
+    if magic0 != IMG_SERVICE_MAGIC or magic1 != STATS_MAGIC or len(raw) < 12 + size:
+        return None
+    entry = stats_pb2.stats_entry()
+    entry.ParseFromString(raw[12 : 12 + size])
+    return entry.dump if entry.HasField("dump") else None

@@ -1,0 +1,319 @@
+"""CRIU driven over its RPC protocol: ``criu swrk <fd>`` on a SOCK_SEQPACKET socketpair.
+
+One request per CRIU process. With ``notify_scripts`` CRIU stops at each notification
+("pre-dump", "post-dump", "post-restore", ...), sends a NOTIFY message and waits for our reply;
+each is routed to a ``CriuHooks`` method, and a hook that raises is answered with
+``notify_success = false`` so CRIU aborts (and undoes) the operation.
+
+Invariants: CRIU runs in a new session (restored trees land there, not in the daemon's); it is
+started with an empty plugin directory (CRIU_LIBS_DIR), so CRIU's own CUDA plugin never acts
+behind ckptd's back; every failure becomes ``CriuFailed`` with CRIU's errno, message and the
+tail of its log, or ``CriuUnavailable`` when CRIU cannot run at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ckptd._gen.criu import rpc_pb2
+from ckptd.adapters.criu.images import read_dump_stats
+from ckptd.core.ports import (
+    CriuDumpJob,
+    CriuDumpResult,
+    CriuHooks,
+    CriuRestoreJob,
+)
+from ckptd.domain import CriuStatus
+from ckptd.errors import CriuFailed, CriuUnavailable
+
+log = logging.getLogger(__name__)
+
+MIN_VERSION = (4, 1)
+LOG_TAIL_LINES = 25
+_HARMLESS = ("RLIMIT_NOFILE",)  # CAP_SYS_RESOURCE missing: CRIU says so and carries on
+
+
+def _hook_table(hooks: CriuHooks) -> dict[str, Callable[[int], None]]:
+    return {
+        "pre-dump": hooks.pre_dump,
+        "network-lock": hooks.network_lock,
+        "post-dump": hooks.post_dump,
+        "network-unlock": hooks.network_unlock,
+        "pre-restore": hooks.pre_restore,
+        "setup-namespaces": hooks.setup_namespaces,
+        "post-restore": hooks.post_restore,
+        "pre-resume": hooks.pre_resume,
+        "post-resume": hooks.post_resume,
+    }
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a CRIU log, harmless noise left out."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    kept = [ln for ln in text.splitlines() if not any(h in ln for h in _HARMLESS)]
+    return "\n".join(kept[-lines:])
+
+
+class CriuSwrk:
+    """The ``Criu`` port over ``criu swrk``. Thread-safe: each call runs its own CRIU."""
+
+    def __init__(self, criu_path: str, *, plugin_dir: Path, log_level: int = 4) -> None:
+        self._path = criu_path
+        self._plugin_dir = plugin_dir
+        self._log_level = log_level
+        self._status: CriuStatus | None = None
+        self._status_at = 0.0
+        self._status_lock = threading.Lock()
+
+    # ---- status -------------------------------------------------------------------------------
+
+    def status(self) -> CriuStatus:
+        """CRIU's path, version and whether ``criu check`` passes. A good answer is kept; a
+        bad one is asked again after a few seconds (someone may be installing CRIU)."""
+        with self._status_lock:
+            fresh = self._status is not None and (
+                self._status.ok or time.monotonic() - self._status_at < 5.0
+            )
+            if not fresh:
+                self._status = self._probe()
+                self._status_at = time.monotonic()
+            assert self._status is not None
+            return self._status
+
+    def _probe(self) -> CriuStatus:
+        path = self._path
+        if not os.path.isfile(path) or not os.access(path, os.X_OK):
+            return CriuStatus(path, "", False, f"CRIU not found at {path}")
+        try:
+            out = subprocess.run(
+                [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            return CriuStatus(path, "", False, f"cannot run {path}: {exc}")
+        match = re.search(r"Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", out)
+        if not match:
+            return CriuStatus(path, "", False, f"{path} --version printed no version")
+        version = ".".join(g for g in match.groups() if g is not None)
+        if (int(match[1]), int(match[2])) < MIN_VERSION:
+            return CriuStatus(
+                path, version, False,
+                f"CRIU {version} at {path} is too old: ckptd needs CRIU >= "
+                f"{MIN_VERSION[0]}.{MIN_VERSION[1]} (kernels >= 6.13 changed the vDSO layout)",
+            )
+        try:
+            check = subprocess.run(
+                [path, "check"], capture_output=True, text=True, timeout=60, check=False,
+                env=self._env(),
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return CriuStatus(path, version, False, f"`criu check` could not run: {exc}")
+        if check.returncode != 0:
+            detail = log_tail_text(check.stderr + check.stdout)
+            return CriuStatus(path, version, False, f"`{path} check` failed: {detail}")
+        return CriuStatus(path, version, True, "Looks good.")
+
+    def feature(self, name: str) -> bool:
+        """Whether ``criu check --feature NAME`` passes (e.g. ``mem_dirty_track``)."""
+        try:
+            return subprocess.run(
+                [self._path, "check", "--feature", name], capture_output=True, timeout=30,
+                check=False, env=self._env(),
+            ).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+    # ---- dump / restore ----------------------------------------------------------------
+
+    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> CriuDumpResult:
+        started = time.monotonic()
+        with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
+            opts = rpc_pb2.criu_opts(
+                images_dir_fd=images_fd,
+                work_dir_fd=work_fd,
+                pid=job.pid,
+                leave_running=job.leave_running,
+                shell_job=job.shell_job,
+                tcp_established=job.tcp_established,
+                ext_unix_sk=job.ext_unix_sk,
+                log_level=self._log_level,
+                log_file="dump.log",
+                notify_scripts=True,
+                file_locks=True,
+                link_remap=True,
+            )
+            if job.leave_stopped:
+                opts.leave_stopped = True
+            req = rpc_pb2.criu_req(type=rpc_pb2.DUMP, opts=opts)
+            self._call(req, hooks, (images_fd, work_fd), job.work_dir / "dump.log",
+                       f"dump of pid {job.pid}", job.pid)
+        stats = read_dump_stats(job.work_dir)
+        return CriuDumpResult(
+            frozen_s=(stats.frozen_time / 1e6) if stats else 0.0,
+            freezing_s=(stats.freezing_time / 1e6) if stats else 0.0,
+            pages_written=stats.pages_written if stats else 0,
+            duration_s=time.monotonic() - started,
+        )
+
+    def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
+        with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
+            opts = rpc_pb2.criu_opts(
+                images_dir_fd=images_fd,
+                work_dir_fd=work_fd,
+                shell_job=job.shell_job,
+                tcp_established=job.tcp_established,
+                ext_unix_sk=job.ext_unix_sk,
+                log_level=self._log_level,
+                log_file="restore.log",
+                notify_scripts=True,
+                file_locks=True,
+            )
+            for inherit in job.inherit_fds:
+                opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
+            req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
+            fds = (images_fd, work_fd, *(i.fd for i in job.inherit_fds))
+            resp = self._call(req, hooks, fds, job.work_dir / "restore.log", "restore", None)
+        return int(resp.restore.pid)
+
+    # ---- the protocol ------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        self._plugin_dir.mkdir(parents=True, exist_ok=True)
+        return {**os.environ, "CRIU_LIBS_DIR": str(self._plugin_dir)}
+
+    def _call(
+        self,
+        req: rpc_pb2.criu_req,
+        hooks: CriuHooks,
+        fds: tuple[int, ...],
+        log_path: Path,
+        what: str,
+        pid: int | None,
+    ) -> rpc_pb2.criu_resp:
+        status = self.status()
+        if not status.ok:
+            raise CriuUnavailable(status.message, pid=pid)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stderr_path = log_path.with_suffix(".stderr")
+        try:
+            with open(stderr_path, "wb") as stderr:
+                try:
+                    proc = subprocess.Popen(
+                        [self._path, "swrk", str(theirs.fileno())],
+                        pass_fds=(theirs.fileno(), *fds),
+                        stdin=subprocess.DEVNULL,
+                        stdout=stderr,
+                        stderr=stderr,
+                        start_new_session=True,
+                        env=self._env(),
+                    )
+                except OSError as exc:
+                    raise CriuUnavailable(f"cannot start {self._path}: {exc}", pid=pid) from exc
+            theirs.close()
+            try:
+                resp = self._converse(ours, req, hooks, what, log_path, pid)
+            finally:
+                ours.close()
+                proc.wait()
+        finally:
+            theirs.close()
+        return resp
+
+    def _converse(
+        self,
+        sock: socket.socket,
+        req: rpc_pb2.criu_req,
+        hooks: CriuHooks,
+        what: str,
+        log_path: Path,
+        pid: int | None,
+    ) -> rpc_pb2.criu_resp:
+        table = _hook_table(hooks)
+        sock.send(req.SerializeToString())
+        hook_error: BaseException | None = None
+        while True:
+            resp = _receive(sock)
+            if resp is None:
+                raise CriuFailed(
+                    f"CRIU {what} failed: CRIU exited without answering",
+                    log_tail=log_tail(log_path), log_path=str(log_path), pid=pid,
+                    hint=f"see {log_path}",
+                )
+            if resp.type != rpc_pb2.NOTIFY:
+                break
+            ok = True
+            hook = table.get(resp.notify.script)
+            if hook is not None and hook_error is None:
+                try:
+                    hook(resp.notify.pid)
+                except Exception as exc:
+                    log.exception("hook %s failed", resp.notify.script)
+                    hook_error, ok = exc, False
+            reply = rpc_pb2.criu_req(type=rpc_pb2.NOTIFY, notify_success=ok)
+            sock.send(reply.SerializeToString())
+        if resp.success and hook_error is None:
+            return resp
+        tail = log_tail(log_path)
+        errno = resp.cr_errno if resp.HasField("cr_errno") else None
+        detail = resp.cr_errmsg or (os.strerror(errno) if errno else "see its log")
+        if hook_error is not None:
+            raise CriuFailed(
+                f"CRIU {what} aborted: {hook_error}", errno=errno, log_tail=tail,
+                log_path=str(log_path), pid=pid, hint=f"see {log_path}",
+            ) from hook_error
+        raise CriuFailed(
+            f"CRIU {what} failed: {detail}", errno=errno, log_tail=tail,
+            log_path=str(log_path), pid=pid, hint=f"see {log_path}",
+        )
+
+
+def _receive(sock: socket.socket) -> rpc_pb2.criu_resp | None:
+    """One whole message, sized with MSG_PEEK|MSG_TRUNC. None when CRIU has gone."""
+    try:
+        size = _peek_size(sock)
+        if size == 0:
+            return None
+        data = sock.recv(size)
+    except (ConnectionResetError, BrokenPipeError):
+        return None
+    resp = rpc_pb2.criu_resp()
+    resp.ParseFromString(data)
+    return resp
+
+
+def _peek_size(sock: socket.socket) -> int:
+    buf = bytearray(1)
+    nbytes, _, flags, _ = sock.recvmsg_into([buf], 0, socket.MSG_PEEK | socket.MSG_TRUNC)
+    del flags
+    return nbytes
+
+
+def log_tail_text(text: str, lines: int = 5) -> str:
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    kept = [ln for ln in kept if not any(h in ln for h in _HARMLESS)]
+    return " | ".join(kept[-lines:])
+
+
+class _DirFd:
+    """A directory opened O_DIRECTORY for the lifetime of a ``with`` block."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self.fd = -1
+
+    def __enter__(self) -> int:
+        self.fd = os.open(self._path, os.O_RDONLY | os.O_DIRECTORY)
+        return self.fd
+
+    def __exit__(self, *_: object) -> None:
+        os.close(self.fd)

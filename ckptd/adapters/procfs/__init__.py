@@ -1,0 +1,6 @@
+"""The host's processes, read from /proc."""
+
+from ckptd.adapters.procfs.proctable import ProcFsTable
+from ckptd.adapters.procfs.stdio import LocalStdioProvider
+
+__all__ = ["LocalStdioProvider", "ProcFsTable"]

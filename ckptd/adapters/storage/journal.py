@@ -1,0 +1,33 @@
+"""``Journal``: one small JSON file per operation in flight, written durably."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ckptd.adapters.storage.fsutil import fsync_dir, write_atomic
+
+
+class FileJournal:
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def begin(self, op_id: str, facts: dict[str, Any]) -> None:
+        write_atomic(self._root / f"{op_id}.json", json.dumps(facts).encode())
+
+    def end(self, op_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self._root / f"{op_id}.json").unlink()
+            fsync_dir(self._root)
+
+    def pending(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for path in sorted(self._root.glob("*.json")):
+            try:
+                facts = json.loads(path.read_text())
+            except (OSError, ValueError):
+                facts = {}
+            yield path.stem, facts

@@ -1,0 +1,19 @@
+"""Configuration of the core, passed in as a value (never read from a global)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    node: str
+    daemon_pid: int
+    work_dir: Path
+    """CRIU logs of each operation go to ``work_dir/<operation id>/``."""
+    output_dir: Path
+    """Default home of restored trees' stdout when it was a pipe or terminal."""
+    zombie_wait_s: float = 5.0
+    """How long a restore waits for a killed process's zombie to be reaped."""
+    keep_work_dirs: int = 20

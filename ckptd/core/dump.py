@@ -1,0 +1,200 @@
+"""The dump recipe: the one place that says how a process tree becomes a checkpoint.
+
+Order, and what undoes each step if a later one fails:
+
+    inspect     read the tree, its stdio, which processes are already stopped   -
+    journal     durable "dump in flight" record (a restarted daemon undoes it)   end the record
+    stage       an empty image directory in the store                          abort it
+    criu-dump   CRIU dumps the tree and leaves it stopped (or running)         resume the tree
+    commit      the checkpoint becomes durable, then visible                   -
+    release     leave-running: nothing; else kill the tree                     -
+
+Invariants: the target is never left frozen or stopped by a failed dump (CRIU leaves the tree
+stopped, not killed, so a failed commit can still resume it); a checkpoint is listed only once
+committed; the tree is killed only after its checkpoint is durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ckptd.core.config import CoreConfig
+from ckptd.core.ports import (
+    CheckpointStore,
+    Clock,
+    Criu,
+    CriuDumpJob,
+    CriuDumpResult,
+    CriuHooks,
+    Journal,
+    ProcessTable,
+)
+from ckptd.core.recipe import ProgressSink, Step, run_steps
+from ckptd.core.targets import check_dump_target
+from ckptd.domain import (
+    Caller,
+    CheckpointRecord,
+    DumpRequest,
+    PidState,
+    ProcessFact,
+    StdioFact,
+    new_checkpoint_id,
+)
+from ckptd.errors import CkptdError, CriuUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DumpContext:
+    caller: Caller
+    request: DumpRequest
+    checkpoint_id: str
+    started: float
+    tree: tuple[ProcessFact, ...] = ()
+    stdio: tuple[StdioFact, ...] = ()
+    stopped_before: frozenset[int] = frozenset()
+    images_dir: Path | None = None
+    work_dir: Path | None = None
+    criu_result: CriuDumpResult | None = None
+    record: CheckpointRecord | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class DumpRecipe:
+    """Checkpoints one process tree. Thread-safe: callers serialize per pid (PidLocks)."""
+
+    def __init__(
+        self,
+        *,
+        criu: Criu,
+        processes: ProcessTable,
+        store: CheckpointStore,
+        journal: Journal,
+        clock: Clock,
+        config: CoreConfig,
+        hooks: CriuHooks | None = None,
+    ) -> None:
+        self._criu = criu
+        self._processes = processes
+        self._store = store
+        self._journal = journal
+        self._clock = clock
+        self._config = config
+        self._hooks = hooks or CriuHooks()
+        self.steps: tuple[Step[DumpContext], ...] = (
+            Step("inspect", self._inspect, None, "inspecting the process tree"),
+            Step("journal", self._journal_begin, self._journal_end, "recording the operation"),
+            Step("stage", self._stage, self._unstage, "preparing the image directory"),
+            Step("criu-dump", self._criu_dump, self._resume_tree, "CRIU is dumping the tree"),
+            Step("commit", self._commit, None, "committing the checkpoint"),
+            Step("release", self._release, None, "releasing the tree"),
+        )
+
+    def new_context(self, caller: Caller, request: DumpRequest) -> DumpContext:
+        now = self._clock.time()
+        return DumpContext(caller, request, new_checkpoint_id(now), now)
+
+    def run(self, ctx: DumpContext, progress: ProgressSink) -> CheckpointRecord:
+        try:
+            run_steps(self.steps, ctx, progress)
+        except CkptdError as exc:
+            exc.pid = exc.pid or ctx.request.pid
+            exc.checkpoint_id = exc.checkpoint_id or ctx.checkpoint_id
+            raise
+        assert ctx.record is not None
+        return ctx.record
+
+    # ---- steps ----------------------------------------------------------------------------
+
+    def _inspect(self, ctx: DumpContext) -> None:
+        status = self._criu.status()
+        if not status.ok:
+            raise CriuUnavailable(f"cannot checkpoint: {status.message}", pid=ctx.request.pid)
+        ctx.tree = check_dump_target(
+            self._processes, ctx.caller, ctx.request.pid, self._config.daemon_pid
+        )
+        ctx.stdio = self._processes.stdio(ctx.tree)
+        ctx.stopped_before = frozenset(
+            p.pid for p in ctx.tree if self._processes.status(p.pid).state is PidState.STOPPED
+        )
+
+    def _journal_begin(self, ctx: DumpContext) -> None:
+        self._journal.begin(
+            ctx.checkpoint_id,
+            {
+                "op": "dump",
+                "checkpoint_id": ctx.checkpoint_id,
+                "pids": [p.pid for p in ctx.tree],
+                "stopped_before": sorted(ctx.stopped_before),
+                "leave_running": ctx.request.leave_running,
+            },
+        )
+
+    def _journal_end(self, ctx: DumpContext) -> None:
+        self._journal.end(ctx.checkpoint_id)
+
+    def _stage(self, ctx: DumpContext) -> None:
+        ctx.images_dir = self._store.begin(ctx.checkpoint_id)
+        ctx.work_dir = self._config.work_dir / ctx.checkpoint_id
+        ctx.work_dir.mkdir(parents=True, exist_ok=True)
+
+    def _unstage(self, ctx: DumpContext) -> None:
+        self._store.abort(ctx.checkpoint_id)
+
+    def _criu_dump(self, ctx: DumpContext) -> None:
+        assert ctx.images_dir is not None and ctx.work_dir is not None
+        job = CriuDumpJob(
+            pid=ctx.request.pid,
+            images_dir=ctx.images_dir,
+            work_dir=ctx.work_dir,
+            leave_running=ctx.request.leave_running,
+            leave_stopped=not ctx.request.leave_running,
+        )
+        ctx.criu_result = self._criu.dump(job, self._hooks)
+
+    def _resume_tree(self, ctx: DumpContext) -> None:
+        resume_tree(self._processes, [p.pid for p in ctx.tree], ctx.stopped_before)
+
+    def _commit(self, ctx: DumpContext) -> None:
+        assert ctx.criu_result is not None
+        record = CheckpointRecord(
+            id=ctx.checkpoint_id,
+            pid=ctx.request.pid,
+            created=ctx.started,
+            node=self._config.node,
+            uid=ctx.tree[0].uid,
+            name=ctx.request.name,
+            labels=dict(ctx.request.labels),
+            leave_running=ctx.request.leave_running,
+            processes=ctx.tree,
+            stdio=ctx.stdio,
+            frozen_s=ctx.criu_result.frozen_s,
+            criu_version=self._criu.status().version,
+            parent_id=self._parent_of(ctx),
+        )
+        record = self._store.commit(record)
+        ctx.record = replace(record, duration_s=self._clock.time() - ctx.started)
+
+    def _parent_of(self, ctx: DumpContext) -> str:
+        earlier = [r for r in self._store.list() if r.pid == ctx.request.pid]
+        return earlier[-1].id if earlier else ""
+
+    def _release(self, ctx: DumpContext) -> None:
+        if not ctx.request.leave_running:
+            for proc in ctx.tree:
+                self._processes.signal(proc.pid, signal.SIGKILL)
+        self._journal.end(ctx.checkpoint_id)
+
+
+def resume_tree(processes: ProcessTable, pids: list[int], stopped_before: frozenset[int]) -> None:
+    """Send SIGCONT to every process of ``pids`` that is stopped now but was not before."""
+    for pid in pids:
+        if pid in stopped_before:
+            continue
+        if processes.status(pid).state is PidState.STOPPED:
+            log.warning("resuming pid %d left stopped by a failed dump", pid)
+            processes.signal(pid, signal.SIGCONT)

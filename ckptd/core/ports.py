@@ -1,0 +1,193 @@
+"""The ports of ckptd's core: what it needs from the outside world, as Protocols.
+
+Each port has a real adapter under ``ckptd.adapters`` and a fake in ``ckptd.testing``; both
+pass the same contract suite under ``tests/contract``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ckptd.domain import CheckpointRecord, CriuStatus, PidStatus, ProcessFact, StdioFact
+
+
+class Clock(Protocol):
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch."""
+        ...
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class ProcessTable(Protocol):
+    """Read-only view of the host's processes, plus the signals the core may need."""
+
+    def status(self, pid: int) -> PidStatus:
+        """What occupies ``pid`` now (``PidState.FREE`` when nothing)."""
+        ...
+
+    def tree(self, pid: int) -> tuple[ProcessFact, ...]:
+        """``pid`` and all its descendants, root first. Raises ProcessNotFound."""
+        ...
+
+    def ancestors(self, pid: int) -> tuple[int, ...]:
+        """Parent, grandparent, ... up to pid 1 (excluding ``pid``)."""
+        ...
+
+    def stdio(self, tree: Sequence[ProcessFact]) -> tuple[StdioFact, ...]:
+        """Descriptors 0-2 of every process of ``tree``, with external ones marked."""
+        ...
+
+    def signal(self, pid: int, signo: int) -> bool:
+        """Send ``signo``; False when the process no longer exists."""
+        ...
+
+
+# ---- CRIU -------------------------------------------------------------------------------------
+
+
+class CriuHooks:
+    """Callbacks for CRIU's notifications during a dump or restore. Override what you need.
+
+    The defaults do nothing. A hook that raises makes CRIU abort the operation (CRIU then
+    resumes a dumped tree, or kills a half-restored one). ``pid`` is the tree's root pid when
+    CRIU says it, else 0.
+    """
+
+    def pre_dump(self, pid: int) -> None:
+        """Before CRIU seizes any process of the tree."""
+
+    def network_lock(self, pid: int) -> None: ...
+
+    def post_dump(self, pid: int) -> None:
+        """Images written, the tree still frozen."""
+
+    def network_unlock(self, pid: int) -> None: ...
+
+    def pre_restore(self, pid: int) -> None: ...
+
+    def setup_namespaces(self, pid: int) -> None: ...
+
+    def post_restore(self, pid: int) -> None:
+        """The tree exists again, not yet resumed."""
+
+    def pre_resume(self, pid: int) -> None: ...
+
+    def post_resume(self, pid: int) -> None:
+        """The restored tree runs."""
+
+
+@dataclass(frozen=True)
+class CriuDumpJob:
+    pid: int
+    images_dir: Path
+    work_dir: Path
+    leave_running: bool
+    leave_stopped: bool = False
+    shell_job: bool = True
+    tcp_established: bool = False
+    ext_unix_sk: bool = False
+
+
+@dataclass(frozen=True)
+class CriuDumpResult:
+    frozen_s: float
+    freezing_s: float
+    pages_written: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class InheritFd:
+    """Give the restored tree our ``fd`` where it had the external resource ``key``."""
+
+    key: str
+    fd: int
+
+
+@dataclass(frozen=True)
+class CriuRestoreJob:
+    images_dir: Path
+    work_dir: Path
+    inherit_fds: tuple[InheritFd, ...] = ()
+    shell_job: bool = True
+    tcp_established: bool = False
+    ext_unix_sk: bool = False
+
+
+class Criu(Protocol):
+    def status(self) -> CriuStatus: ...
+
+    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> CriuDumpResult:
+        """Dump the tree. On failure raises CriuFailed and the tree runs as before."""
+        ...
+
+    def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
+        """Restore the tree; returns its root pid. On failure nothing of it remains."""
+        ...
+
+
+# ---- storage -----------------------------------------------------------------------------------
+
+
+class CheckpointStore(Protocol):
+    """Where checkpoints live.
+
+    Invariants: ``list``/``get`` see a checkpoint only after ``commit`` returned, and then
+    everything it needs is durable; ``abort`` and a crash before ``commit`` leave nothing
+    visible; ``checkout`` yields a complete CRIU image directory or raises.
+    """
+
+    location: str
+
+    def begin(self, checkpoint_id: str) -> Path:
+        """A fresh empty directory for CRIU's images of ``checkpoint_id``."""
+        ...
+
+    def commit(self, record: CheckpointRecord) -> CheckpointRecord:
+        """Make ``record`` (and the images in its directory) durable and visible; returns the
+        record with its sizes filled in."""
+        ...
+
+    def abort(self, checkpoint_id: str) -> None:
+        """Forget an uncommitted checkpoint. Idempotent."""
+        ...
+
+    def list(self) -> list[CheckpointRecord]:
+        """Committed checkpoints, oldest first."""
+        ...
+
+    def get(self, checkpoint_id: str) -> CheckpointRecord: ...
+
+    def delete(self, checkpoint_id: str) -> None: ...
+
+    def checkout(self, checkpoint_id: str) -> AbstractContextManager[Path]:
+        """A CRIU image directory for restoring ``checkpoint_id``, valid inside the context."""
+        ...
+
+
+class Journal(Protocol):
+    """Durable record of operations in flight, so a restarted daemon can finish or undo them."""
+
+    def begin(self, op_id: str, facts: dict[str, Any]) -> None: ...
+
+    def end(self, op_id: str) -> None: ...
+
+    def pending(self) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+
+class StdioProvider(Protocol):
+    """Replacements, at restore, for stdio descriptors whose other end is outside the tree."""
+
+    def replacements(
+        self, stdio: Sequence[StdioFact], output_path: Path
+    ) -> AbstractContextManager[tuple[InheritFd, ...]]:
+        """Descriptors to hand to CRIU; ours are closed when the context exits (the restored
+        tree keeps its own copies)."""
+        ...

@@ -1,0 +1,200 @@
+"""The restore recipe: the one place that says how a checkpoint becomes a running tree again.
+
+Order, and what undoes each step if a later one fails:
+
+    resolve       find the checkpoint (id, or latest of a pid / name); check the caller   -
+    pids          every pid of the tree must be free (a zombie is waited for, bounded)     -
+    checkout      CRIU's image directory from the store                                   release it
+    stdio         replacements for stdio whose other end was outside the tree             close ours
+    criu-restore  CRIU recreates the tree and resumes it                                  -
+
+Invariants: nothing on the node changes before ``pids`` passed; a failed CRIU restore leaves
+no part of the tree behind (CRIU kills what it created); the restored tree is not a child of
+the daemon (CRIU's process forks it and exits), so stopping the daemon never touches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptd.core.config import CoreConfig
+from ckptd.core.ports import (
+    CheckpointStore,
+    Clock,
+    Criu,
+    CriuHooks,
+    CriuRestoreJob,
+    InheritFd,
+    ProcessTable,
+    StdioProvider,
+)
+from ckptd.core.recipe import ProgressSink, Step, run_steps
+from ckptd.domain import Caller, CheckpointRecord, PidState, RestoreOutcome, RestoreRequest
+from ckptd.errors import (
+    CheckpointNotFound,
+    CkptdError,
+    CriuUnavailable,
+    PermissionDenied,
+    PidInUse,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RestoreContext:
+    caller: Caller
+    request: RestoreRequest
+    op_id: str
+    started: float
+    record: CheckpointRecord | None = None
+    images_dir: Path | None = None
+    output_path: Path | None = None
+    inherit_fds: tuple[InheritFd, ...] = ()
+    pid: int = 0
+    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
+def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
+    """The checkpoint a restore request names. Raises CheckpointNotFound."""
+    if request.checkpoint_id:
+        return store.get(request.checkpoint_id)
+    records = store.list()
+    if request.pid:
+        matches = [r for r in records if r.pid == request.pid]
+        what = f"pid {request.pid}"
+    elif request.name:
+        matches = [r for r in records if r.name == request.name]
+        what = f"name {request.name!r}"
+    else:
+        raise CheckpointNotFound(
+            "no checkpoint named", hint="give a checkpoint id, a pid or a name"
+        )
+    if not matches:
+        raise CheckpointNotFound(f"no checkpoint of {what}", pid=request.pid or None)
+    return max(matches, key=lambda r: (r.created, r.id))
+
+
+class RestoreRecipe:
+    def __init__(
+        self,
+        *,
+        criu: Criu,
+        processes: ProcessTable,
+        store: CheckpointStore,
+        stdio: StdioProvider,
+        clock: Clock,
+        config: CoreConfig,
+        hooks: CriuHooks | None = None,
+    ) -> None:
+        self._criu = criu
+        self._processes = processes
+        self._store = store
+        self._stdio = stdio
+        self._clock = clock
+        self._config = config
+        self._hooks = hooks or CriuHooks()
+        self.steps: tuple[Step[RestoreContext], ...] = (
+            Step("resolve", self._resolve, None, "finding the checkpoint"),
+            Step("pids", self._wait_pids_free, None, "checking that the tree's pids are free"),
+            Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
+            Step("stdio", self._stdio_replacements, None, "preparing stdio"),
+            Step("criu-restore", self._criu_restore, None, "CRIU is restoring the tree"),
+        )
+
+    def new_context(self, caller: Caller, request: RestoreRequest, op_id: str) -> RestoreContext:
+        return RestoreContext(caller, request, op_id, self._clock.time())
+
+    def resolve(self, ctx: RestoreContext) -> CheckpointRecord:
+        """Run the resolve step alone (the caller needs the pid to lock before the rest)."""
+        self._resolve(ctx)
+        assert ctx.record is not None
+        return ctx.record
+
+    def run(self, ctx: RestoreContext, progress: ProgressSink) -> RestoreOutcome:
+        try:
+            with ctx.resources:
+                run_steps(self.steps, ctx, progress)
+        except CkptdError as exc:
+            if ctx.record is not None:
+                exc.checkpoint_id = exc.checkpoint_id or ctx.record.id
+                exc.pid = exc.pid or ctx.record.pid
+            raise
+        assert ctx.record is not None and ctx.output_path is not None
+        return RestoreOutcome(
+            checkpoint_id=ctx.record.id,
+            pid=ctx.pid,
+            output_path=str(ctx.output_path) if ctx.inherit_fds else "",
+            duration_s=self._clock.time() - ctx.started,
+            stdio=ctx.record.stdio,
+        )
+
+    # ---- steps ----------------------------------------------------------------------------
+
+    def _resolve(self, ctx: RestoreContext) -> None:
+        if ctx.record is not None:
+            return
+        record = find_checkpoint(self._store, ctx.request)
+        if not ctx.caller.is_root and record.uid != ctx.caller.uid:
+            raise PermissionDenied(
+                f"checkpoint {record.id} belongs to uid {record.uid}, the caller is uid "
+                f"{ctx.caller.uid}",
+                checkpoint_id=record.id,
+            )
+        status = self._criu.status()
+        if not status.ok:
+            raise CriuUnavailable(f"cannot restore: {status.message}", checkpoint_id=record.id)
+        ctx.record = record
+
+    def _wait_pids_free(self, ctx: RestoreContext) -> None:
+        assert ctx.record is not None
+        deadline = self._clock.monotonic() + self._config.zombie_wait_s
+        for proc in ctx.record.processes:
+            while True:
+                status = self._processes.status(proc.pid)
+                if status.state is PidState.FREE:
+                    break
+                if status.state is not PidState.ZOMBIE:
+                    raise PidInUse(
+                        f"pid {proc.pid} is in use by a running process ({status.comm}, parent "
+                        f"{status.ppid}); checkpoint {ctx.record.id} needs it",
+                        hint=f"stop pid {proc.pid} first, or restore on another node",
+                        pid=proc.pid,
+                        checkpoint_id=ctx.record.id,
+                    )
+                if self._clock.monotonic() >= deadline:
+                    raise PidInUse(
+                        f"pid {proc.pid} is still held by a zombie ({status.comm}) that its "
+                        f"parent pid {status.ppid} has not reaped after "
+                        f"{self._config.zombie_wait_s:g}s",
+                        hint=f"make pid {status.ppid} reap its child (or end it), then retry",
+                        pid=proc.pid,
+                        checkpoint_id=ctx.record.id,
+                    )
+                self._clock.sleep(0.05)
+
+    def _checkout(self, ctx: RestoreContext) -> None:
+        assert ctx.record is not None
+        ctx.images_dir = ctx.resources.enter_context(self._store.checkout(ctx.record.id))
+
+    def _stdio_replacements(self, ctx: RestoreContext) -> None:
+        assert ctx.record is not None
+        if ctx.request.output_path:
+            ctx.output_path = Path(ctx.request.output_path)
+        else:
+            ctx.output_path = self._config.output_dir / f"{ctx.record.id}.{ctx.op_id}.out"
+        ctx.inherit_fds = ctx.resources.enter_context(
+            self._stdio.replacements(ctx.record.stdio, ctx.output_path)
+        )
+
+    def _criu_restore(self, ctx: RestoreContext) -> None:
+        assert ctx.images_dir is not None
+        work_dir = self._config.work_dir / ctx.op_id
+        work_dir.mkdir(parents=True, exist_ok=True)
+        job = CriuRestoreJob(
+            images_dir=ctx.images_dir, work_dir=work_dir, inherit_fds=ctx.inherit_fds
+        )
+        ctx.pid = self._criu.restore(job, self._hooks)

@@ -1,0 +1,149 @@
+"""CheckpointService: the daemon's operations, as the transports see them.
+
+It adds to the recipes what every operation needs: caller checks for reads, one operation per
+pid at a time (PidLocks), operation ids, and recovery of operations a killed daemon left in
+flight. It knows nothing of gRPC: transports translate to and from it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import secrets
+import shutil
+import signal
+from collections.abc import Callable
+
+from ckptd.core.config import CoreConfig
+from ckptd.core.dump import DumpRecipe, resume_tree
+from ckptd.core.locks import PidLocks
+from ckptd.core.ports import CheckpointStore, Journal, ProcessTable
+from ckptd.core.recipe import ProgressSink, no_progress
+from ckptd.core.restore import RestoreRecipe
+from ckptd.domain import (
+    Caller,
+    CheckpointRecord,
+    DumpRequest,
+    NodeReport,
+    RestoreOutcome,
+    RestoreRequest,
+)
+from ckptd.errors import PermissionDenied
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointService:
+    def __init__(
+        self,
+        *,
+        dump: DumpRecipe,
+        restore: RestoreRecipe,
+        store: CheckpointStore,
+        processes: ProcessTable,
+        journal: Journal,
+        config: CoreConfig,
+        probe: Callable[[], NodeReport],
+    ) -> None:
+        self._dump = dump
+        self._restore = restore
+        self._store = store
+        self._processes = processes
+        self._journal = journal
+        self._config = config
+        self._probe = probe
+        self._locks = PidLocks()
+
+    # ---- operations -------------------------------------------------------------------------
+
+    def dump(
+        self, caller: Caller, request: DumpRequest, progress: ProgressSink = no_progress
+    ) -> CheckpointRecord:
+        with self._locks.hold(request.pid, "a checkpoint"):
+            ctx = self._dump.new_context(caller, request)
+            record = self._dump.run(ctx, progress)
+        self._prune_work_dirs()
+        log.info(
+            "dumped pid %d as %s (%d bytes, frozen %.3fs)",
+            record.pid, record.id, record.bytes, record.frozen_s,
+        )
+        return record
+
+    def restore(
+        self, caller: Caller, request: RestoreRequest, progress: ProgressSink = no_progress
+    ) -> RestoreOutcome:
+        ctx = self._restore.new_context(caller, request, f"r{secrets.token_hex(4)}")
+        record = self._restore.resolve(ctx)
+        with self._locks.hold(record.pid, "a restore"):
+            outcome = self._restore.run(ctx, progress)
+        self._prune_work_dirs()
+        log.info("restored %s as pid %d", outcome.checkpoint_id, outcome.pid)
+        return outcome
+
+    def list(self, caller: Caller, pid: int = 0, name: str = "") -> list[CheckpointRecord]:
+        return [
+            r
+            for r in self._store.list()
+            if (caller.is_root or r.uid == caller.uid)
+            and (not pid or r.pid == pid)
+            and (not name or r.name == name)
+        ]
+
+    def get(self, caller: Caller, checkpoint_id: str) -> CheckpointRecord:
+        record = self._store.get(checkpoint_id)
+        self._check_owner(caller, record)
+        return record
+
+    def delete(self, caller: Caller, checkpoint_id: str) -> None:
+        record = self._store.get(checkpoint_id)
+        self._check_owner(caller, record)
+        self._store.delete(checkpoint_id)
+
+    def check(self) -> NodeReport:
+        return self._probe()
+
+    # ---- start-up -------------------------------------------------------------------------
+
+    def recover(self) -> builtins.list[str]:
+        """Finish or undo what a killed daemon left in flight. Returns what was done."""
+        done: builtins.list[str] = []
+        committed = {r.id for r in self._store.list()}
+        for op_id, facts in list(self._journal.pending()):
+            if facts.get("op") != "dump":
+                self._journal.end(op_id)
+                continue
+            pids = [int(p) for p in facts.get("pids", [])]
+            ckpt = str(facts.get("checkpoint_id", op_id))
+            if ckpt in committed:
+                if not facts.get("leave_running", False):
+                    for pid in pids:
+                        self._processes.signal(pid, signal.SIGKILL)
+                done.append(f"finished dump {ckpt}: it was committed")
+            else:
+                self._store.abort(ckpt)
+                resume_tree(self._processes, pids, frozenset(facts.get("stopped_before", [])))
+                done.append(f"rolled back dump {ckpt}: nothing listed, tree {pids} resumed")
+            self._journal.end(op_id)
+        for line in done:
+            log.warning("recovery: %s", line)
+        return done
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_owner(caller: Caller, record: CheckpointRecord) -> None:
+        if not caller.is_root and record.uid != caller.uid:
+            raise PermissionDenied(
+                f"checkpoint {record.id} belongs to uid {record.uid}, the caller is uid "
+                f"{caller.uid}",
+                checkpoint_id=record.id,
+            )
+
+    def _prune_work_dirs(self) -> None:
+        """Keep the CRIU logs of the last few operations only."""
+        root = self._config.work_dir
+        if not root.is_dir():
+            return
+        dirs = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)
+        for old in dirs[: max(0, len(dirs) - self._config.keep_work_dirs)]:
+            shutil.rmtree(old, ignore_errors=True)

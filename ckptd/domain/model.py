@@ -1,0 +1,214 @@
+"""Value types shared by every layer. All are frozen: a value, once made, never changes."""
+
+from __future__ import annotations
+
+import enum
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+_ID_RE = re.compile(r"^ck-[0-9]{8}T[0-9]{6}-[0-9a-f]{6}$")
+
+
+def new_checkpoint_id(now: float) -> str:
+    """A new checkpoint id: ``ck-<UTC time>-<6 hex>``; sorts by creation time, never all digits
+    (so a CLI argument is unambiguously a pid or an id)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"ck-{stamp}-{secrets.token_hex(3)}"
+
+
+def is_checkpoint_id(text: str) -> bool:
+    return bool(_ID_RE.match(text))
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asked, as the kernel says (SO_PEERCRED). ``uid`` 0 may act on any process."""
+
+    uid: int
+    pid: int | None = None
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+
+ROOT = Caller(uid=0)
+
+
+class PidState(enum.Enum):
+    FREE = "free"
+    RUNNING = "running"  # any live state: running, sleeping, disk wait
+    STOPPED = "stopped"  # job-control or ptrace stop
+    ZOMBIE = "zombie"
+
+
+@dataclass(frozen=True)
+class PidStatus:
+    """What occupies a pid now. ``ppid``/``comm`` are set unless the pid is free."""
+
+    pid: int
+    state: PidState
+    ppid: int = 0
+    comm: str = ""
+    uid: int = 0
+    kernel_thread: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessFact:
+    pid: int
+    ppid: int
+    comm: str
+    cmdline: tuple[str, ...]
+    uid: int
+    gid: int
+    threads: int = 1
+
+
+class StdioKind(enum.StrEnum):
+    PIPE = "pipe"
+    TTY = "tty"
+    FILE = "file"
+    DEVNULL = "devnull"
+    SOCKET = "socket"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class StdioFact:
+    """A file descriptor 0-2 of a process in the tree, and what a restore does with it.
+
+    ``external_key`` is CRIU's name for the resource when the tree does not own both of its
+    ends (``pipe:[ino]``, ``tty[rdev:dev]``): such a descriptor cannot come back as it was and
+    is replaced at restore (see ``on_restore``). Empty when CRIU restores it itself.
+    """
+
+    pid: int
+    fd: int
+    kind: StdioKind
+    target: str
+    writable: bool
+    external_key: str = ""
+
+    @property
+    def on_restore(self) -> str:
+        if not self.external_key:
+            if self.kind is StdioKind.FILE:
+                return "reopened at its path and offset"
+            return "restored as it was"
+        if self.kind is StdioKind.TTY:
+            return "a new pseudo-terminal whose output goes to the restore's output file"
+        if self.writable:
+            return "the restore's output file"
+        return "/dev/null (reads see end of file)"
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    pid: int
+    leave_running: bool = False
+    name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """Exactly one of ``checkpoint_id``, ``pid`` (its latest checkpoint), ``name`` is set."""
+
+    checkpoint_id: str = ""
+    pid: int = 0
+    name: str = ""
+    output_path: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str
+    message: str
+    fraction: float = 0.0
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """The facts of one committed checkpoint (what List/Get return).
+
+    Invariant: a record exists in a store only once everything it names is durable.
+    """
+
+    id: str
+    pid: int
+    created: float
+    node: str
+    uid: int
+    name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    leave_running: bool = False
+    processes: tuple[ProcessFact, ...] = ()
+    stdio: tuple[StdioFact, ...] = ()
+    bytes: int = 0
+    bytes_logical: int = 0
+    bytes_new: int = 0
+    frozen_s: float = 0.0
+    duration_s: float = 0.0
+    criu_version: str = ""
+    parent_id: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["labels"] = dict(self.labels)
+        data["stdio"] = [{**asdict(s), "kind": s.kind.value} for s in self.stdio]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CheckpointRecord:
+        known = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in data.items() if k in known}
+        values["labels"] = dict(values.get("labels", {}))
+        values["processes"] = tuple(
+            ProcessFact(**{**p, "cmdline": tuple(p["cmdline"])}) for p in data.get("processes", ())
+        )
+        values["stdio"] = tuple(
+            StdioFact(**{**s, "kind": StdioKind(s["kind"])}) for s in data.get("stdio", ())
+        )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class RestoreOutcome:
+    checkpoint_id: str
+    pid: int
+    output_path: str
+    duration_s: float
+    stdio: tuple[StdioFact, ...] = ()
+
+
+@dataclass(frozen=True)
+class CriuStatus:
+    """What this node's CRIU is. ``ok`` False means dumps will be refused with ``message``."""
+
+    path: str
+    version: str
+    ok: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: str
+    kernel: str
+    criu: CriuStatus
+    features: tuple[Feature, ...] = ()
+    gpu_available: bool = False
+    gpu_message: str = "no GPU support yet"
+    store: str = ""

@@ -1,0 +1,134 @@
+"""The ckptd error tree: every failure a caller can see is one of these.
+
+::
+
+    CkptdError                      one line: what went wrong; what to do (``hint``)
+    ├── InvalidTarget               the request names something that cannot be acted on
+    │   ├── ProcessNotFound         no such process
+    │   └── TargetRefused           pid 1, the daemon or its ancestor, a kernel thread, a zombie
+    ├── CheckpointNotFound          no such checkpoint id (or none for that pid / name)
+    ├── PermissionDenied            the caller's uid may not act on that process / checkpoint
+    ├── Busy                        another operation holds that process right now
+    ├── PreconditionFailed          this node cannot do it now
+    │   ├── PidInUse                restore: a pid of the tree is taken (running or zombie)
+    │   └── CriuUnavailable         CRIU missing, too old, or failing ``criu check``
+    ├── CriuFailed                  CRIU ran and failed (errno, message, log tail)
+    ├── StoreError                  the checkpoint store failed (I/O, format)
+    │   └── CorruptCheckpoint       data does not match its hash / manifest unreadable
+    └── Cancelled                   the operation was interrupted (daemon shutting down)
+
+Invariants: every error carries the pid and/or checkpoint id it concerns when there is one;
+errors raised because of another exception keep it as ``__cause__`` (``raise ... from exc``);
+``str(err)`` is a single line. The mapping to gRPC status codes lives in exactly one place,
+``ckptd.transport.grpc.status``; nothing in ``ckptd.core`` knows about gRPC.
+"""
+
+from __future__ import annotations
+
+
+class CkptdError(Exception):
+    """Base of every ckptd error. ``message`` says what went wrong, ``hint`` what to do."""
+
+    default_hint = ""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        pid: int | None = None,
+        checkpoint_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = self.default_hint if hint is None else hint
+        self.pid = pid
+        self.checkpoint_id = checkpoint_id
+
+    def __str__(self) -> str:
+        text = self.message if not self.hint else f"{self.message}; {self.hint}"
+        return " ".join(text.split("\n"))
+
+
+class InvalidTarget(CkptdError):
+    """The request names a target that cannot be acted on."""
+
+
+class ProcessNotFound(InvalidTarget):
+    default_hint = "check the pid with `ps -p <pid>`"
+
+
+class TargetRefused(InvalidTarget):
+    """A process that must never be checkpointed (pid 1, the daemon, kernel threads, zombies)."""
+
+
+class CheckpointNotFound(CkptdError):
+    default_hint = "run `ckptctl list` to see the checkpoints"
+
+
+class PermissionDenied(CkptdError):
+    default_hint = "run as the process owner or as root"
+
+
+class Busy(CkptdError):
+    default_hint = "wait for the running operation to finish, then retry"
+
+
+class PreconditionFailed(CkptdError):
+    """This node cannot perform the operation in its current state."""
+
+
+class PidInUse(PreconditionFailed):
+    """A pid the restore needs is taken."""
+
+
+class CriuUnavailable(PreconditionFailed):
+    default_hint = "run scripts/install-criu.sh (needs CRIU >= 4.1) or set criu_path in the config"
+
+
+class CriuFailed(CkptdError):
+    """CRIU ran and reported failure. ``log_tail`` holds the last lines of its log."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        errno: int | None = None,
+        log_tail: str = "",
+        log_path: str | None = None,
+        hint: str | None = None,
+        pid: int | None = None,
+        checkpoint_id: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint, pid=pid, checkpoint_id=checkpoint_id)
+        self.errno = errno
+        self.log_tail = log_tail
+        self.log_path = log_path
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        last = _last_error_line(self.log_tail)
+        if last:
+            base = f"{base} (criu: {last})"
+        return base
+
+
+class StoreError(CkptdError):
+    """The checkpoint store failed."""
+
+
+class CorruptCheckpoint(StoreError):
+    default_hint = "run `ckptctl verify` and restore from another checkpoint"
+
+
+class Cancelled(CkptdError):
+    default_hint = "retry when the daemon is running again"
+
+
+def _last_error_line(log_tail: str) -> str:
+    """The most telling line of a CRIU log tail: its last "Error" line, else its last line."""
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln and "RLIMIT_NOFILE" not in ln]
+    if errors:
+        return errors[-1]
+    return lines[-1] if lines else ""

@@ -1,0 +1,111 @@
+/*
+ * counter: single-threaded deterministic numeric loop.
+ *
+ * State: a xorshift64 PRNG, a double accumulator and (with --mem-mib K) a
+ * K MiB heap buffer of which one 4 KiB page is rewritten per step.
+ */
+#include "common.h"
+
+#define PROG "counter"
+#define INNER 1000 /* PRNG/accumulator iterations per step */
+#define HASHED_PAGES 3 /* extra random pages hashed per step */
+
+struct state {
+    uint64_t x;
+    double acc;
+    unsigned char *mem;
+    size_t npages;
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: " PROG " [--steps N] [--interval-ms M] [--mem-mib K]\n"
+            WL_COMMON_USAGE
+            "  --mem-mib K        also allocate K MiB, modify one page per step\n"
+            "                     (default 0)\n",
+            "100");
+}
+
+static uint64_t page_hash(const struct state *s, size_t pg)
+{
+    return wl_hash(s->mem + pg * WL_PAGE, WL_PAGE, pg);
+}
+
+static uint64_t step(uint64_t i, void *ctx)
+{
+    struct state *s = ctx;
+    uint64_t h;
+
+    for (int k = 0; k < INNER; k++) {
+        wl_xorshift(&s->x);
+        s->acc = s->acc * 0.999 + (double)(s->x % 1000) / 7.0;
+    }
+    h = wl_mix(0x636f756e746572ULL, i);
+    h = wl_mix(h, s->x);
+    h = wl_mix(h, wl_dbits(s->acc));
+
+    if (s->npages) {
+        size_t pg = (size_t)(wl_xorshift(&s->x) % s->npages);
+        uint64_t r = s->x ^ i;
+        unsigned char *p = s->mem + pg * WL_PAGE;
+
+        /* New content depends on the old content: history matters. */
+        for (size_t off = 0; off < WL_PAGE; off += 8) {
+            uint64_t w;
+            memcpy(&w, p + off, 8);
+            w = w * 6364136223846793005ULL + wl_splitmix(&r);
+            memcpy(p + off, &w, 8);
+        }
+        h = wl_mix(h, pg);
+        h = wl_mix(h, page_hash(s, pg));
+        for (int k = 0; k < HASHED_PAGES; k++) {
+            size_t q = (size_t)(wl_xorshift(&s->x) % s->npages);
+            h = wl_mix(h, q);
+            h = wl_mix(h, page_hash(s, q));
+        }
+    }
+    return h;
+}
+
+int main(int argc, char **argv)
+{
+    struct wl_common o = { .steps = 100, .interval_ms = 100 };
+    struct wl_cli c = { .argc = argc, .argv = argv, .prog = PROG, .usage = usage };
+    struct state s = { .x = wl_seed(0xc0ffee), .acc = 0.0 };
+    uint64_t mem_mib = 0, last, extra = 0;
+
+    for (c.i = 1; c.i < argc; c.i++) {
+        const char *v;
+        if (wl_common_opt(&c, &o))
+            continue;
+        if ((v = wl_match(&c, "--mem-mib")))
+            mem_mib = wl_u64(&c, "--mem-mib", v, 0, 1ULL << 20);
+        else
+            wl_bad_arg(&c);
+    }
+    wl_init_stdout();
+
+    if (mem_mib) {
+        size_t bytes = (size_t)mem_mib << 20;
+        uint64_t seed = 0x6d656d;
+
+        s.mem = malloc(bytes);
+        if (!s.mem)
+            wl_die(PROG, "cannot allocate %" PRIu64 " MiB:", mem_mib);
+        s.npages = bytes / WL_PAGE;
+        for (size_t off = 0; off < bytes; off += 8) {
+            uint64_t w = wl_splitmix(&seed);
+            memcpy(s.mem + off, &w, 8);
+        }
+    }
+
+    last = wl_loop(PROG, &o, step, &s);
+
+    /* Final line also covers every page of the buffer. */
+    for (size_t pg = 0; pg < s.npages; pg++)
+        extra = wl_mix(extra, page_hash(&s, pg));
+    wl_print_done(PROG, wl_done_sum(o.steps, last, wl_mix(extra, wl_dbits(s.acc))));
+    free(s.mem);
+    return 0;
+}
