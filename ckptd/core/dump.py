@@ -16,6 +16,7 @@ committed; the tree is killed only after its checkpoint is durable.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass, field, replace
@@ -155,9 +156,29 @@ class DumpRecipe:
             leave_stopped=not ctx.request.leave_running,
         )
         ctx.criu_result = self._criu.dump(job, self._hooks)
+        ctx.tree = self._dumped_tree(ctx, ctx.criu_result.pids)
+        self._journal_begin(ctx)  # the pids to kill or resume are the ones CRIU froze
+
+    def _dumped_tree(self, ctx: DumpContext, pids: tuple[int, ...]) -> tuple[ProcessFact, ...]:
+        """The tree CRIU actually froze: children may have come and gone since ``inspect``."""
+        try:
+            live = {f.pid: f for f in self._processes.tree(ctx.request.pid)}
+        except CkptdError:
+            live = {}
+        if not pids:
+            return tuple(live.values()) or ctx.tree
+        known = {f.pid: f for f in ctx.tree}
+        root = ctx.tree[0]
+        return tuple(
+            known.get(pid) or live.get(pid) or replace(root, pid=pid, ppid=0, comm="?", cmdline=())
+            for pid in pids
+        )
 
     def _resume_tree(self, ctx: DumpContext) -> None:
-        resume_tree(self._processes, [p.pid for p in ctx.tree], ctx.stopped_before)
+        pids = {p.pid for p in ctx.tree}
+        with contextlib.suppress(CkptdError):
+            pids |= {p.pid for p in self._processes.tree(ctx.request.pid)}
+        resume_tree(self._processes, sorted(pids), ctx.stopped_before)
 
     def _commit(self, ctx: DumpContext) -> None:
         assert ctx.criu_result is not None

@@ -101,6 +101,8 @@ class CriuDumpResult:
     freezing_s: float
     pages_written: int
     duration_s: float
+    pids: tuple[int, ...] = ()
+    """Every pid CRIU dumped, root first (the tree as it was when frozen)."""
 
 
 @dataclass(frozen=True)

@@ -260,5 +260,7 @@ int main(int argc, char **argv)
     for (size_t pg = 0; pg < s.npages; pg++)
         extra = wl_mix(extra, page_hash(&s, pg));
     wl_print_done(PROG, wl_done_sum(o.steps, last, extra));
+    free(s.nz);
+    munmap(s.mem, bytes);
     return 0;
 }

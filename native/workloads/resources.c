@@ -222,6 +222,8 @@ int main(int argc, char **argv)
     if (s.shm == MAP_FAILED)
         wl_die(PROG, "mmap shared anonymous:");
     update_words(s.shm, SHM_SIZE, 0x73686dULL);
+    free(data_path);
+    free(map_path);
 
     /* (d) */
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)

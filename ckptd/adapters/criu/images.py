@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from ckptd._gen.criu import stats_pb2
+from ckptd._gen.criu import pstree_pb2, stats_pb2
 
 IMG_SERVICE_MAGIC = 0x55105940
 STATS_MAGIC = 0x57093306
@@ -26,3 +26,27 @@ def read_dump_stats(work_dir: Path) -> stats_pb2.dump_stats_entry | None:
     entry = stats_pb2.stats_entry()
     entry.ParseFromString(raw[12 : 12 + size])
     return entry.dump if entry.HasField("dump") else None
+
+
+IMG_COMMON_MAGIC = 0x54564319
+PSTREE_MAGIC = 0x50273030
+
+
+def read_pstree(images_dir: Path) -> tuple[int, ...]:
+    """The pids CRIU dumped (``pstree.img``), in image order (root first); () if unreadable."""
+    try:
+        raw = (images_dir / "pstree.img").read_bytes()
+    except OSError:
+        return ()
+    if len(raw) < 8 or struct.unpack_from("<II", raw, 0) != (IMG_COMMON_MAGIC, PSTREE_MAGIC):
+        return ()
+    pids: list[int] = []
+    offset = 8
+    while offset + 4 <= len(raw):
+        (size,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        entry = pstree_pb2.pstree_entry()
+        entry.ParseFromString(raw[offset : offset + size])
+        offset += size
+        pids.append(entry.pid)
+    return tuple(pids)

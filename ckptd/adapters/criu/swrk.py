@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
-from ckptd.adapters.criu.images import read_dump_stats
+from ckptd.adapters.criu.images import read_dump_stats, read_pstree
 from ckptd.core.ports import (
     CriuDumpJob,
     CriuDumpResult,
@@ -163,6 +163,7 @@ class CriuSwrk:
             freezing_s=(stats.freezing_time / 1e6) if stats else 0.0,
             pages_written=stats.pages_written if stats else 0,
             duration_s=time.monotonic() - started,
+            pids=read_pstree(job.images_dir),
         )
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
@@ -265,7 +266,8 @@ class CriuSwrk:
             return resp
         tail = log_tail(log_path)
         errno = resp.cr_errno if resp.HasField("cr_errno") else None
-        detail = resp.cr_errmsg or (os.strerror(errno) if errno else "see its log")
+        detail = resp.cr_errmsg if resp.cr_errmsg and not _is_harmless(resp.cr_errmsg) else ""
+        detail = detail or (os.strerror(errno) if errno else "see its log")
         if hook_error is not None:
             raise CriuFailed(
                 f"CRIU {what} aborted: {hook_error}", errno=errno, log_tail=tail,
@@ -296,6 +298,10 @@ def _peek_size(sock: socket.socket) -> int:
     nbytes, _, flags, _ = sock.recvmsg_into([buf], 0, socket.MSG_PEEK | socket.MSG_TRUNC)
     del flags
     return nbytes
+
+
+def _is_harmless(line: str) -> bool:
+    return any(h in line for h in _HARMLESS)
 
 
 def log_tail_text(text: str, lines: int = 5) -> str:

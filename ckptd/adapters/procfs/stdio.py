@@ -55,7 +55,9 @@ class LocalStdioProvider:
                 if fact.kind is StdioKind.TTY:
                     fd = _pty_to_file(output(), ours)
                 elif fact.writable:
-                    fd = output()
+                    # CRIU takes over (and closes) each inherited fd: one fd per key.
+                    fd = os.dup(output())
+                    ours.append(fd)
                 else:
                     fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
                     ours.append(fd)

@@ -1,0 +1,1 @@
+"""The ckptd daemon: configuration, wiring (the composition root), serving, lifecycle."""

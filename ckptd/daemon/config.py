@@ -1,0 +1,83 @@
+"""Daemon configuration: one immutable value built from defaults, a TOML file and flags
+(later ones win), then passed down. Nothing reads configuration from anywhere else."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CRIU_PATHS = ("/usr/local/sbin/criu", "/usr/sbin/criu", "/usr/bin/criu")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    socket: Path = Path("/run/ckptd/ckptd.sock")
+    """Public gRPC socket (mode ``socket_mode``, group ``socket_group``)."""
+    socket_mode: int = 0o660
+    socket_group: str = "ckptd"
+    """Group allowed to use the socket; root only when the group does not exist."""
+    store: Path = Path("/var/lib/ckptd")
+    state_dir: Path = Path("/var/lib/ckptd/state")
+    """Journal of operations in flight, CRIU logs, restored jobs' output."""
+    criu_path: str = ""
+    """Empty: the first of DEFAULT_CRIU_PATHS that exists."""
+    criu_log_level: int = 4
+    zombie_wait_s: float = 5.0
+    max_workers: int = 16
+    shutdown_grace_s: float = 60.0
+    log_level: str = "INFO"
+    node: str = ""
+    """Empty: the host name."""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.socket.parent
+
+    def resolved_criu(self) -> str:
+        if self.criu_path:
+            return self.criu_path
+        for cand in DEFAULT_CRIU_PATHS:
+            if Path(cand).exists():
+                return cand
+        return DEFAULT_CRIU_PATHS[0]
+
+
+_PATHS = {"socket", "store", "state_dir"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name in _PATHS:
+        return Path(value)
+    if name == "socket_mode" and isinstance(value, str):
+        return int(value, 8)
+    return value
+
+
+def load(args: argparse.Namespace) -> DaemonConfig:
+    """Defaults, overlaid by ``--config FILE`` (TOML, keys as the fields), then by flags."""
+    config = DaemonConfig()
+    known = {f.name for f in fields(DaemonConfig)}
+    if args.config:
+        data = tomllib.loads(Path(args.config).read_text())
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(
+                f"unknown setting(s) in {args.config}: {', '.join(sorted(unknown))}"
+            )
+        config = replace(config, **{k: _coerce(k, v) for k, v in data.items()})
+    overrides = {
+        k: _coerce(k, v) for k, v in vars(args).items() if k in known and v is not None
+    }
+    config = replace(config, **overrides)
+    if args.store is not None and args.state_dir is None and not _in_file(args, "state_dir"):
+        config = replace(config, state_dir=config.store / "state")
+    return config
+
+
+def _in_file(args: argparse.Namespace, key: str) -> bool:
+    if not args.config:
+        return False
+    return key in tomllib.loads(Path(args.config).read_text())

@@ -1,0 +1,160 @@
+"""``ckptd``: the daemon's entry point and lifecycle.
+
+Start: take the state-directory lock (one daemon per state dir), recover what a killed
+predecessor left in flight, serve gRPC (health and reflection on), tell systemd READY=1.
+SIGTERM/SIGINT: tell systemd STOPPING=1, stop accepting, let running operations finish (up to
+``shutdown_grace_s``), exit 0. Processes the daemon restored are not its children and are never
+touched by its exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import grp
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ckptd import __version__
+from ckptd._gen.ckptd.v1 import ckptd_pb2, ckptd_pb2_grpc
+from ckptd.daemon import logs, sdnotify
+from ckptd.daemon.config import DaemonConfig, load
+from ckptd.daemon.wiring import wire
+from ckptd.transport.grpc.peercred import PeerCredProxy
+from ckptd.transport.grpc.servicer import CheckpointerServicer
+
+log = logging.getLogger("ckptd")
+SERVICE_NAME = ckptd_pb2.DESCRIPTOR.services_by_name["Checkpointer"].full_name
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ckptd", description="ckptd checkpoint/restore daemon")
+    p.add_argument("--config", help="TOML file with settings (keys as the long flags, '_')")
+    p.add_argument("--socket", help="gRPC Unix socket (default /run/ckptd/ckptd.sock)")
+    p.add_argument("--store", help="checkpoint store directory (default /var/lib/ckptd)")
+    p.add_argument("--state-dir", dest="state_dir", help="journal, logs (default STORE/state)")
+    p.add_argument("--criu", dest="criu_path", help="path of the criu binary")
+    p.add_argument("--socket-group", dest="socket_group", help="group allowed on the socket")
+    p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument("--version", action="version", version=f"ckptd {__version__}")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = load(args)
+    except (OSError, ValueError) as exc:
+        print(f"ckptd: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(config.log_level)
+    if os.geteuid() != 0:
+        print("ckptd: must run as root (CRIU needs it); try: sudo ckptd", file=sys.stderr)
+        return 2
+    return Daemon(config).run()
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self._stop = threading.Event()
+
+    def _lock_state_dir(self) -> int | None:
+        self.config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.config.state_dir / "ckptd.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+
+    def run(self) -> int:
+        cfg = self.config
+        lock_fd = self._lock_state_dir()
+        if lock_fd is None:
+            print(
+                f"ckptd: another ckptd is running with state dir {cfg.state_dir}; stop it first",
+                file=sys.stderr,
+            )
+            return 1
+        wired = wire(cfg)
+        for line in wired.service.recover():
+            log.warning("recovered: %s", line)
+        for leftover in wired.store.clean():
+            log.warning("removed leftover %s", leftover)
+        criu = wired.criu.status()
+        if criu.ok:
+            log.info("using CRIU %s at %s", criu.version, criu.path)
+        else:
+            log.error("CRIU unusable, dumps will be refused: %s", criu.message)
+
+        private = cfg.run_dir / ".private"
+        peers = private / "peers"
+        cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        for d in (private, peers):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(d, 0o700)
+            for stale in d.glob("*"):
+                if stale.is_socket():
+                    stale.unlink()
+        inner = private / "grpc.sock"
+
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="rpc"),
+        )
+        ckptd_pb2_grpc.add_CheckpointerServicer_to_server(  # type: ignore[no-untyped-call]
+            CheckpointerServicer(wired.service, peers), server
+        )
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        server.add_insecure_port(f"unix:{inner}")
+        server.start()
+        proxy = PeerCredProxy(cfg.socket, inner, peers, cfg.socket_mode, _group_id(cfg))
+        proxy.start()
+        for name in ("", SERVICE_NAME):
+            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        log.info("ckptd %s serving on %s, store %s", __version__, cfg.socket, cfg.store)
+        sdnotify.notify(f"READY=1\nSTATUS=serving on {cfg.socket}\nMAINPID={os.getpid()}")
+        while not self._stop.wait(1.0):
+            pass
+
+        log.info("stopping: waiting up to %.0fs for running operations", cfg.shutdown_grace_s)
+        sdnotify.notify("STOPPING=1")
+        health_servicer.enter_graceful_shutdown()
+        proxy.stop()
+        server.stop(cfg.shutdown_grace_s).wait()
+        with contextlib.suppress(FileNotFoundError):
+            inner.unlink()
+        os.close(lock_fd)
+        log.info("stopped")
+        return 0
+
+
+def _group_id(cfg: DaemonConfig) -> int:
+    try:
+        return grp.getgrnam(cfg.socket_group).gr_gid
+    except KeyError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The composition root: the only place that picks adapters for the core's ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from ckptd.adapters.clock import SystemClock
+from ckptd.adapters.criu import CriuSwrk
+from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable
+from ckptd.adapters.storage import FileJournal, LocalImageStore
+from ckptd.core.config import CoreConfig
+from ckptd.core.dump import DumpRecipe
+from ckptd.core.restore import RestoreRecipe
+from ckptd.core.service import CheckpointService
+from ckptd.daemon.config import DaemonConfig
+from ckptd.daemon.probe import NodeProbe
+
+
+@dataclass(frozen=True)
+class Wired:
+    service: CheckpointService
+    store: LocalImageStore
+    criu: CriuSwrk
+
+
+def wire(config: DaemonConfig) -> Wired:
+    state = config.state_dir
+    for sub in ("journal", "work", "output", "criu-plugins"):
+        (state / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+    (state / "output").chmod(0o755)
+    core = CoreConfig(
+        node=config.node or socket.gethostname(),
+        daemon_pid=os.getpid(),
+        work_dir=state / "work",
+        output_dir=state / "output",
+        zombie_wait_s=config.zombie_wait_s,
+    )
+    clock = SystemClock()
+    processes = ProcFsTable()
+    criu = CriuSwrk(
+        config.resolved_criu(),
+        plugin_dir=state / "criu-plugins",
+        log_level=config.criu_log_level,
+    )
+    store = LocalImageStore(config.store)
+    journal = FileJournal(state / "journal")
+    dump = DumpRecipe(
+        criu=criu, processes=processes, store=store, journal=journal, clock=clock, config=core
+    )
+    restore = RestoreRecipe(
+        criu=criu,
+        processes=processes,
+        store=store,
+        stdio=LocalStdioProvider(),
+        clock=clock,
+        config=core,
+    )
+    service = CheckpointService(
+        dump=dump,
+        restore=restore,
+        store=store,
+        processes=processes,
+        journal=journal,
+        config=core,
+        probe=NodeProbe(criu, core.node, store.location),
+    )
+    return Wired(service=service, store=store, criu=criu)

@@ -1,0 +1,37 @@
+"""Fakes of ckptd's ports, for tests of code built on ckptd (in the style of trio.testing).
+
+Each fake implements one Protocol of ``ckptd.core.ports`` in memory, records what it was
+asked, and can be told to fail; together they let ``DumpRecipe``, ``RestoreRecipe`` and
+``CheckpointService`` run without root, CRIU or real processes. They pass the same contract
+suites (``tests/contract``) as the real adapters.
+
+- ``FakeClock``: ``Clock``; ``sleep`` advances time at once.
+- ``FakeProcessTable`` / ``FakeProcess``: ``ProcessTable`` over a dict of fake processes.
+- ``FakeCriu``: ``Criu`` acting on a ``FakeProcessTable``, writing fake images.
+- ``MemoryStore``: ``CheckpointStore`` with records in memory, images in a real directory.
+- ``MemoryJournal``: ``Journal`` in memory.
+- ``FakeStdioProvider``: ``StdioProvider`` handing out /dev/null descriptors.
+
+Most fakes accept ``events``, a list shared between them, to which they append what
+happened, so a test can check the order of effects across ports.
+"""
+
+from ckptd.testing._clock import FakeClock
+from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
+from ckptd.testing._journal import MemoryJournal
+from ckptd.testing._processes import FakeProcess, FakeProcessTable, KillMode
+from ckptd.testing._stdio import FakeStdioProvider
+from ckptd.testing._store import MemoryStore
+
+__all__ = [
+    "DUMP_HOOKS",
+    "RESTORE_HOOKS",
+    "FakeClock",
+    "FakeCriu",
+    "FakeProcess",
+    "FakeProcessTable",
+    "FakeStdioProvider",
+    "KillMode",
+    "MemoryJournal",
+    "MemoryStore",
+]

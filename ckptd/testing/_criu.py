@@ -1,0 +1,345 @@
+"""``FakeCriu``: the ``Criu`` port without CRIU, over a ``FakeProcessTable``."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckptd.core.ports import CriuDumpJob, CriuDumpResult, CriuHooks, CriuRestoreJob
+from ckptd.domain import CriuStatus, PidState, ProcessFact, StdioFact, StdioKind
+from ckptd.errors import CriuFailed, CriuUnavailable
+from ckptd.testing._clock import FakeClock
+from ckptd.testing._processes import FakeProcessTable
+
+if TYPE_CHECKING:
+    from ckptd.core.ports import Criu
+
+DUMP_HOOKS = ("pre_dump", "network_lock", "post_dump", "network_unlock")
+"""The dump notifications, in the order CRIU sends them."""
+RESTORE_HOOKS = ("pre_restore", "setup_namespaces", "post_restore", "pre_resume", "post_resume")
+"""The restore notifications, in the order CRIU sends them."""
+
+PSTREE_IMAGE = "pstree.img"
+INVENTORY_IMAGE = "inventory.img"
+PAGE_SIZE = 4096
+
+
+class _Abort(Exception):
+    """Internal: unwinds a fake operation at a failure point."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class FakeCriu:
+    """A ``Criu`` (see ``ckptd.core.ports``) that acts on a ``FakeProcessTable``.
+
+    Records: ``dump_jobs``, ``restore_jobs``, ``status_calls`` and ``hook_calls`` (``(hook
+    name, pid)`` in call order). With ``events``, appends ``"criu.dump <pid>"``,
+    ``"criu.hook <name>"``, ``"criu.dumped <pid>"``, ``"criu.restore"``, ``"criu.restored
+    <pid>"`` and ``"criu.failed"``.
+
+    Status: ``criu_status`` is what ``status()`` returns; ``set_status(False, "...")`` makes
+    both ``dump`` and ``restore`` raise ``CriuUnavailable`` (like ``CriuSwrk``).
+
+    Dump, like CRIU: calls ``pre_dump``; seizes the tree as it is then (its processes show
+    STOPPED) and writes ``inventory.img``; ``network_lock``; writes ``pstree.img`` (the tree,
+    its stdio and which processes were stopped before, as JSON) and ``pages-<pid>.img``
+    (``PAGE_SIZE`` bytes per process) into ``job.images_dir`` and ``dump.log`` into
+    ``job.work_dir``; ``post_dump``; ``network_unlock``. With a ``clock``, the tree stays
+    frozen for ``frozen_s`` of it (a restore takes ``restore_s``). Afterwards
+    ``leave_running`` puts every process back in the state it had; else ``leave_stopped``
+    leaves them all STOPPED; else they are terminated (``FakeProcessTable.terminate``: no
+    signal is recorded). Both directories must exist (else ``CriuFailed``), as must the root.
+
+    Restore, like CRIU: reads the images (missing or bad -> ``CriuFailed``), calls
+    ``pre_restore(0)``; fails if a pid of the tree is not free, or if a stdio
+    ``external_key`` of the images has no ``InheritFd`` in the job or its fd is not open;
+    ``setup_namespaces``; recreates the processes (the root's parent becomes pid 1; a process
+    stopped before the dump comes back STOPPED, the others are held stopped until resumed);
+    ``post_restore``, ``pre_resume``; resumes them; ``post_resume``; returns the root pid.
+
+    Failures: ``fail_dump`` / ``fail_restore`` (an exception, typically ``CriuFailed``) is
+    raised as is once the hook named by ``fail_dump_after`` / ``fail_restore_after`` has run
+    ("" fails before the first hook). A hook that raises aborts the operation and becomes
+    ``CriuFailed("CRIU ... aborted: <hook error>")`` with the hook's exception as
+    ``__cause__``, like ``CriuSwrk``. An aborted dump leaves the tree exactly as it was
+    (running) and may leave partial images; an aborted restore removes every process it
+    created, even when ``post_resume`` raised (the port's promise: on failure nothing of the
+    tree remains). Thread-safe for concurrent operations on distinct trees.
+    """
+
+    def __init__(
+        self,
+        processes: FakeProcessTable,
+        *,
+        version: str = "4.1",
+        path: str = "/usr/local/sbin/criu",
+        clock: FakeClock | None = None,
+        events: list[str] | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self.processes = processes
+        self.clock = clock
+        self.events = events
+        self.criu_status = CriuStatus(path, version, True, "Looks good.")
+        self.status_calls = 0
+        self.dump_jobs: list[CriuDumpJob] = []
+        self.restore_jobs: list[CriuRestoreJob] = []
+        self.hook_calls: list[tuple[str, int]] = []
+        self.fail_dump: Exception | None = None
+        self.fail_dump_after = "network_lock"
+        self.fail_restore: Exception | None = None
+        self.fail_restore_after = "setup_namespaces"
+        self.frozen_s = 0.25
+        """How long a dump keeps the tree frozen (reported as ``frozen_s``)."""
+        self.restore_s = 0.125
+        """How long a restore takes on ``clock``."""
+
+    # ---- helpers for tests -----------------------------------------------------------------
+
+    def set_status(self, ok: bool, message: str = "") -> None:
+        """Make ``status()`` say ok or not, with ``message`` (a default one if empty)."""
+        self.criu_status = CriuStatus(
+            self.criu_status.path,
+            self.criu_status.version,
+            ok,
+            message or ("Looks good." if ok else "CRIU is not usable (FakeCriu)"),
+        )
+
+    # ---- the Criu port ------------------------------------------------------------------
+
+    def status(self) -> CriuStatus:
+        """``criu_status``."""
+        with self._lock:
+            self.status_calls += 1
+            return self.criu_status
+
+    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> CriuDumpResult:
+        """Fake-dump the tree of ``job.pid`` (see the class doc)."""
+        with self._lock:
+            self.dump_jobs.append(job)
+        self._event(f"criu.dump {job.pid}")
+        status = self.criu_status
+        if not status.ok:
+            raise CriuUnavailable(status.message, pid=job.pid)
+        what = f"dump of pid {job.pid}"
+        for directory in (job.images_dir, job.work_dir):
+            if not directory.is_dir():
+                raise self._failed(what, f"cannot open {directory}", job.pid, errno=2)
+        if self.processes.status(job.pid).state in (PidState.FREE, PidState.ZOMBIE):
+            raise self._failed(what, f"no process with pid {job.pid}", job.pid, errno=3)
+        tree = self.processes.tree(job.pid)
+        before = {p.pid: self.processes.status(p.pid).state for p in tree}
+        seized = False
+        try:
+            self._hook(hooks, "pre_dump", job.pid, what, self.fail_dump, self.fail_dump_after)
+            tree = self.processes.tree(job.pid)  # what CRIU seizes: the tree as it is now
+            before = {p.pid: self.processes.status(p.pid).state for p in tree} | before
+            self._set_states(tree, PidState.STOPPED)  # seized and frozen
+            seized = True
+            (job.images_dir / INVENTORY_IMAGE).write_text(
+                json.dumps({"fake_criu": True, "version": self.criu_status.version})
+            )
+            if self.clock is not None:
+                self.clock.advance(self.frozen_s)
+            self._hook(hooks, "network_lock", job.pid, what, self.fail_dump, self.fail_dump_after)
+            self._write_images(job, tree, before)
+            self._hook(hooks, "post_dump", job.pid, what, self.fail_dump, self.fail_dump_after)
+            self._hook(
+                hooks, "network_unlock", job.pid, what, self.fail_dump, self.fail_dump_after
+            )
+        except _Abort as abort:
+            if seized:
+                self._restore_states(before)
+            self._log(job.work_dir / "dump.log", f"Error (fake-criu): {abort.error}")
+            self._event("criu.failed")
+            raise abort.error from abort.error.__cause__
+        if job.leave_running:
+            self._restore_states(before)
+        elif not job.leave_stopped:
+            for proc in tree:
+                self.processes.terminate(proc.pid)
+        self._log(job.work_dir / "dump.log", "Dumping finished successfully")
+        self._event(f"criu.dumped {job.pid}")
+        return CriuDumpResult(
+            frozen_s=self.frozen_s,
+            freezing_s=self.frozen_s / 10,
+            pages_written=len(tree),
+            duration_s=self.frozen_s * 2,
+        )
+
+    def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
+        """Fake-restore the tree in ``job.images_dir`` (see the class doc)."""
+        with self._lock:
+            self.restore_jobs.append(job)
+        self._event("criu.restore")
+        status = self.criu_status
+        if not status.ok:
+            raise CriuUnavailable(status.message)
+        what = "restore"
+        tree, stdio, stopped = self._read_images(job.images_dir, what)
+        root = tree[0].pid
+        created: list[int] = []
+        fail, after = self.fail_restore, self.fail_restore_after
+        try:
+            self._hook(hooks, "pre_restore", 0, what, fail, after)
+            for proc in tree:
+                if self.processes.status(proc.pid).state is not PidState.FREE:
+                    raise _Abort(self._failed(what, f"can't fork for {proc.pid}: pid in use", root))
+            given = {i.key: i.fd for i in job.inherit_fds}
+            for fact in stdio:
+                if not fact.external_key:
+                    continue
+                if fact.external_key not in given:
+                    raise _Abort(
+                        self._failed(what, f"no inherit fd for {fact.external_key}", root)
+                    )
+                try:
+                    os.fstat(given[fact.external_key])
+                except OSError as exc:
+                    raise _Abort(
+                        self._failed(what, f"inherit fd {fact.external_key}: {exc}", root)
+                    ) from exc
+            self._hook(hooks, "setup_namespaces", root, what, fail, after)
+            if self.clock is not None:
+                self.clock.advance(self.restore_s)
+            for proc in tree:
+                self.processes.add_process(
+                    proc.pid,
+                    1 if proc.pid == root else proc.ppid,
+                    comm=proc.comm,
+                    uid=proc.uid,
+                    gid=proc.gid,
+                    state=PidState.STOPPED,
+                    cmdline=proc.cmdline,
+                    threads=proc.threads,
+                    stdio=[s for s in stdio if s.pid == proc.pid],
+                )
+                created.append(proc.pid)
+            self._hook(hooks, "post_restore", root, what, fail, after)
+            self._hook(hooks, "pre_resume", root, what, fail, after)
+            self._restore_states(
+                {p: PidState.STOPPED if p in stopped else PidState.RUNNING for p in created}
+            )
+            self._hook(hooks, "post_resume", root, what, fail, after)
+        except _Abort as abort:
+            for pid in created:
+                self.processes.remove(pid)
+            self._log(job.work_dir / "restore.log", f"Error (fake-criu): {abort.error}")
+            self._event("criu.failed")
+            raise abort.error from abort.error.__cause__
+        self._log(job.work_dir / "restore.log", "Restore finished successfully")
+        self._event(f"criu.restored {root}")
+        return root
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _event(self, text: str) -> None:
+        if self.events is not None:
+            self.events.append(text)
+
+    def _hook(
+        self,
+        hooks: CriuHooks,
+        name: str,
+        pid: int,
+        what: str,
+        fail: Exception | None,
+        fail_after: str,
+    ) -> None:
+        if fail is not None and fail_after == "" and name in (DUMP_HOOKS[0], RESTORE_HOOKS[0]):
+            raise _Abort(fail)
+        with self._lock:
+            self.hook_calls.append((name, pid))
+        self._event(f"criu.hook {name}")
+        method: Callable[[int], None] = getattr(hooks, name)
+        try:
+            method(pid)
+        except Exception as exc:
+            error = self._failed(what, f"aborted: {exc}", pid or None, aborted=True)
+            error.__cause__ = exc
+            raise _Abort(error) from exc
+        if fail is not None and fail_after == name:
+            raise _Abort(fail)
+
+    @staticmethod
+    def _failed(
+        what: str, detail: str, pid: int | None, *, errno: int | None = None, aborted: bool = False
+    ) -> CriuFailed:
+        message = f"CRIU {what} {detail}" if aborted else f"CRIU {what} failed: {detail}"
+        return CriuFailed(
+            message,
+            errno=errno,
+            log_tail=f"(00.000100) fake-criu\nError (fake-criu): {detail}",
+            pid=pid,
+        )
+
+    def _set_states(self, tree: Sequence[ProcessFact], state: PidState) -> None:
+        for proc in tree:
+            fake = self.processes.processes.get(proc.pid)
+            if fake is not None and fake.state is not PidState.ZOMBIE:
+                fake.state = state
+
+    def _restore_states(self, states: dict[int, PidState]) -> None:
+        for pid, state in states.items():
+            fake = self.processes.processes.get(pid)
+            if fake is not None and fake.state is not PidState.ZOMBIE:
+                fake.state = state
+
+    @staticmethod
+    def _log(path: Path, line: str) -> None:
+        if path.parent.is_dir():
+            with path.open("a") as log:
+                log.write(line + "\n")
+
+    def _write_images(
+        self, job: CriuDumpJob, tree: Sequence[ProcessFact], before: dict[int, PidState]
+    ) -> None:
+        images = job.images_dir
+        stdio = self.processes.stdio(tree)
+        pstree: dict[str, Any] = {
+            "root": job.pid,
+            "processes": [asdict(p) for p in tree],
+            "stdio": [{**asdict(s), "kind": s.kind.value} for s in stdio],
+            "stopped": sorted(p for p, s in before.items() if s is PidState.STOPPED),
+        }
+        (images / PSTREE_IMAGE).write_text(json.dumps(pstree))
+        for proc in tree:
+            (images / f"pages-{proc.pid}.img").write_bytes(
+                proc.pid.to_bytes(4, "little") * (PAGE_SIZE // 4)
+            )
+
+    def _read_images(
+        self, images: Path, what: str
+    ) -> tuple[tuple[ProcessFact, ...], tuple[StdioFact, ...], frozenset[int]]:
+        try:
+            json.loads((images / INVENTORY_IMAGE).read_text())
+            data = json.loads((images / PSTREE_IMAGE).read_text())
+            tree = tuple(
+                ProcessFact(**{**p, "cmdline": tuple(p["cmdline"])}) for p in data["processes"]
+            )
+            stdio = tuple(
+                StdioFact(**{**s, "kind": StdioKind(s["kind"])}) for s in data["stdio"]
+            )
+            stopped = frozenset(int(p) for p in data["stopped"])
+            for proc in tree:
+                if not (images / f"pages-{proc.pid}.img").is_file():
+                    raise FileNotFoundError(f"pages-{proc.pid}.img")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise self._failed(what, f"cannot read images in {images}: {exc}", None) from exc
+        if not tree:
+            raise self._failed(what, f"empty process tree in {images}", None)
+        return tree, stdio, stopped
+
+
+if TYPE_CHECKING:
+
+    def _is_a_criu(criu: FakeCriu) -> Criu:
+        return criu

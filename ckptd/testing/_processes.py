@@ -1,0 +1,307 @@
+"""``FakeProcessTable``: a ``ProcessTable`` over a dict of fake processes."""
+
+from __future__ import annotations
+
+import signal as _signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from ckptd.domain import PidState, PidStatus, ProcessFact, StdioFact, StdioKind
+from ckptd.errors import ProcessNotFound
+from ckptd.testing._clock import FakeClock
+
+if TYPE_CHECKING:
+    from ckptd.core.ports import ProcessTable
+
+KillMode = Literal["zombie", "free"]
+"""What SIGKILL leaves behind: a zombie (until ``reap``) or a free pid."""
+
+_STOP_SIGNALS = frozenset({_signal.SIGSTOP, _signal.SIGTSTP, _signal.SIGTTIN, _signal.SIGTTOU})
+
+
+def _signal_name(signo: int) -> str:
+    try:
+        return _signal.Signals(signo).name
+    except ValueError:
+        return str(signo)
+
+
+@dataclass
+class FakeProcess:
+    """One fake process; mutable, so a test may change ``state`` or ``uid`` directly.
+
+    ``stdio`` holds the ``StdioFact`` s that ``FakeProcessTable.stdio`` reports for it.
+    """
+
+    pid: int
+    ppid: int
+    comm: str = "proc"
+    uid: int = 0
+    gid: int = 0
+    state: PidState = PidState.RUNNING
+    kernel_thread: bool = False
+    cmdline: tuple[str, ...] = ()
+    threads: int = 1
+    stdio: tuple[StdioFact, ...] = ()
+
+    def fact(self) -> ProcessFact:
+        """This process as ``ProcessTable.tree`` reports it."""
+        return ProcessFact(
+            pid=self.pid,
+            ppid=self.ppid,
+            comm=self.comm,
+            cmdline=self.cmdline,
+            uid=self.uid,
+            gid=self.gid,
+            threads=self.threads,
+        )
+
+    def pid_status(self) -> PidStatus:
+        """This process as ``ProcessTable.status`` reports it."""
+        return PidStatus(
+            self.pid,
+            self.state,
+            ppid=self.ppid,
+            comm=self.comm,
+            uid=self.uid,
+            kernel_thread=self.kernel_thread,
+        )
+
+
+class FakeProcessTable:
+    """A ``ProcessTable`` (see ``ckptd.core.ports``) over ``processes``, a dict pid -> process.
+
+    Behaviour, mirroring ``ProcFsTable`` on Linux:
+
+    - ``status`` of a pid not in the dict is ``PidState.FREE``;
+    - ``tree(pid)`` is the process and its descendants (by ``ppid``), root first then
+      breadth first, children in pid order; raises ``ProcessNotFound`` for a free pid;
+    - ``ancestors(pid)`` follows ``ppid`` up to pid 1 (included) or to a pid not in the table;
+    - ``stdio(tree)`` concatenates the ``stdio`` of each process of ``tree``;
+    - ``signal(pid, signo)`` records ``(pid, signo)`` in ``signals`` (every call, delivered or
+      not) and returns False when ``pid`` is free. Effects: SIGKILL terminates the process
+      (``kill_mode``: "zombie" leaves a zombie until ``reap``, "free" frees the pid; its live
+      children are re-parented to pid 1); SIGSTOP/SIGTSTP/SIGTTIN/SIGTTOU stop a running
+      process; SIGCONT resumes a stopped one; a zombie ignores everything; any other signal is
+      only recorded.
+
+    When ``events`` is given, every signal appends ``"signal <pid> <SIGNAME>"`` to it, so a
+    test can check the order against other fakes sharing the list. Thread-safe.
+    """
+
+    def __init__(self, *, kill_mode: KillMode = "free", events: list[str] | None = None) -> None:
+        self._lock = threading.RLock()
+        self.kill_mode: KillMode = kill_mode
+        self.events = events
+        self.processes: dict[int, FakeProcess] = {}
+        self.signals: list[tuple[int, int]] = []
+        """Every ``signal`` call as ``(pid, signo)``, in order."""
+
+    # ---- set-up helpers --------------------------------------------------------------------
+
+    def add_process(
+        self,
+        pid: int,
+        ppid: int = 1,
+        *,
+        comm: str = "proc",
+        uid: int = 0,
+        gid: int | None = None,
+        state: PidState = PidState.RUNNING,
+        kernel_thread: bool = False,
+        cmdline: Sequence[str] | None = None,
+        threads: int = 1,
+        stdio: Sequence[StdioFact] = (),
+    ) -> FakeProcess:
+        """Add a process (``gid`` defaults to ``uid``, ``cmdline`` to ``(comm,)``). Raises
+        ValueError if ``pid`` is taken or ``state`` is FREE."""
+        if pid <= 0:
+            raise ValueError(f"invalid pid {pid}")
+        if state is PidState.FREE:
+            raise ValueError("a fake process cannot be FREE; use remove()")
+        with self._lock:
+            if pid in self.processes:
+                raise ValueError(f"pid {pid} is already in the fake process table")
+            proc = FakeProcess(
+                pid=pid,
+                ppid=ppid,
+                comm=comm,
+                uid=uid,
+                gid=uid if gid is None else gid,
+                state=state,
+                kernel_thread=kernel_thread,
+                cmdline=tuple(cmdline) if cmdline is not None else (comm,),
+                threads=threads,
+                stdio=tuple(stdio),
+            )
+            self.processes[pid] = proc
+            return proc
+
+    def add_tree(
+        self, root: int, *children: int, ppid: int = 1, uid: int = 0, comm: str = "job"
+    ) -> tuple[FakeProcess, ...]:
+        """Add ``root`` (parent ``ppid``) and ``children`` (parent ``root``), all running and
+        owned by ``uid``; returns them root first. Children are named ``<comm>-child``."""
+        with self._lock:
+            out = [self.add_process(root, ppid, comm=comm, uid=uid)]
+            out.extend(
+                self.add_process(child, root, comm=f"{comm}-child", uid=uid) for child in children
+            )
+            return tuple(out)
+
+    def set_stdio(self, pid: int, *facts: StdioFact) -> None:
+        """Replace the stdio facts of ``pid``."""
+        with self._lock:
+            self.processes[pid].stdio = tuple(facts)
+
+    def standard_stdio(
+        self, pid: int, kind: StdioKind = StdioKind.DEVNULL, target: str = "/dev/null"
+    ) -> tuple[StdioFact, ...]:
+        """Give ``pid`` descriptors 0-2 all on one non-external ``target``; returns them."""
+        facts = tuple(StdioFact(pid, fd, kind, target, fd != 0) for fd in (0, 1, 2))
+        self.set_stdio(pid, *facts)
+        return facts
+
+    def remove(self, pid: int) -> None:
+        """Free ``pid`` at once (the process exited and was reaped). No-op if free."""
+        with self._lock:
+            self.processes.pop(pid, None)
+
+    def terminate(self, pid: int) -> None:
+        """What SIGKILL does, without recording a signal (used by ``FakeCriu`` to model CRIU
+        killing a dumped tree): zombie or free per ``kill_mode``; live children re-parented
+        to pid 1. No-op if ``pid`` is free or already a zombie."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None or proc.state is PidState.ZOMBIE:
+                return
+            for child in self.processes.values():
+                if child.ppid == pid and child.pid != pid:
+                    child.ppid = 1
+            if self.kill_mode == "zombie":
+                proc.state = PidState.ZOMBIE
+            else:
+                del self.processes[pid]
+
+    def reap(self, pid: int) -> None:
+        """The parent reaps the zombie ``pid``: the pid becomes free. ValueError if ``pid`` is
+        not a zombie."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None or proc.state is not PidState.ZOMBIE:
+                raise ValueError(f"pid {pid} is not a zombie")
+            del self.processes[pid]
+
+    def reap_after(self, clock: FakeClock, pid: int, sleeps: int) -> None:
+        """Reap the zombie ``pid`` once ``clock`` has slept ``sleeps`` more times (>= 1); if
+        it is no longer a zombie by then, nothing happens."""
+        if sleeps < 1:
+            raise ValueError("sleeps must be >= 1; use reap() to reap now")
+        count = 0
+
+        def on_sleep(_seconds: float) -> None:
+            nonlocal count
+            count += 1
+            if count < sleeps:
+                return
+            remove()
+            with self._lock:
+                proc = self.processes.get(pid)
+                if proc is not None and proc.state is PidState.ZOMBIE:
+                    del self.processes[pid]
+
+        remove = clock.on_sleep(on_sleep)
+
+    def children(self, pid: int) -> tuple[int, ...]:
+        """Pids whose parent is ``pid``, ascending."""
+        with self._lock:
+            return tuple(
+                sorted(p.pid for p in self.processes.values() if p.ppid == pid and p.pid != pid)
+            )
+
+    def state(self, pid: int) -> PidState:
+        """Shorthand for ``status(pid).state``."""
+        return self.status(pid).state
+
+    def signals_to(self, pid: int) -> list[int]:
+        """The signal numbers sent to ``pid``, in order."""
+        with self._lock:
+            return [signo for target, signo in self.signals if target == pid]
+
+    # ---- the ProcessTable port ---------------------------------------------------------
+
+    def status(self, pid: int) -> PidStatus:
+        """``PidState.FREE`` when ``pid`` is not in the table, else the process's status."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            return PidStatus(pid, PidState.FREE) if proc is None else proc.pid_status()
+
+    def tree(self, pid: int) -> tuple[ProcessFact, ...]:
+        """``pid`` then its descendants breadth first. Raises ProcessNotFound when free."""
+        with self._lock:
+            if pid not in self.processes:
+                raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+            out = [self.processes[pid].fact()]
+            seen = {pid}
+            queue = list(self.children(pid))
+            while queue:
+                child = queue.pop(0)
+                if child in seen:
+                    continue
+                seen.add(child)
+                out.append(self.processes[child].fact())
+                queue.extend(self.children(child))
+            return tuple(out)
+
+    def ancestors(self, pid: int) -> tuple[int, ...]:
+        """Parent, grandparent, ... up to pid 1, like ``ProcFsTable.ancestors``."""
+        chain: list[int] = []
+        current = pid
+        with self._lock:
+            while current > 1:
+                proc = self.processes.get(current)
+                if proc is None:
+                    break
+                current = proc.ppid
+                if current <= 0 or current in chain:
+                    break
+                chain.append(current)
+        return tuple(chain)
+
+    def stdio(self, tree: Sequence[ProcessFact]) -> tuple[StdioFact, ...]:
+        """The configured stdio facts of every process of ``tree`` still in the table."""
+        with self._lock:
+            out: list[StdioFact] = []
+            for fact in tree:
+                proc = self.processes.get(fact.pid)
+                if proc is not None:
+                    out.extend(replace(s, pid=fact.pid) for s in proc.stdio)
+            return tuple(out)
+
+    def signal(self, pid: int, signo: int) -> bool:
+        """Record the signal and apply its effect (see the class doc); False if ``pid`` is free."""
+        with self._lock:
+            self.signals.append((pid, signo))
+            if self.events is not None:
+                self.events.append(f"signal {pid} {_signal_name(signo)}")
+            proc = self.processes.get(pid)
+            if proc is None:
+                return False
+            if proc.state is PidState.ZOMBIE or signo == 0:
+                return True
+            if signo == _signal.SIGKILL:
+                self.terminate(pid)
+            elif signo in _STOP_SIGNALS:
+                if proc.state is PidState.RUNNING:
+                    proc.state = PidState.STOPPED
+            elif signo == _signal.SIGCONT and proc.state is PidState.STOPPED:
+                proc.state = PidState.RUNNING
+            return True
+
+
+if TYPE_CHECKING:
+
+    def _is_a_process_table(table: FakeProcessTable) -> ProcessTable:
+        return table

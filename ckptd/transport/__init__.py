@@ -1,0 +1,1 @@
+"""Transports: how callers reach the CheckpointService (gRPC, the ckptctl CLI)."""

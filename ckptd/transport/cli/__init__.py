@@ -1,0 +1,1 @@
+"""``ckptctl``, the command-line client of ckptd (entry point: :func:`main.main`)."""

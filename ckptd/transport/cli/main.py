@@ -1,0 +1,586 @@
+"""``ckptctl``: the command-line client of ckptd.
+
+Talks gRPC (``ckptd.v1.Checkpointer``) to the daemon over its Unix socket. Every command prints
+a human summary by default, or one JSON document on stdout with ``--json``. A failure is one
+line on stderr, ``ckptctl: <what went wrong; what to do>``, and a non-zero exit code:
+
+====  =====================================================================================
+0     success (``check`` exits 0 even when CRIU is unusable: it is a report)
+1     other failures (the daemon failed, an internal error, a timeout)
+2     bad input: usage error, invalid pid, no such process / checkpoint, permission denied,
+      the node cannot do it now (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED,
+      FAILED_PRECONDITION)
+3     the daemon cannot be reached (UNAVAILABLE)
+4     busy: another operation holds the target (RESOURCE_EXHAUSTED, ABORTED)
+130   interrupted (Ctrl-C)
+====  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
+
+import grpc
+
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc
+from ckptd.transport.cli import convert, render
+
+PROG = "ckptctl"
+DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
+SOCKET_ENV = "CKPTD_SOCKET"
+DEFAULT_TIMEOUT_S = 30.0
+MAX_PID = 2**31 - 1  # DumpRequest.pid / RestoreRequest.pid are int32
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_BUSY = 4
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `ckptctl list | head -0`
+
+_EXIT_BY_CODE: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: EXIT_USAGE,
+    grpc.StatusCode.NOT_FOUND: EXIT_USAGE,
+    grpc.StatusCode.PERMISSION_DENIED: EXIT_USAGE,
+    grpc.StatusCode.FAILED_PRECONDITION: EXIT_USAGE,
+    grpc.StatusCode.UNAVAILABLE: EXIT_UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: EXIT_BUSY,
+    grpc.StatusCode.ABORTED: EXIT_BUSY,
+}
+
+_DIGITS = re.compile(r"[0-9]+")
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr, with its exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+# --------------------------------------------------------------------------------------------
+# The gRPC stub, typed (the generated ``*_pb2_grpc`` module has no annotations).
+
+
+class _StreamCall(Protocol[_T_co]):
+    def __iter__(self) -> Iterator[_T_co]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class CheckpointerClient(Protocol):
+    def Dump(
+        self, request: pb.DumpRequest, timeout: float | None = None
+    ) -> _StreamCall[pb.DumpEvent]: ...
+
+    def Restore(
+        self, request: pb.RestoreRequest, timeout: float | None = None
+    ) -> _StreamCall[pb.RestoreEvent]: ...
+
+    def List(self, request: pb.ListRequest, timeout: float | None = None) -> pb.ListResponse: ...
+
+    def Get(self, request: pb.GetRequest, timeout: float | None = None) -> pb.Checkpoint: ...
+
+    def Delete(
+        self, request: pb.DeleteRequest, timeout: float | None = None
+    ) -> pb.DeleteResponse: ...
+
+    def Check(self, request: pb.CheckRequest, timeout: float | None = None) -> pb.CheckResponse: ...
+
+
+def _stub(channel: grpc.Channel) -> CheckpointerClient:
+    return cast(CheckpointerClient, ckptd_pb2_grpc.CheckpointerStub(channel))  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class Context:
+    socket: str
+    json: bool
+    timeout: float | None
+    client: CheckpointerClient
+
+
+# --------------------------------------------------------------------------------------------
+# Output helpers: looked up on ``sys`` at call time so that redirections (and pytest) apply.
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(f"{PROG}: {_one_line(text)}\n")
+    sys.stderr.flush()
+
+
+def _print_json(value: Any) -> None:
+    _out(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+# --------------------------------------------------------------------------------------------
+# Argument types.
+
+
+def _parse_pid(text: str) -> int:
+    """A pid argument: a positive int32, else a :class:`CliError` with exit code 2."""
+    if not _DIGITS.fullmatch(text) or not 0 < int(text) <= MAX_PID:
+        raise CliError(f"invalid pid {text!r}: a pid is a positive integer", EXIT_USAGE)
+    return int(text)
+
+
+def _pid_type(text: str) -> int:
+    try:
+        return _parse_pid(text)
+    except CliError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _label_type(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"invalid label {text!r}: expected KEY=VALUE")
+    return key.strip(), value
+
+
+def _timeout_type(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"invalid timeout {text!r}: expected a positive number of seconds"
+        )
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Commands. Each takes the context and the parsed arguments and returns the exit code.
+
+
+def cmd_dump(ctx: Context, args: argparse.Namespace) -> int:
+    pid = _parse_pid(args.pid)
+    labels = dict(args.label or [])
+    request = pb.DumpRequest(
+        pid=pid, leave_running=args.leave_running, name=args.name or "", labels=labels
+    )
+    result = _stream_result(ctx.client.Dump(request, timeout=ctx.timeout), "checkpoint")
+    if result is None:
+        raise CliError(
+            f"ckptd ended the dump of pid {pid} without a result; check the daemon's log"
+        )
+    ck = convert.checkpoint_to_dict(cast(pb.Checkpoint, result))
+    if ctx.json:
+        _print_json(ck)
+    else:
+        _out(render.dump_summary(ck))
+    return EXIT_OK
+
+
+def cmd_restore(ctx: Context, args: argparse.Namespace) -> int:
+    target: str | None = args.target
+    if target is not None and args.name:
+        args.subparser.error("give a checkpoint id or pid, or --name, not both")
+    if target is None and not args.name:
+        args.subparser.error("give a checkpoint id or pid, or --name NAME")
+    output = args.output or ""
+    if target is None:
+        request = pb.RestoreRequest(name=args.name, output_path=output)
+        what = f"the latest checkpoint named {args.name!r}"
+    elif target.isascii() and target.isdigit():
+        request = pb.RestoreRequest(pid=_parse_pid(target), output_path=output)
+        what = f"the latest checkpoint of pid {target}"
+    else:
+        request = pb.RestoreRequest(checkpoint_id=target, output_path=output)
+        what = target
+    result = _stream_result(ctx.client.Restore(request, timeout=ctx.timeout), "result")
+    if result is None:
+        raise CliError(f"ckptd ended the restore of {what} without a result; check its log")
+    data = convert.restore_result_to_dict(cast(pb.RestoreResult, result))
+    if ctx.json:
+        _print_json(data)
+    else:
+        _out(render.restore_summary(data))
+    return EXIT_OK
+
+
+def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
+    request = pb.ListRequest(pid=args.pid or 0, name=args.name or "")
+    checkpoints = convert.checkpoints_to_list(ctx.client.List(request, timeout=ctx.timeout))
+    if ctx.json:
+        _print_json(checkpoints)
+    elif checkpoints:
+        _out(render.checkpoint_table(checkpoints))
+    else:
+        _out("no checkpoints")
+    return EXIT_OK
+
+
+def cmd_show(ctx: Context, args: argparse.Namespace) -> int:
+    ck = convert.checkpoint_to_dict(ctx.client.Get(pb.GetRequest(id=args.id), timeout=ctx.timeout))
+    if ctx.json:
+        _print_json(ck)
+    else:
+        _out(render.checkpoint_details(ck))
+    return EXIT_OK
+
+
+def cmd_delete(ctx: Context, args: argparse.Namespace) -> int:
+    response = ctx.client.Delete(pb.DeleteRequest(id=args.id), timeout=ctx.timeout)
+    data = convert.delete_to_dict(response, args.id)
+    if ctx.json:
+        _print_json(data)
+    else:
+        _out(f"deleted {data['id']}")
+    return EXIT_OK
+
+
+def cmd_check(ctx: Context, args: argparse.Namespace) -> int:
+    report = convert.check_to_dict(ctx.client.Check(pb.CheckRequest(), timeout=ctx.timeout))
+    if ctx.json:
+        _print_json(report)
+    else:
+        _out(render.check_report(report))
+    return EXIT_OK
+
+
+def _stream_result(call: _StreamCall[Any], result_field: str) -> Any:
+    """Follow a Dump/Restore stream: progress on a terminal's stderr, then its one result."""
+    progress = render.ProgressLine(sys.stderr)
+    result: Any = None
+    try:
+        for event in call:
+            kind = event.WhichOneof("event")
+            if kind == "progress":
+                p = event.progress
+                progress.update(p.stage, p.message, p.fraction)
+            elif kind == result_field:
+                result = getattr(event, result_field)
+    except KeyboardInterrupt:
+        call.cancel()
+        raise
+    finally:
+        progress.clear()
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Parser.
+
+Handler = Callable[[Context, argparse.Namespace], int]
+
+_COMMANDS_TIMEOUT_NONE = frozenset({"dump", "restore"})
+
+
+def _add_global_options(parser: argparse.ArgumentParser) -> None:
+    """``--socket``, ``--json`` and ``--timeout``, accepted before and after the subcommand.
+
+    Their default is SUPPRESS everywhere, so a subcommand's parser never overwrites a value
+    given before the subcommand; defaults are resolved after parsing (:func:`_resolve`)."""
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help=f"the daemon's Unix socket (default: ${SOCKET_ENV}, else {DEFAULT_SOCKET})",
+    )
+    group.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print one JSON document on stdout instead of human output",
+    )
+    group.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_timeout_type,
+        default=argparse.SUPPRESS,
+        help=f"give up after SECONDS (default: none for dump and restore, "
+        f"{DEFAULT_TIMEOUT_S:g} for the others)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Checkpoint and restore processes with ckptd.",
+        epilog=f"Run '{PROG} COMMAND --help' for a command's options.",
+    )
+    _add_global_options(parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        _add_global_options(sub)
+        sub.set_defaults(handler=handler, subparser=sub)
+        return sub
+
+    dump = command("dump", cmd_dump, "checkpoint a process tree")
+    dump.add_argument("pid", help="the root process of the tree to checkpoint")
+    dump.add_argument(
+        "--leave-running",
+        action="store_true",
+        help="let the tree run on after the checkpoint (default: it is stopped)",
+    )
+    dump.add_argument("--name", metavar="NAME", help="a name to find the checkpoint by")
+    dump.add_argument(
+        "--label",
+        metavar="K=V",
+        action="append",
+        type=_label_type,
+        help="attach a label (repeatable)",
+    )
+
+    restore = command("restore", cmd_restore, "restore a checkpoint")
+    restore.add_argument(
+        "target",
+        nargs="?",
+        metavar="CHECKPOINT-ID|PID",
+        help="a checkpoint id, or a pid (all digits) for its latest checkpoint",
+    )
+    restore.add_argument(
+        "--name", metavar="NAME", help="restore the latest checkpoint with this name"
+    )
+    restore.add_argument(
+        "--output",
+        metavar="PATH",
+        help="where the restored tree's stdout/stderr go when they cannot be restored "
+        "(default: a file ckptd chooses)",
+    )
+
+    list_ = command("list", cmd_list, "list checkpoints")
+    list_.add_argument("--pid", metavar="PID", type=_pid_type, help="only this pid's")
+    list_.add_argument("--name", metavar="NAME", help="only those with this name")
+
+    show = command("show", cmd_show, "show a checkpoint in detail")
+    show.add_argument("id", metavar="CHECKPOINT-ID")
+
+    delete = command("delete", cmd_delete, "delete a checkpoint")
+    delete.add_argument("id", metavar="CHECKPOINT-ID")
+
+    command("check", cmd_check, "report what this node can checkpoint (CRIU, kernel, GPUs)")
+
+    completion = commands.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a shell completion script. Bash: "
+        f'eval "$({PROG} completion bash)", or save it to '
+        f"/etc/bash_completion.d/{PROG}.",
+    )
+    completion.add_argument("shell", choices=["bash"])
+    completion.set_defaults(handler=None, subparser=completion)
+    return parser
+
+
+# --------------------------------------------------------------------------------------------
+# Shell completion, generated from the parser so that it never drifts from it.
+
+_BASH_TEMPLATE = r"""# bash completion for __PROG__; generated by `__PROG__ completion bash`.
+# Install: eval "$(__PROG__ completion bash)"  (or save to /etc/bash_completion.d/__PROG__)
+___FUNC___ids() {
+    __PROG__ list 2>/dev/null | awk 'NR > 1 { print $1 }'
+}
+
+___FUNC__() {
+    local cur prev cmd i opts
+    COMPREPLY=()
+    cur="${COMP_WORDS[COMP_CWORD]}"
+    prev="${COMP_WORDS[COMP_CWORD-1]}"
+    cmd=""
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        case "${COMP_WORDS[i]}" in
+            __GLOBAL_VALUE_OPTS__) ((i++)) ;;
+            -*) ;;
+            *) cmd="${COMP_WORDS[i]}"; break ;;
+        esac
+    done
+    case "$prev" in
+        __FILE_OPTS__)
+            COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
+        __VALUE_OPTS__)
+            return 0 ;;
+    esac
+    case "$cmd" in
+        "")
+            COMPREPLY=($(compgen -W "__COMMANDS__ __GLOBAL_OPTS__" -- "$cur")); return 0 ;;
+__CASES__
+    esac
+    if [[ "$cur" == -* ]]; then
+        COMPREPLY=($(compgen -W "$opts" -- "$cur")); return 0
+    fi
+    case "$cmd" in
+        dump) COMPREPLY=($(compgen -W "$(ps -eo pid= 2>/dev/null)" -- "$cur")) ;;
+        restore|show|delete) COMPREPLY=($(compgen -W "$(___FUNC___ids)" -- "$cur")) ;;
+        completion) COMPREPLY=($(compgen -W "bash" -- "$cur")) ;;
+    esac
+    return 0
+}
+complete -F ___FUNC__ __PROG__
+"""
+
+_FILE_OPTIONS = ("--socket", "--output")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(cast(dict[str, argparse.ArgumentParser], action.choices))
+    return {}
+
+
+def _options(parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """All option strings of ``parser``, and those that take a value."""
+    every: list[str] = []
+    with_value: list[str] = []
+    for action in parser._actions:
+        every.extend(action.option_strings)
+        if action.option_strings and action.nargs != 0:
+            with_value.extend(action.option_strings)
+    return every, with_value
+
+
+def bash_completion(parser: argparse.ArgumentParser) -> str:
+    global_opts, global_value_opts = _options(parser)
+    subs = _subcommands(parser)
+    value_opts = set(global_value_opts)
+    cases = []
+    for name, sub in subs.items():
+        opts, with_value = _options(sub)
+        value_opts.update(with_value)
+        cases.append(f'        {name}) opts="{" ".join(opts)}" ;;')
+    file_opts = [opt for opt in _FILE_OPTIONS if opt in value_opts]
+    other_value_opts = sorted(value_opts - set(file_opts))
+    script = _BASH_TEMPLATE
+    for key, value in {
+        "__CASES__": "\n".join(cases),
+        "__COMMANDS__": " ".join(subs),
+        "__GLOBAL_OPTS__": " ".join(global_opts),
+        "__GLOBAL_VALUE_OPTS__": "|".join(global_value_opts),
+        "__FILE_OPTS__": "|".join(file_opts),
+        "__VALUE_OPTS__": "|".join(other_value_opts),
+        "___FUNC__": "_" + PROG.replace("-", "_"),
+        "__PROG__": PROG,
+    }.items():
+        script = script.replace(key, value)
+    return script
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point.
+
+
+def _resolve_socket(args: argparse.Namespace) -> str:
+    return getattr(args, "socket", None) or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+def _resolve_timeout(args: argparse.Namespace) -> float | None:
+    timeout: float | None = getattr(args, "timeout", None)
+    if timeout is not None:
+        return timeout
+    return None if args.command in _COMMANDS_TIMEOUT_NONE else DEFAULT_TIMEOUT_S
+
+
+def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None) -> int:
+    code_fn = getattr(err, "code", None)
+    details_fn = getattr(err, "details", None)
+    code = code_fn() if callable(code_fn) else None
+    details = _one_line(str(details_fn() or "")) if callable(details_fn) else ""
+    exit_code = _EXIT_BY_CODE.get(code, EXIT_FAILURE) if code is not None else EXIT_FAILURE
+    if code == grpc.StatusCode.UNAVAILABLE:
+        if os.path.exists(socket) and not os.access(socket, os.R_OK | os.W_OK):
+            _err(
+                f"cannot reach ckptd at {socket}: permission denied on the socket "
+                "(run as root or as a user allowed to use it)"
+            )
+        else:
+            _err(
+                f"cannot reach ckptd at {socket}: is the daemon running? "
+                "(start it with 'ckptd' or 'systemctl start ckptd')"
+            )
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED and details in ("", "Deadline Exceeded"):
+        _err(f"ckptd did not answer within {timeout:g}s; retry with a larger --timeout")
+    elif details:
+        _err(details)
+    else:
+        name = code.name if code is not None else "UNKNOWN"
+        _err(f"request failed ({name}) without a message; check the daemon's log")
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``ckptctl`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(None if argv is None else list(argv))
+    except SystemExit as exc:  # usage error (2) or --help (0): argparse has printed it
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+    if args.command == "completion":
+        sys.stdout.write(bash_completion(parser))
+        return EXIT_OK
+
+    socket = _resolve_socket(args)
+    timeout = _resolve_timeout(args)
+    handler: Handler = args.handler
+    try:
+        with grpc.insecure_channel("unix:" + socket) as channel:
+            ctx = Context(
+                socket=socket,
+                json=bool(getattr(args, "json", False)),
+                timeout=timeout,
+                client=_stub(channel),
+            )
+            return handler(ctx, args)
+    except SystemExit as exc:  # a subparser's usage error found after parsing
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except grpc.RpcError as err:
+        return _rpc_error(err, socket, timeout)
+    except CliError as err:
+        _err(err.message)
+        return err.exit_code
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except Exception as exc:
+        if os.environ.get("CKPTCTL_DEBUG"):
+            raise
+        _err(
+            f"internal error: {type(exc).__name__}: {exc}; "
+            "rerun with CKPTCTL_DEBUG=1 for a traceback and report it"
+        )
+        return EXIT_FAILURE
+
+
+def _silence_stdout() -> None:
+    """After EPIPE on stdout, point it at /dev/null so that the interpreter's final flush
+    does not print another error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""Human formatting for ``ckptctl``: sizes, durations, times, tables and report blocks.
+
+Everything here is pure (strings in, strings out) except :class:`ProgressLine`, which writes a
+single self-overwriting status line to a terminal.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``; bytes below 1 KiB are shown exactly (``512 B``)."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in _UNITS[1:]:
+        value /= 1024.0
+        if value < 1024.0 or unit == _UNITS[-1]:
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def seconds(value: float) -> str:
+    """A duration in seconds with two decimals, without the unit: ``1.234`` -> ``1.23``."""
+    return f"{value:.2f}"
+
+
+def ratio(numerator: int, denominator: int) -> str | None:
+    """``numerator / denominator`` as ``4.00x``; ``None`` when either side is zero."""
+    if numerator <= 0 or denominator <= 0:
+        return None
+    return f"{numerator / denominator:.2f}x"
+
+
+def parse_iso(text: str | None) -> _dt.datetime | None:
+    """An RFC 3339 / ISO 8601 string (``...Z`` accepted) as an aware datetime."""
+    if not text:
+        return None
+    try:
+        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def local_time(iso: str | None) -> str:
+    """An ISO 8601 timestamp in local time, ``YYYY-MM-DD HH:MM:SS``; ``-`` when unknown."""
+    when = parse_iso(iso)
+    if when is None:
+        return "-"
+    return when.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def dash(text: object) -> str:
+    """``text`` as a string, ``-`` when empty."""
+    value = str(text) if text is not None else ""
+    return value if value else "-"
+
+
+def yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def labels_text(labels: Mapping[str, str]) -> str:
+    """``{"b": "2", "a": "1"}`` -> ``a=1, b=2``; ``-`` when there are none."""
+    if not labels:
+        return "-"
+    return ", ".join(f"{key}={labels[key]}" for key in sorted(labels))
+
+
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    indent: str = "",
+    *,
+    show_header: bool = True,
+) -> str:
+    """Left-aligned columns separated by two spaces; the last column is not padded.
+
+    ``headers`` always sets the number of columns (and their minimum widths when shown)."""
+    body = [list(row) for row in rows]
+    all_rows = [list(headers), *body] if show_header else body
+    if not all_rows:
+        return ""
+    widths = [max(len(row[i]) for row in all_rows) for i in range(len(headers))]
+    lines = []
+    for row in all_rows:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
+        cells.append(row[-1])
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return "\n".join(lines)
+
+
+def key_values(pairs: Sequence[tuple[str, str]]) -> str:
+    """``key: value`` lines with the values aligned."""
+    if not pairs:
+        return ""
+    width = max(len(key) for key, _ in pairs) + 1
+    return "\n".join(f"{(key + ':').ljust(width)} {value}".rstrip() for key, value in pairs)
+
+
+# --------------------------------------------------------------------------------------------
+# Commands' human output. Inputs are the JSON-able dicts made by ``convert``.
+
+
+def dump_summary(ck: Mapping[str, Any]) -> str:
+    return (
+        f"checkpoint {ck['id']} of pid {ck['pid']}: {human_bytes(ck['bytes'])} "
+        f"in {seconds(ck['duration_s'])}s (frozen {seconds(ck['frozen_s'])}s)"
+    )
+
+
+def restore_summary(result: Mapping[str, Any]) -> str:
+    line = f"restored {result['id']} as pid {result['pid']} in {seconds(result['duration_s'])}s"
+    if result.get("output_path"):
+        line += f"\noutput: {result['output_path']}"
+    return line
+
+
+def checkpoint_table(checkpoints: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            str(ck["id"]),
+            str(ck["pid"]),
+            dash(ck["name"]),
+            local_time(ck["created"]),
+            human_bytes(ck["bytes"]),
+            dash(ck["node"]),
+        ]
+        for ck in checkpoints
+    ]
+    return table(["ID", "PID", "NAME", "CREATED", "SIZE", "NODE"], rows)
+
+
+def _size(n: int) -> str:
+    return f"{human_bytes(n)} ({n} bytes)" if n >= 1024 else human_bytes(n)
+
+
+def checkpoint_details(ck: Mapping[str, Any]) -> str:
+    created = ck["created"]
+    created_text = f"{local_time(created)} ({created})" if created else "-"
+    pairs: list[tuple[str, str]] = [
+        ("id", str(ck["id"])),
+        ("pid", str(ck["pid"])),
+        ("name", dash(ck["name"])),
+        ("labels", labels_text(ck["labels"])),
+        ("created", created_text),
+        ("node", dash(ck["node"])),
+        ("uid", str(ck["uid"])),
+        ("leave running", yes_no(ck["leave_running"])),
+        ("logical size", _size(ck["bytes_logical"])),
+        ("stored size", _size(ck["bytes"])),
+        ("new size", _size(ck["bytes_new"])),
+    ]
+    ratios = []
+    stored_ratio = ratio(ck["bytes_logical"], ck["bytes"])
+    if stored_ratio:
+        ratios.append(f"{stored_ratio} logical/stored")
+    new_ratio = ratio(ck["bytes_logical"], ck["bytes_new"])
+    if new_ratio:
+        ratios.append(f"{new_ratio} logical/new")
+    if ratios:
+        pairs.append(("ratio", ", ".join(ratios)))
+    pairs += [
+        ("frozen", f"{seconds(ck['frozen_s'])}s"),
+        ("total", f"{seconds(ck['duration_s'])}s"),
+        ("criu version", dash(ck["criu_version"])),
+        ("parent", dash(ck["parent_id"])),
+    ]
+    out = [key_values(pairs)]
+
+    processes = ck["processes"]
+    if processes:
+        out.append(f"processes ({len(processes)}):")
+        out.append(
+            table(
+                ["PID", "PPID", "COMM", "CMDLINE"],
+                (
+                    [str(p["pid"]), str(p["ppid"]), dash(p["comm"]), dash(" ".join(p["cmdline"]))]
+                    for p in processes
+                ),
+                indent="  ",
+            )
+        )
+    else:
+        out.append("processes: -")
+
+    stdio = ck["stdio"]
+    if stdio:
+        out.append(f"stdio ({len(stdio)}):")
+        out.append(
+            table(
+                ["PID", "FD", "KIND", "TARGET", "", "ON RESTORE"],
+                (
+                    [
+                        str(s["pid"]),
+                        str(s["fd"]),
+                        dash(s["kind"]),
+                        dash(s["target"]),
+                        "->",
+                        dash(s["on_restore"]),
+                    ]
+                    for s in stdio
+                ),
+                indent="  ",
+            )
+        )
+    else:
+        out.append("stdio: -")
+    return "\n".join(out)
+
+
+def check_report(report: Mapping[str, Any]) -> str:
+    criu_state = "ok" if report["criu_ok"] else "NOT OK"
+    criu_line = " ".join(
+        part
+        for part in (dash(report["criu_path"]), report["criu_version"], f"({criu_state})")
+        if part
+    )
+    pairs: list[tuple[str, str]] = [
+        ("node", dash(report["node"])),
+        ("kernel", dash(report["kernel"])),
+        ("daemon version", dash(report["daemon_version"])),
+        ("criu", criu_line),
+    ]
+    if report["criu_message"]:
+        pairs.append(("criu message", report["criu_message"]))
+    gpus = report["gpus"]
+    if report["gpu_available"]:
+        gpu_text = f"available ({len(gpus)} GPU{'s' if len(gpus) != 1 else ''})"
+    else:
+        gpu_text = "not available"
+    if report["gpu_message"]:
+        gpu_text += f": {report['gpu_message']}"
+    pairs += [("gpu", gpu_text), ("store", dash(report["store"]))]
+    out = [key_values(pairs)]
+
+    if gpus:
+        out.append("gpus:")
+        out.append(
+            table(
+                ["INDEX", "NAME", "UUID", "MEMORY"],
+                (
+                    [
+                        str(g["index"]),
+                        dash(g["name"]),
+                        dash(g["uuid"]),
+                        human_bytes(g["memory_total"]),
+                    ]
+                    for g in gpus
+                ),
+                indent="  ",
+            )
+        )
+    features = report["features"]
+    if features:
+        out.append("features:")
+        out.append(
+            table(
+                ["STATE", "NAME", "DETAIL"],
+                (["ok" if f["ok"] else "FAIL", dash(f["name"]), f["detail"]] for f in features),
+                indent="  ",
+                show_header=False,
+            )
+        )
+    else:
+        out.append("features: -")
+
+    if not report["criu_ok"]:
+        problem = report["criu_message"] or "criu check failed"
+        out.append("")
+        out.append(
+            f"PROBLEM: CRIU is not usable on this node, so dump and restore will fail: {problem}"
+        )
+    return "\n".join(out)
+
+
+class ProgressLine:
+    """One status line on a terminal, rewritten in place with ``\\r``.
+
+    Writes nothing at all when ``stream`` is not a terminal (progress is for people; scripts
+    get the final result only)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._enabled = _isatty(stream)
+        self._width = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    def update(self, stage: str, message: str, fraction: float) -> None:
+        if not self._enabled:
+            return
+        text = stage or "working"
+        if 0.0 < fraction <= 1.0:
+            text = f"[{fraction * 100:3.0f}%] {text}"
+        if message:
+            text += f": {message}"
+        text = " ".join(text.split())  # a progress line must stay one line
+        columns = shutil.get_terminal_size((80, 24)).columns
+        if columns > 1 and len(text) > columns - 1:
+            text = text[: max(columns - 2, 1)] + "…"
+        self._write("\r" + text.ljust(self._width))
+        self._width = len(text)
+
+    def clear(self) -> None:
+        """Erase the line (before the final result or an error is printed)."""
+        if not self._enabled or self._width == 0:
+            return
+        self._write("\r" + " " * self._width + "\r")
+        self._width = 0
+
+    def _write(self, text: str) -> None:
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except (OSError, ValueError):
+            self._enabled = False
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False

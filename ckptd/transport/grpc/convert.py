@@ -1,0 +1,95 @@
+"""Domain values <-> ckptd.v1 protobuf messages. No logic beyond the mapping."""
+
+from __future__ import annotations
+
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+from ckptd.domain import (
+    CheckpointRecord,
+    DumpRequest,
+    NodeReport,
+    Progress,
+    RestoreOutcome,
+    RestoreRequest,
+    StdioFact,
+)
+
+
+def dump_request(msg: pb.DumpRequest) -> DumpRequest:
+    return DumpRequest(
+        pid=msg.pid, leave_running=msg.leave_running, name=msg.name, labels=dict(msg.labels)
+    )
+
+
+def restore_request(msg: pb.RestoreRequest) -> RestoreRequest:
+    which = msg.WhichOneof("target")
+    return RestoreRequest(
+        checkpoint_id=msg.checkpoint_id if which == "checkpoint_id" else "",
+        pid=msg.pid if which == "pid" else 0,
+        name=msg.name if which == "name" else "",
+        output_path=msg.output_path,
+    )
+
+
+def progress(p: Progress) -> pb.Progress:
+    return pb.Progress(stage=p.stage, message=p.message, fraction=p.fraction)
+
+
+def stdio(s: StdioFact) -> pb.StdioFact:
+    return pb.StdioFact(
+        pid=s.pid, fd=s.fd, kind=s.kind.value, target=s.target, on_restore=s.on_restore
+    )
+
+
+def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
+    msg = pb.Checkpoint(
+        id=r.id,
+        pid=r.pid,
+        name=r.name,
+        labels=dict(r.labels),
+        node=r.node,
+        uid=r.uid,
+        leave_running=r.leave_running,
+        processes=[
+            pb.ProcessFact(
+                pid=p.pid, ppid=p.ppid, comm=p.comm, cmdline=list(p.cmdline), uid=p.uid,
+                gid=p.gid, threads=p.threads,
+            )
+            for p in r.processes
+        ],
+        stdio=[stdio(s) for s in r.stdio],
+        bytes=r.bytes,
+        bytes_logical=r.bytes_logical,
+        bytes_new=r.bytes_new,
+        frozen_s=r.frozen_s,
+        duration_s=r.duration_s,
+        criu_version=r.criu_version,
+        parent_id=r.parent_id,
+    )
+    msg.created.FromNanoseconds(int(r.created * 1e9))
+    return msg
+
+
+def restore_result(o: RestoreOutcome) -> pb.RestoreResult:
+    return pb.RestoreResult(
+        checkpoint_id=o.checkpoint_id,
+        pid=o.pid,
+        output_path=o.output_path,
+        duration_s=o.duration_s,
+        stdio=[stdio(s) for s in o.stdio],
+    )
+
+
+def check_response(n: NodeReport, daemon_version: str) -> pb.CheckResponse:
+    return pb.CheckResponse(
+        node=n.node,
+        kernel=n.kernel,
+        daemon_version=daemon_version,
+        criu_path=n.criu.path,
+        criu_version=n.criu.version,
+        criu_ok=n.criu.ok,
+        criu_message=n.criu.message,
+        features=[pb.Feature(name=f.name, ok=f.ok, detail=f.detail) for f in n.features],
+        gpu_available=n.gpu_available,
+        gpu_message=n.gpu_message,
+        store=n.store,
+    )

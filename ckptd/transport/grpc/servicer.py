@@ -1,0 +1,132 @@
+"""The Checkpointer gRPC service: a few lines per RPC (protobuf -> domain -> core -> protobuf).
+
+Errors from the core end the call with the code ``status.code_for`` picks and a one-line
+message. A client that goes away mid-Dump does not abort the dump: stopping half-way is what
+could hurt the target, finishing is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from ckptd import __version__
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+from ckptd.core.service import CheckpointService
+from ckptd.domain import Caller, Progress
+from ckptd.transport.grpc import convert
+from ckptd.transport.grpc.peercred import caller_from_peer
+from ckptd.transport.grpc.status import code_for, details_for
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_DONE = object()
+
+
+class CheckpointerServicer(pb_grpc.CheckpointerServicer):
+    def __init__(self, service: CheckpointService, peer_dir: Path) -> None:
+        self._service = service
+        self._peer_dir = peer_dir
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _caller(self, context: grpc.ServicerContext) -> Caller:
+        caller = caller_from_peer(context.peer(), self._peer_dir)
+        if caller is None:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "caller could not be identified")
+        assert caller is not None
+        return caller
+
+    def _unary(self, context: grpc.ServicerContext, fn: Callable[[Caller], T]) -> T:
+        caller = self._caller(context)
+        try:
+            return fn(caller)
+        except Exception as exc:
+            self._fail(context, exc)
+            raise  # unreachable: abort raises
+
+    @staticmethod
+    def _fail(context: grpc.ServicerContext, exc: BaseException) -> None:
+        code = code_for(exc)
+        if code is grpc.StatusCode.INTERNAL:
+            log.error("request failed: %s", exc, exc_info=exc)
+        else:
+            log.info("request refused: %s", exc)
+        context.abort(code, details_for(exc))
+
+    def _stream(
+        self,
+        context: grpc.ServicerContext,
+        run: Callable[[Caller, Callable[[Progress], None]], T],
+        wrap_progress: Callable[[pb.Progress], Any],
+        wrap_result: Callable[[T], Any],
+    ) -> Iterator[Any]:
+        """Run ``run`` in a worker; stream its progress, then its result or its error."""
+        caller = self._caller(context)
+        events: queue.Queue[Any] = queue.Queue()
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["result"] = run(caller, events.put)
+            except Exception as exc:
+                outcome["error"] = exc
+            finally:
+                events.put(_DONE)
+
+        threading.Thread(target=work, name="rpc-worker", daemon=True).start()
+        while True:
+            item = events.get()
+            if item is _DONE:
+                break
+            if context.is_active():
+                yield wrap_progress(convert.progress(item))
+        if "error" in outcome:
+            self._fail(context, outcome["error"])
+        yield wrap_result(outcome["result"])
+
+    # ---- RPCs -----------------------------------------------------------------------------
+
+    def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        req = convert.dump_request(request)
+        return self._stream(
+            context,
+            lambda caller, sink: self._service.dump(caller, req, sink),
+            lambda p: pb.DumpEvent(progress=p),
+            lambda r: pb.DumpEvent(checkpoint=convert.checkpoint(r)),
+        )
+
+    def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        req = convert.restore_request(request)
+        return self._stream(
+            context,
+            lambda caller, sink: self._service.restore(caller, req, sink),
+            lambda p: pb.RestoreEvent(progress=p),
+            lambda o: pb.RestoreEvent(result=convert.restore_result(o)),
+        )
+
+    def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:
+        records = self._unary(
+            context, lambda c: self._service.list(c, pid=request.pid, name=request.name)
+        )
+        return pb.ListResponse(checkpoints=[convert.checkpoint(r) for r in records])
+
+    def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.Checkpoint:
+        record = self._unary(context, lambda c: self._service.get(c, request.id))
+        return convert.checkpoint(record)
+
+    def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> Any:
+        self._unary(context, lambda c: self._service.delete(c, request.id))
+        return pb.DeleteResponse(id=request.id)
+
+    def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> Any:
+        report = self._unary(context, lambda _c: self._service.check())
+        return convert.check_response(report, __version__)

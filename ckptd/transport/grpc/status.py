@@ -1,0 +1,45 @@
+"""The one place where ckptd errors become gRPC status codes.
+
+| ckptd error                         | gRPC code            |
+|-------------------------------------|----------------------|
+| ProcessNotFound, CheckpointNotFound | NOT_FOUND            |
+| InvalidTarget, TargetRefused        | INVALID_ARGUMENT     |
+| PermissionDenied                    | PERMISSION_DENIED    |
+| Busy                                | ABORTED              |
+| PreconditionFailed (PidInUse, CRIU) | FAILED_PRECONDITION  |
+| CorruptCheckpoint                   | DATA_LOSS            |
+| Cancelled                           | CANCELLED            |
+| CriuFailed, StoreError, anything    | INTERNAL             |
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from ckptd import errors
+
+_CODES: tuple[tuple[type[errors.CkptdError], grpc.StatusCode], ...] = (
+    (errors.ProcessNotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.CheckpointNotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.InvalidTarget, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Busy, grpc.StatusCode.ABORTED),
+    (errors.PreconditionFailed, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.CorruptCheckpoint, grpc.StatusCode.DATA_LOSS),
+    (errors.Cancelled, grpc.StatusCode.CANCELLED),
+)
+
+
+def code_for(exc: BaseException) -> grpc.StatusCode:
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def details_for(exc: BaseException) -> str:
+    """One line for the caller: ckptd errors say themselves; others are internal errors."""
+    if isinstance(exc, errors.CkptdError):
+        return str(exc)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"internal error: {text}; see the daemon's log (journalctl -u ckptd)"

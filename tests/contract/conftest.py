@@ -1,0 +1,32 @@
+"""Fixtures of the contract suites: one fixture per port, parametrized over the
+implementations listed in ``harness.py`` (a new backend is one line there)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ckptd.core.ports import CheckpointStore
+
+from .harness import JOURNALS, PROCESS_TABLES, STORES, JournalHarness, ProcessHarness
+
+
+@pytest.fixture(params=sorted(STORES))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
+    return STORES[request.param](tmp_path)
+
+
+@pytest.fixture(params=sorted(JOURNALS))
+def journal_harness(request: pytest.FixtureRequest, tmp_path: Path) -> JournalHarness:
+    return JOURNALS[request.param](tmp_path)
+
+
+@pytest.fixture(params=sorted(PROCESS_TABLES))
+def processes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcessHarness]:
+    harness = PROCESS_TABLES[request.param](tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()

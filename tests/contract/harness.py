@@ -1,0 +1,266 @@
+"""Implementations under contract, and harnesses that set up equivalent facts for each.
+
+Each port's implementations are listed in one dict; a new backend is one line there, and then
+runs every contract test of that port (the fixtures are in ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+from ckptd.adapters.procfs import ProcFsTable
+from ckptd.adapters.storage import FileJournal, LocalImageStore
+from ckptd.core.ports import CheckpointStore, Journal, ProcessTable
+from ckptd.domain import PidState, StdioFact, StdioKind
+from ckptd.testing import FakeProcessTable, MemoryJournal, MemoryStore
+
+# ---- CheckpointStore ----------------------------------------------------------------------
+
+STORES: dict[str, Callable[[Path], CheckpointStore]] = {
+    "local": lambda tmp: LocalImageStore(tmp / "store"),
+    "memory": lambda tmp: MemoryStore(tmp / "store"),
+}
+
+
+
+# ---- Journal ---------------------------------------------------------------------------------
+
+
+@dataclass
+class JournalHarness:
+    journal: Journal
+    reopen: Callable[[], Journal]
+    """Another handle on the same journal (for a durable one: a new instance, as after a
+    daemon restart)."""
+
+
+def _file_journal(tmp: Path) -> JournalHarness:
+    return JournalHarness(FileJournal(tmp / "journal"), lambda: FileJournal(tmp / "journal"))
+
+
+def _memory_journal(tmp: Path) -> JournalHarness:
+    journal = MemoryJournal()
+    return JournalHarness(journal, lambda: journal)
+
+
+JOURNALS: dict[str, Callable[[Path], JournalHarness]] = {
+    "file": _file_journal,
+    "memory": _memory_journal,
+}
+
+
+
+# ---- ProcessTable ----------------------------------------------------------------------------
+
+StdoutKind = Literal["pipe", "devnull", "file"]
+
+
+class ProcessHarness:
+    """Makes processes in known states for a ``ProcessTable`` under test.
+
+    Every process made is a child of ``self_pid`` owned by ``uid``.
+    """
+
+    table: ProcessTable
+    self_pid: int
+    uid: int
+    real: bool
+
+    def spawn(self) -> int:
+        """A running child (``comm`` "sleep")."""
+        raise NotImplementedError
+
+    def spawn_tree(self) -> tuple[int, tuple[int, ...]]:
+        """A running child with two running children of its own: (root, children)."""
+        raise NotImplementedError
+
+    def zombie(self) -> int:
+        """A child that was killed and not reaped."""
+        raise NotImplementedError
+
+    def stopped(self) -> int:
+        """A child stopped with SIGSTOP."""
+        raise NotImplementedError
+
+    def free_pid(self) -> int:
+        """A pid no process has."""
+        raise NotImplementedError
+
+    def spawn_mixed_uid(self, real_uid: int) -> int:
+        """A running child with real uid ``real_uid`` and effective and saved uid 0."""
+        raise NotImplementedError
+
+    def spawn_with_stdout(self, kind: StdoutKind) -> int:
+        """A child whose stdin/stderr are /dev/null and whose stdout is a pipe the test holds
+        the read end of, /dev/null, or a regular file."""
+        raise NotImplementedError
+
+    def wait_state(self, pid: int, state: PidState, timeout: float = 5.0) -> PidState:
+        """Poll ``table.status(pid)`` until it is ``state`` (signals are asynchronous)."""
+        deadline = time.monotonic() + timeout
+        current = self.table.status(pid).state
+        while current is not state and time.monotonic() < deadline:
+            time.sleep(0.005)
+            current = self.table.status(pid).state
+        return current
+
+    def close(self) -> None:
+        """Kill and reap what was made."""
+
+
+class ProcFsHarness(ProcessHarness):
+    def __init__(self, tmp: Path) -> None:
+        self.table = ProcFsTable()
+        self.self_pid = os.getpid()
+        self.uid = os.getuid()
+        self.real = True
+        self._tmp = tmp
+        self._children: list[subprocess.Popen[bytes]] = []
+        self._files: list[IO[bytes]] = []
+
+    def _popen(self, argv: list[str], stdout: int | IO[bytes] = subprocess.DEVNULL) -> int:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.DEVNULL
+        )
+        self._children.append(proc)
+        return proc.pid
+
+    def spawn(self) -> int:
+        return self._popen(["sleep", "60"])
+
+    def spawn_tree(self) -> tuple[int, tuple[int, ...]]:
+        root = self._popen(["sh", "-c", "sleep 60 & sleep 60 & wait"])
+        deadline = time.monotonic() + 5
+        kids: tuple[int, ...] = ()
+        while time.monotonic() < deadline:
+            listed = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+            kids = tuple(sorted(int(p) for p in listed))
+            comms = {Path(f"/proc/{k}/comm").read_text().strip() for k in kids}
+            if len(kids) == 2 and comms == {"sleep"}:
+                return root, kids
+            time.sleep(0.01)
+        raise AssertionError(f"sh {root} did not start its two children: {kids}")
+
+    def zombie(self) -> int:
+        pid = self.spawn()
+        os.kill(pid, signal.SIGKILL)
+        assert self.wait_state(pid, PidState.ZOMBIE) is PidState.ZOMBIE
+        return pid
+
+    def stopped(self) -> int:
+        pid = self.spawn()
+        os.kill(pid, signal.SIGSTOP)
+        assert self.wait_state(pid, PidState.STOPPED) is PidState.STOPPED
+        return pid
+
+    def free_pid(self) -> int:
+        proc = subprocess.Popen(["true"])
+        proc.wait()
+        return proc.pid
+
+    def spawn_mixed_uid(self, real_uid: int) -> int:
+        code = f"import os, time; os.setresuid({real_uid}, 0, 0); print(flush=True); time.sleep(60)"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+        )
+        self._children.append(proc)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # setresuid done
+        return proc.pid
+
+    def spawn_with_stdout(self, kind: StdoutKind) -> int:
+        if kind == "pipe":
+            return self._popen(["sleep", "60"], stdout=subprocess.PIPE)
+        if kind == "devnull":
+            return self._popen(["sleep", "60"])
+        out = (self._tmp / "stdout.txt").open("wb")
+        self._files.append(out)
+        return self._popen(["sleep", "60"], stdout=out)
+
+    def close(self) -> None:
+        for proc in self._children:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        for f in self._files:
+            f.close()
+
+
+class FakeHarness(ProcessHarness):
+    """The same facts, set up in a ``FakeProcessTable``."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.fake = FakeProcessTable(kill_mode="zombie")
+        self.table = self.fake
+        self.self_pid = 4242
+        self.uid = os.getuid()
+        self.real = False
+        self._tmp = tmp
+        self._next = 5000
+        self.fake.add_process(1, 0, comm="init")
+        self.fake.add_process(4000, 1, comm="bash", uid=self.uid)
+        self.fake.add_process(self.self_pid, 4000, comm="pytest", uid=self.uid)
+
+    def _pid(self) -> int:
+        self._next += 1
+        return self._next
+
+    def spawn(self, ppid: int = 0, comm: str = "sleep") -> int:
+        pid = self._pid()
+        self.fake.add_process(pid, ppid or self.self_pid, comm=comm, uid=self.uid)
+        self.fake.standard_stdio(pid)
+        return pid
+
+    def spawn_tree(self) -> tuple[int, tuple[int, ...]]:
+        root = self.spawn(comm="sh")
+        return root, (self.spawn(root), self.spawn(root))
+
+    def zombie(self) -> int:
+        pid = self.spawn()
+        self.fake.signal(pid, signal.SIGKILL)
+        return pid
+
+    def stopped(self) -> int:
+        pid = self.spawn()
+        self.fake.signal(pid, signal.SIGSTOP)
+        return pid
+
+    def free_pid(self) -> int:
+        return self._pid()
+
+    def spawn_mixed_uid(self, real_uid: int) -> int:
+        del real_uid  # a fake process has one uid: the one that decides
+        pid = self._pid()
+        self.fake.add_process(pid, self.self_pid, comm="python3", uid=0)
+        return pid
+
+    def spawn_with_stdout(self, kind: StdoutKind) -> int:
+        pid = self.spawn()
+        stdin = StdioFact(pid, 0, StdioKind.DEVNULL, "/dev/null", False)
+        stderr = StdioFact(pid, 2, StdioKind.DEVNULL, "/dev/null", True)
+        if kind == "pipe":
+            stdout = StdioFact(pid, 1, StdioKind.PIPE, "pipe:[81234]", True, "pipe:[81234]")
+        elif kind == "devnull":
+            stdout = StdioFact(pid, 1, StdioKind.DEVNULL, "/dev/null", True)
+        else:
+            path = str(self._tmp / "stdout.txt")
+            stdout = StdioFact(pid, 1, StdioKind.FILE, path, True)
+        self.fake.set_stdio(pid, stdin, stdout, stderr)
+        return pid
+
+
+PROCESS_TABLES: dict[str, Callable[[Path], ProcessHarness]] = {
+    "procfs": ProcFsHarness,
+    "fake": FakeHarness,
+}
+

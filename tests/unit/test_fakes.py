@@ -1,0 +1,335 @@
+"""The documented behaviour of the fakes in ckptd.testing (beyond the contract suites)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob, InheritFd
+from ckptd.domain import PidState, StdioFact, StdioKind
+from ckptd.errors import CriuFailed, CriuUnavailable, StoreError
+from ckptd.testing import (
+    DUMP_HOOKS,
+    RESTORE_HOOKS,
+    FakeClock,
+    FakeCriu,
+    FakeProcessTable,
+    FakeStdioProvider,
+    MemoryJournal,
+    MemoryStore,
+)
+
+# ---- FakeClock --------------------------------------------------------------------------------
+
+
+def test_clock_sleep_advances_at_once_and_is_recorded() -> None:
+    clock = FakeClock(start=100.0, monotonic_start=5.0)
+    clock.sleep(0.5)
+    clock.advance(2)
+    assert (clock.time(), clock.monotonic()) == (102.5, 7.5)
+    assert clock.sleeps == [0.5]
+
+
+def test_clock_refuses_to_go_backwards() -> None:
+    clock = FakeClock()
+    with pytest.raises(ValueError):
+        clock.sleep(-1)
+    with pytest.raises(ValueError):
+        clock.advance(-1)
+
+
+def test_clock_sleep_listeners() -> None:
+    clock = FakeClock()
+    heard: list[float] = []
+    remove = clock.on_sleep(heard.append)
+    clock.sleep(1)
+    remove()
+    remove()
+    clock.sleep(2)
+    assert heard == [1]
+
+
+# ---- FakeProcessTable -------------------------------------------------------------------------
+
+
+def test_table_kill_modes() -> None:
+    for mode, after in (("zombie", PidState.ZOMBIE), ("free", PidState.FREE)):
+        table = FakeProcessTable(kill_mode=mode)  # type: ignore[arg-type]
+        table.add_tree(10, 11)
+        assert table.signal(10, signal.SIGKILL) is True
+        assert table.state(10) is after
+        assert table.status(11).ppid == 1  # re-parented to init
+
+
+def test_table_stop_cont_and_zombies_ignore_signals() -> None:
+    table = FakeProcessTable(kill_mode="zombie")
+    table.add_process(10)
+    table.signal(10, signal.SIGSTOP)
+    assert table.state(10) is PidState.STOPPED
+    table.signal(10, signal.SIGCONT)
+    assert table.state(10) is PidState.RUNNING
+    table.signal(10, signal.SIGKILL)
+    assert table.signal(10, signal.SIGCONT) is True
+    assert table.state(10) is PidState.ZOMBIE
+    table.reap(10)
+    assert table.state(10) is PidState.FREE
+    assert table.signals_to(10) == [signal.SIGSTOP, signal.SIGCONT, signal.SIGKILL, signal.SIGCONT]
+
+
+def test_table_other_signals_are_only_recorded() -> None:
+    table = FakeProcessTable()
+    table.add_process(10)
+    assert table.signal(10, signal.SIGTERM) is True
+    assert table.state(10) is PidState.RUNNING
+    assert table.signals == [(10, signal.SIGTERM)]
+
+
+def test_table_reap_after_n_sleeps() -> None:
+    clock = FakeClock()
+    table = FakeProcessTable(kill_mode="zombie")
+    table.add_process(10)
+    table.signal(10, signal.SIGKILL)
+    table.reap_after(clock, 10, sleeps=2)
+    clock.sleep(0.1)
+    assert table.state(10) is PidState.ZOMBIE
+    clock.sleep(0.1)
+    assert table.state(10) is PidState.FREE
+    with pytest.raises(ValueError):
+        table.reap(10)
+
+
+def test_table_refuses_duplicate_pids_and_events_are_logged() -> None:
+    events: list[str] = []
+    table = FakeProcessTable(events=events)
+    table.add_process(10)
+    with pytest.raises(ValueError):
+        table.add_process(10)
+    table.signal(10, signal.SIGSTOP)
+    table.signal(99, signal.SIGKILL)
+    assert events == ["signal 10 SIGSTOP", "signal 99 SIGKILL"]
+
+
+def test_table_stdio_is_reported_per_tree() -> None:
+    table = FakeProcessTable()
+    table.add_tree(10, 11)
+    facts = table.standard_stdio(11)
+    assert table.stdio(table.tree(10)) == facts
+    assert table.stdio(table.tree(11)) == facts
+
+
+# ---- FakeCriu ---------------------------------------------------------------------------------
+
+
+class RecordingHooks(CriuHooks):
+    def __init__(self, table: FakeProcessTable) -> None:
+        self.table = table
+        self.seen: list[tuple[str, PidState]] = []
+
+    def _note(self, name: str, pid: int) -> None:
+        self.seen.append((name, self.table.state(10)))
+
+    def pre_dump(self, pid: int) -> None:
+        self._note("pre_dump", pid)
+
+    def post_dump(self, pid: int) -> None:
+        self._note("post_dump", pid)
+
+    def post_restore(self, pid: int) -> None:
+        self._note("post_restore", pid)
+
+    def post_resume(self, pid: int) -> None:
+        self._note("post_resume", pid)
+
+
+def _dirs(tmp_path: Path) -> tuple[Path, Path]:
+    images, work = tmp_path / "images", tmp_path / "work"
+    images.mkdir()
+    work.mkdir()
+    return images, work
+
+
+def test_criu_dump_then_restore_round_trip(tmp_path: Path) -> None:
+    table = FakeProcessTable()
+    table.add_tree(10, 11, 12, uid=1000)
+    images, work = _dirs(tmp_path)
+    criu = FakeCriu(table)
+    hooks = RecordingHooks(table)
+    result = criu.dump(CriuDumpJob(10, images, work, leave_running=False), hooks)
+    assert result.pages_written == 3
+    assert [n for n, _ in criu.hook_calls] == list(DUMP_HOOKS)
+    assert all(pid == 10 for _, pid in criu.hook_calls)
+    assert hooks.seen == [("pre_dump", PidState.RUNNING), ("post_dump", PidState.STOPPED)]
+    assert [table.state(p) for p in (10, 11, 12)] == [PidState.FREE] * 3
+    assert {p.name for p in images.iterdir()} == {
+        "inventory.img", "pstree.img", "pages-10.img", "pages-11.img", "pages-12.img",
+    }
+    assert (work / "dump.log").is_file()
+
+    assert criu.restore(CriuRestoreJob(images, work), hooks) == 10
+    assert [n for n, _ in criu.hook_calls[4:]] == list(RESTORE_HOOKS)
+    assert criu.hook_calls[4] == ("pre_restore", 0)
+    assert hooks.seen[2:] == [("post_restore", PidState.STOPPED), ("post_resume", PidState.RUNNING)]
+    assert [table.state(p) for p in (10, 11, 12)] == [PidState.RUNNING] * 3
+    assert table.status(10).ppid == 1
+    assert table.status(11).ppid == 10
+    assert table.status(11).uid == 1000
+
+
+@pytest.mark.parametrize(
+    ("leave_running", "leave_stopped", "after"),
+    [(True, False, PidState.RUNNING), (False, True, PidState.STOPPED),
+     (False, False, PidState.FREE)],
+)
+def test_criu_dump_leaves_the_tree_as_asked(
+    tmp_path: Path, leave_running: bool, leave_stopped: bool, after: PidState
+) -> None:
+    table = FakeProcessTable()
+    table.add_tree(10, 11)
+    images, work = _dirs(tmp_path)
+    FakeCriu(table).dump(CriuDumpJob(10, images, work, leave_running, leave_stopped), CriuHooks())
+    assert [table.state(10), table.state(11)] == [after, after]
+    assert table.signals == []
+
+
+def test_criu_restore_brings_back_a_process_stopped_before_the_dump(tmp_path: Path) -> None:
+    table = FakeProcessTable()
+    table.add_tree(10, 11)
+    table.processes[11].state = PidState.STOPPED
+    images, work = _dirs(tmp_path)
+    criu = FakeCriu(table)
+    criu.dump(CriuDumpJob(10, images, work, leave_running=False), CriuHooks())
+    criu.restore(CriuRestoreJob(images, work), CriuHooks())
+    assert [table.state(10), table.state(11)] == [PidState.RUNNING, PidState.STOPPED]
+
+
+def test_criu_status_and_unavailability(tmp_path: Path) -> None:
+    table = FakeProcessTable()
+    table.add_process(10)
+    images, work = _dirs(tmp_path)
+    criu = FakeCriu(table, version="4.2")
+    assert criu.status().ok and criu.status().version == "4.2"
+    criu.set_status(False, "broken")
+    assert criu.status().message == "broken"
+    with pytest.raises(CriuUnavailable):
+        criu.dump(CriuDumpJob(10, images, work, leave_running=True), CriuHooks())
+    with pytest.raises(CriuUnavailable):
+        criu.restore(CriuRestoreJob(images, work), CriuHooks())
+    assert criu.status_calls == 3  # dump and restore do not count
+
+
+def test_criu_dump_failure_leaves_the_tree_running(tmp_path: Path) -> None:
+    table = FakeProcessTable()
+    table.add_tree(10, 11)
+    images, work = _dirs(tmp_path)
+    criu = FakeCriu(table)
+    criu.fail_dump = CriuFailed("nope")
+    criu.fail_dump_after = "post_dump"
+    with pytest.raises(CriuFailed, match="nope"):
+        criu.dump(CriuDumpJob(10, images, work, leave_running=False), CriuHooks())
+    assert [table.state(10), table.state(11)] == [PidState.RUNNING] * 2
+    assert "Error" in (work / "dump.log").read_text()
+
+
+def test_criu_dump_of_a_missing_pid_or_directory(tmp_path: Path) -> None:
+    table = FakeProcessTable()
+    table.add_process(10)
+    images, work = _dirs(tmp_path)
+    criu = FakeCriu(table)
+    with pytest.raises(CriuFailed, match="no process with pid 11"):
+        criu.dump(CriuDumpJob(11, images, work, leave_running=True), CriuHooks())
+    with pytest.raises(CriuFailed, match="cannot open"):
+        criu.dump(CriuDumpJob(10, tmp_path / "nope", work, leave_running=True), CriuHooks())
+
+
+def test_criu_restore_needs_free_pids_and_inherited_fds(tmp_path: Path) -> None:
+    table = FakeProcessTable()
+    table.add_process(10)
+    pipe = "pipe:[5]"
+    table.set_stdio(10, StdioFact(10, 1, StdioKind.PIPE, pipe, True, pipe))
+    images, work = _dirs(tmp_path)
+    criu = FakeCriu(table)
+    with pytest.raises(CriuFailed, match="cannot read images"):
+        criu.restore(CriuRestoreJob(images, work), CriuHooks())
+    criu.dump(CriuDumpJob(10, images, work, leave_running=True), CriuHooks())
+    with pytest.raises(CriuFailed, match="pid in use"):
+        criu.restore(CriuRestoreJob(images, work), CriuHooks())
+    table.remove(10)
+    with pytest.raises(CriuFailed, match=r"no inherit fd for pipe:\[5\]"):
+        criu.restore(CriuRestoreJob(images, work), CriuHooks())
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.close(fd)
+    with pytest.raises(CriuFailed, match="inherit fd"):
+        criu.restore(CriuRestoreJob(images, work, (InheritFd(pipe, fd),)), CriuHooks())
+    assert table.state(10) is PidState.FREE
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert criu.restore(CriuRestoreJob(images, work, (InheritFd(pipe, fd),)), CriuHooks()) == 10
+    finally:
+        os.close(fd)
+
+
+def test_criu_events_and_clock(tmp_path: Path) -> None:
+    events: list[str] = []
+    clock = FakeClock()
+    table = FakeProcessTable()
+    table.add_process(10)
+    images, work = _dirs(tmp_path)
+    criu = FakeCriu(table, clock=clock, events=events)
+    start = clock.time()
+    criu.dump(CriuDumpJob(10, images, work, leave_running=False), CriuHooks())
+    assert clock.time() - start == criu.frozen_s
+    assert events[0] == "criu.dump 10"
+    assert events[-1] == "criu.dumped 10"
+    assert [e for e in events if e.startswith("criu.hook")] == [
+        f"criu.hook {h}" for h in DUMP_HOOKS
+    ]
+
+
+# ---- MemoryStore / MemoryJournal / FakeStdioProvider --------------------------------------------
+
+
+def test_store_failure_injection(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path)
+    store.fail_begin = StoreError("no space")
+    with pytest.raises(StoreError, match="no space"):
+        store.begin("ck-20240101T000000-aaaaaa")
+    assert store.staged() == []
+    assert store.calls == [("begin", "ck-20240101T000000-aaaaaa")]
+
+
+def test_journal_refuses_what_json_cannot_store() -> None:
+    journal = MemoryJournal()
+    with pytest.raises(TypeError):
+        journal.begin("op", {"pids": {1, 2}})
+    assert list(journal.pending()) == []
+
+
+def test_stdio_provider_opens_one_fd_per_key_and_closes_them(tmp_path: Path) -> None:
+    provider = FakeStdioProvider()
+    facts = [
+        StdioFact(10, 0, StdioKind.DEVNULL, "/dev/null", False),
+        StdioFact(10, 1, StdioKind.PIPE, "pipe:[1]", True, "pipe:[1]"),
+        StdioFact(10, 2, StdioKind.PIPE, "pipe:[1]", True, "pipe:[1]"),
+        StdioFact(11, 1, StdioKind.TTY, "/dev/pts/3", True, "tty[88:3]"),
+    ]
+    with provider.replacements(facts, tmp_path / "out") as inherit:
+        assert [i.key for i in inherit] == ["pipe:[1]", "tty[88:3]"]
+        for i in inherit:
+            os.fstat(i.fd)
+        assert provider.open_fds == [i.fd for i in inherit]
+    assert provider.open_fds == []
+    assert provider.closed == provider.opened
+    assert provider.calls == [(tuple(facts), tmp_path / "out")]
+    assert not (tmp_path / "out").exists()
+
+
+def test_stdio_provider_closes_on_error(tmp_path: Path) -> None:
+    provider = FakeStdioProvider()
+    fact = StdioFact(10, 1, StdioKind.PIPE, "pipe:[1]", True, "pipe:[1]")
+    with pytest.raises(RuntimeError), provider.replacements([fact], tmp_path / "out"):
+        raise RuntimeError("criu failed")
+    assert provider.open_fds == []
+    assert len(provider.opened) == 1

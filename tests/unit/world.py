@@ -1,0 +1,201 @@
+"""A small fake node: every port faked, the recipes and the service wired over them.
+
+Processes of the base table::
+
+    1     init       uid 0
+    2     kthreadd   uid 0, kernel thread
+    3     kworker    uid 0, kernel thread (child of 2)
+    50    sshd       uid 0            the daemon's parent
+    100   ckptd      uid 0            the daemon (config.daemon_pid)
+    1000  job        uid 1000         USER's job, children 1001, 1002
+    2000  other      uid 2000         OTHER's job, child 2001
+    3000  mixed      uid 1000         child 3001 owned by uid 2000
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptd.core.config import CoreConfig
+from ckptd.core.dump import DumpRecipe
+from ckptd.core.ports import CriuHooks
+from ckptd.core.restore import RestoreRecipe
+from ckptd.core.service import CheckpointService
+from ckptd.domain import (
+    Caller,
+    CheckpointRecord,
+    CriuStatus,
+    DumpRequest,
+    NodeReport,
+    RestoreOutcome,
+    RestoreRequest,
+)
+from ckptd.domain.model import ROOT
+from ckptd.testing import (
+    FakeClock,
+    FakeCriu,
+    FakeProcessTable,
+    FakeStdioProvider,
+    MemoryJournal,
+    MemoryStore,
+)
+
+DAEMON_PID = 100
+DAEMON_PARENT = 50
+USER = Caller(uid=1000, pid=777)
+OTHER = Caller(uid=2000, pid=778)
+JOB = 1000
+JOB_TREE = (1000, 1001, 1002)
+OTHER_JOB = 2000
+MIXED_JOB = 3000
+
+
+class ProgrammableHooks(CriuHooks):
+    """CriuHooks whose methods call ``on[name](pid)`` when set."""
+
+    def __init__(self) -> None:
+        self.on: dict[str, Callable[[int], None]] = {}
+
+    def _call(self, name: str, pid: int) -> None:
+        hook = self.on.get(name)
+        if hook is not None:
+            hook(pid)
+
+    def pre_dump(self, pid: int) -> None:
+        self._call("pre_dump", pid)
+
+    def network_lock(self, pid: int) -> None:
+        self._call("network_lock", pid)
+
+    def post_dump(self, pid: int) -> None:
+        self._call("post_dump", pid)
+
+    def network_unlock(self, pid: int) -> None:
+        self._call("network_unlock", pid)
+
+    def pre_restore(self, pid: int) -> None:
+        self._call("pre_restore", pid)
+
+    def setup_namespaces(self, pid: int) -> None:
+        self._call("setup_namespaces", pid)
+
+    def post_restore(self, pid: int) -> None:
+        self._call("post_restore", pid)
+
+    def pre_resume(self, pid: int) -> None:
+        self._call("pre_resume", pid)
+
+    def post_resume(self, pid: int) -> None:
+        self._call("post_resume", pid)
+
+
+@dataclass
+class World:
+    tmp: Path
+    events: list[str]
+    clock: FakeClock
+    processes: FakeProcessTable
+    criu: FakeCriu
+    store: MemoryStore
+    journal: MemoryJournal
+    stdio: FakeStdioProvider
+    hooks: ProgrammableHooks
+    config: CoreConfig
+    dump_recipe: DumpRecipe
+    restore_recipe: RestoreRecipe
+    service: CheckpointService
+    progress: list[tuple[str, float]] = field(default_factory=list)
+
+    def dump(
+        self, pid: int = JOB, caller: Caller = ROOT, *, leave_running: bool = False,
+        name: str = "", labels: dict[str, str] | None = None,
+    ) -> CheckpointRecord:
+        """A dump through the service, one fake second after the previous operation."""
+        self.clock.advance(1.0)
+        return self.service.dump(
+            caller,
+            DumpRequest(pid, leave_running=leave_running, name=name, labels=labels or {}),
+            lambda p: self.progress.append((p.stage, p.fraction)),
+        )
+
+    def restore(
+        self, caller: Caller = ROOT, *, checkpoint_id: str = "", pid: int = 0, name: str = "",
+        output_path: str = "",
+    ) -> RestoreOutcome:
+        self.clock.advance(1.0)
+        return self.service.restore(
+            caller,
+            RestoreRequest(checkpoint_id=checkpoint_id, pid=pid, name=name,
+                           output_path=output_path),
+            lambda p: self.progress.append((p.stage, p.fraction)),
+        )
+
+    def new_service(self) -> CheckpointService:
+        """Another service over the same fakes (a restarted daemon)."""
+        return make_service(self)
+
+    def states(self, *pids: int) -> list[str]:
+        return [self.processes.state(p).value for p in pids]
+
+
+def make_service(w: World) -> CheckpointService:
+    return CheckpointService(
+        dump=w.dump_recipe,
+        restore=w.restore_recipe,
+        store=w.store,
+        processes=w.processes,
+        journal=w.journal,
+        config=w.config,
+        probe=lambda: NodeReport("test-node", "6.8", CriuStatus("criu", "4.1", True, "ok")),
+    )
+
+
+def base_processes(processes: FakeProcessTable) -> None:
+    processes.add_process(1, 0, comm="init")
+    processes.add_process(2, 0, comm="kthreadd", kernel_thread=True)
+    processes.add_process(3, 2, comm="kworker/0:1", kernel_thread=True)
+    processes.add_process(DAEMON_PARENT, 1, comm="sshd")
+    processes.add_process(DAEMON_PID, DAEMON_PARENT, comm="ckptd")
+    processes.add_tree(JOB, 1001, 1002, uid=USER.uid, comm="job")
+    processes.add_tree(OTHER_JOB, 2001, uid=OTHER.uid, comm="other")
+    processes.add_process(MIXED_JOB, 1, comm="mixed", uid=USER.uid)
+    processes.add_process(3001, MIXED_JOB, comm="helper", uid=OTHER.uid)
+    for pid in list(processes.processes):
+        processes.standard_stdio(pid)
+
+
+def make_world(tmp: Path, *, zombie_wait_s: float = 1.0, keep_work_dirs: int = 20) -> World:
+    events: list[str] = []
+    clock = FakeClock()
+    processes = FakeProcessTable(kill_mode="free", events=events)
+    base_processes(processes)
+    criu = FakeCriu(processes, clock=clock, events=events)
+    store = MemoryStore(tmp / "store", events=events)
+    journal = MemoryJournal(events=events)
+    stdio = FakeStdioProvider(events=events)
+    hooks = ProgrammableHooks()
+    config = CoreConfig(
+        node="test-node",
+        daemon_pid=DAEMON_PID,
+        work_dir=tmp / "work",
+        output_dir=tmp / "out",
+        zombie_wait_s=zombie_wait_s,
+        keep_work_dirs=keep_work_dirs,
+    )
+    dump_recipe = DumpRecipe(
+        criu=criu, processes=processes, store=store, journal=journal, clock=clock,
+        config=config, hooks=hooks,
+    )
+    restore_recipe = RestoreRecipe(
+        criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,
+        hooks=hooks,
+    )
+    world = World(
+        tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,
+        journal=journal, stdio=stdio, hooks=hooks, config=config, dump_recipe=dump_recipe,
+        restore_recipe=restore_recipe, service=None,  # type: ignore[arg-type]
+    )
+    world.service = make_service(world)
+    return world
