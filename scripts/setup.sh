@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Set up everything ckptd needs on a Debian 12 host (as root). Idempotent and quick the
+# second time:
+#   - system packages (compiler, zstd, python3-venv, systemd tools),
+#   - a CRIU that works on this kernel (scripts/install-criu.sh),
+#   - .venv in the checkout with ckptd and its dev tools installed,
+#   - the native test workloads (native/workloads/bin).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: run as root (CRIU must be installed and run as root): sudo $0" >&2
+    exit 2
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+PKGS=(gcc make zstd python3 python3-venv python3-dev systemd iproute2 procps)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+bash scripts/install-criu.sh
+
+PY=${PYTHON:-python3}
+stamp=.venv/.ckptd-installed
+want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv with $($PY --version)"
+    "$PY" -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    log "installing ckptd and its dev tools into .venv"
+    if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
+           .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"; } \
+           >.venv/pip.log 2>&1; then
+        tail -n 30 .venv/pip.log >&2
+        echo "setup: pip install failed (full log: .venv/pip.log)" >&2
+        exit 1
+    fi
+    echo "$want" > "$stamp"
+fi
+
+make -s -C native/workloads all
+log "ready: .venv/bin/ckptd, .venv/bin/ckptctl, CRIU $(/usr/local/sbin/criu --version 2>/dev/null | sed -n 's/^Version: *//p' || true)"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up (scripts/setup.sh) and run every check and test tier. What .ci/run calls.
+#   static:      ruff, mypy --strict, generated code up to date
+#   unit:        no root, no CRIU (fakes from ckptd.testing), contract suites
+#   integration: root + real CRIU on real processes, through the real daemon and CLI
+#   gpu:         only where an NVIDIA GPU is present (skipped, with the reason, elsewhere)
+# Extra arguments go to pytest (e.g. scripts/test.sh -k restore).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/setup.sh
+
+echo "== static checks"
+.venv/bin/ruff check ckptd tests scripts
+.venv/bin/mypy ckptd
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+bash scripts/gen-protos.sh "$tmp/_gen" >/dev/null 2>&1
+if ! diff -r -x __pycache__ "$tmp/_gen" ckptd/_gen >/dev/null; then
+    echo "generated code in ckptd/_gen is stale: run scripts/gen-protos.sh and commit" >&2
+    exit 1
+fi
+echo "static checks passed"
+
+echo "== tests (unit, contract, integration, gpu)"
+set +e
+.venv/bin/python -m pytest -ra "$@"
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then
+    echo "pytest collected no tests" >&2
+fi
+exit $rc
