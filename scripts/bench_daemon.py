@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Benchmark: what the daemon adds over running CRIU directly (a script you run, not a test).
+
+For a process of about N MiB (default 1024: `counter --mem-mib N`, every page written), in
+one run, side by side, repeated R times (median reported):
+
+  raw   `criu dump -t PID -D DIR` (kills the process), `criu restore -D DIR -d`
+  raw+sync   the same dump followed by `sync -f DIR` (ckptd makes a checkpoint durable
+             before it is listed; raw CRIU does not)
+  ckptd      `ckptctl dump PID`, `ckptctl restore PID` through a running daemon
+
+Times are wall-clock, from the command's start to its exit, as a user sees them. Restore ends
+when the command returns (the process runs). Prints a Markdown table with ratios.
+Usage (root): .venv/bin/python scripts/bench_daemon.py [--mib 1024] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "native" / "workloads" / "bin"
+VENV = Path(sys.executable).parent
+CRIU = os.environ.get("CKPTD_CRIU", "/usr/local/sbin/criu")
+CRIU_FLAGS = ["--shell-job", "--file-locks", "-v4"]
+
+
+def start_workload(mib: int, out: Path) -> int:
+    """Start the workload as a scheduler's launcher would; return its pid once memory is full."""
+    out.write_text("")
+    subprocess.run(
+        ["sh", "-c", f"exec {BIN}/counter --steps 0 --interval-ms 200 --mem-mib {mib} "
+                     f"> {out} 2>&1 < /dev/null &"],
+        check=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if out.read_text().startswith("step"):
+            pids = subprocess.run(
+                ["pgrep", "-n", "-f", f"counter --steps 0 --interval-ms 200 --mem-mib {mib}"],
+                capture_output=True, text=True, check=True,
+            ).stdout.split()
+            return int(pids[0])
+        time.sleep(0.05)
+    raise SystemExit("workload did not start")
+
+
+def wait_gone(pid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    wait_gone(pid)
+
+
+def timed(cmd: list[str], **kw: object) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
+    return dt, proc
+
+
+def image_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run_raw(mib: int, work: Path, sync: bool) -> tuple[float, float, int]:
+    pid = start_workload(mib, work / "raw.out")
+    images = work / "raw-images"
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir()
+    dump_cmd = [CRIU, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", *CRIU_FLAGS]
+    if sync:
+        dump_cmd = ["sh", "-c", " ".join(dump_cmd) + f" && sync -f {images}"]
+    t_dump, _ = timed(dump_cmd)
+    size = image_bytes(images)
+    wait_gone(pid)
+    t_restore, _ = timed(
+        [CRIU, "restore", "-D", str(images), "-d", "-o", "restore.log", *CRIU_FLAGS]
+    )
+    kill(pid)
+    return t_dump, t_restore, size
+
+
+def run_ckptd(mib: int, work: Path, sock: Path) -> tuple[float, float, int]:
+    pid = start_workload(mib, work / "ckptd.out")
+    ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
+    t_dump, proc = timed([*ctl, "dump", str(pid)])
+    record = json.loads(proc.stdout)
+    wait_gone(pid)
+    t_restore, proc = timed([*ctl, "restore", record["id"]])
+    kill(json.loads(proc.stdout)["pid"])
+    subprocess.run([*ctl, "delete", record["id"]], check=True, capture_output=True)
+    return t_dump, t_restore, int(record["bytes"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default="", help="work directory (default: a temp dir in /var/tmp)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root")
+    subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "workloads")], check=True)
+    work = Path(args.dir or tempfile.mkdtemp(prefix="ckptd-bench-", dir="/var/tmp"))
+    sock = work / "ckptd.sock"
+    daemon = subprocess.Popen(
+        [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(work / "store"),
+         "--log-level", "WARNING"],
+        stderr=open(work / "ckptd.log", "w"),
+    )
+    try:
+        while not sock.exists():
+            time.sleep(0.05)
+        rows: dict[str, list[tuple[float, float, int]]] = {"raw": [], "raw+sync": [], "ckptd": []}
+        for i in range(args.repeat):
+            print(f"round {i + 1}/{args.repeat}", file=sys.stderr)
+            rows["raw"].append(run_raw(args.mib, work, sync=False))
+            rows["raw+sync"].append(run_raw(args.mib, work, sync=True))
+            rows["ckptd"].append(run_ckptd(args.mib, work, sock))
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=60)
+    med = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in rows.items()}
+    raw_d, raw_r = med["raw"][0], med["raw"][1]
+    print(f"\nProcess of {args.mib} MiB (`counter --mem-mib {args.mib}`), median of "
+          f"{args.repeat}; kernel {os.uname().release}, {os.cpu_count()} CPUs\n")
+    print("| path | dump (s) | dump vs raw | restore (s) | restore vs raw | image bytes |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, (d, r, b) in med.items():
+        print(f"| {name} | {d:.3f} | {d / raw_d:.2f}x | {r:.3f} | {r / raw_r:.2f}x | {int(b):,} |")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
