@@ -47,7 +47,7 @@ class CkptdError(Exception):
 
     def __str__(self) -> str:
         text = self.message if not self.hint else f"{self.message}; {self.hint}"
-        return " ".join(text.split("\n"))
+        return " ".join(text.splitlines())
 
 
 class InvalidTarget(CkptdError):
@@ -127,8 +127,14 @@ class Cancelled(CkptdError):
 
 def _last_error_line(log_tail: str) -> str:
     """The most telling line of a CRIU log tail: its last "Error" line, else its last line."""
-    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "Error" in ln and "RLIMIT_NOFILE" not in ln]
+    lines = [
+        ln.strip() for ln in log_tail.splitlines() if ln.strip() and "RLIMIT_NOFILE" not in ln
+    ]
+    errors = [ln for ln in lines if "Error" in ln]
     if errors:
         return errors[-1]
     return lines[-1] if lines else ""
+
+
+class BlobNotFound(StoreError):
+    """An object the store expected is missing from its backend."""

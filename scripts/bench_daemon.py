@@ -71,7 +71,7 @@ def kill(pid: int) -> None:
 
 def timed(cmd: list[str], **kw: object) -> tuple[float, subprocess.CompletedProcess[str]]:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)  # type: ignore[call-overload]
     dt = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
@@ -123,10 +123,11 @@ def main() -> int:
     subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "workloads")], check=True)
     work = Path(args.dir or tempfile.mkdtemp(prefix="ckptd-bench-", dir="/var/tmp"))
     sock = work / "ckptd.sock"
+    log = (work / "ckptd.log").open("w")
     daemon = subprocess.Popen(
         [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(work / "store"),
          "--log-level", "WARNING"],
-        stderr=open(work / "ckptd.log", "w"),
+        stderr=log,
     )
     try:
         while not sock.exists():

@@ -16,7 +16,7 @@ _skips: dict[str, Counter[str]] = defaultdict(Counter)
 
 
 def _tier(nodeid: str) -> str:
-    parts = Path(nodeid.split("::")[0]).parts
+    parts = Path(nodeid.split("::", 1)[0]).parts
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
 
 

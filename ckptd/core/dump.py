@@ -44,7 +44,7 @@ from ckptd.domain import (
     StdioFact,
     new_checkpoint_id,
 )
-from ckptd.errors import CkptdError, CriuUnavailable
+from ckptd.errors import CkptdError, CriuUnavailable, PermissionDenied
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,15 @@ class DumpRecipe:
         ctx.criu_result = self._criu.dump(job, self._hooks)
         ctx.tree = self._dumped_tree(ctx, ctx.criu_result.pids)
         self._journal_begin(ctx)  # the pids to kill or resume are the ones CRIU froze
+        if not ctx.caller.is_root:
+            for proc in ctx.tree:
+                if proc.uid != ctx.caller.uid:
+                    raise PermissionDenied(
+                        f"process {proc.pid} ({proc.comm}) joined the tree of pid "
+                        f"{ctx.request.pid} during the dump and belongs to uid {proc.uid}, the "
+                        f"caller is uid {ctx.caller.uid}",
+                        pid=ctx.request.pid,
+                    )
 
     def _dumped_tree(self, ctx: DumpContext, pids: tuple[int, ...]) -> tuple[ProcessFact, ...]:
         """The tree CRIU actually froze: children may have come and gone since ``inspect``."""
@@ -196,9 +205,9 @@ class DumpRecipe:
             frozen_s=ctx.criu_result.frozen_s,
             criu_version=self._criu.status().version,
             parent_id=self._parent_of(ctx),
+            duration_s=self._clock.time() - ctx.started,
         )
-        record = self._store.commit(record)
-        ctx.record = replace(record, duration_s=self._clock.time() - ctx.started)
+        ctx.record = self._store.commit(record)
 
     def _parent_of(self, ctx: DumpContext) -> str:
         earlier = [r for r in self._store.list() if r.pid == ctx.request.pid]

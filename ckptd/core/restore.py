@@ -144,6 +144,14 @@ class RestoreRecipe:
                 f"{ctx.caller.uid}",
                 checkpoint_id=record.id,
             )
+        if not ctx.caller.is_root:
+            for proc in record.processes:
+                if proc.uid != ctx.caller.uid:
+                    raise PermissionDenied(
+                        f"checkpoint {record.id} contains process {proc.pid} ({proc.comm}) of "
+                        f"uid {proc.uid}, the caller is uid {ctx.caller.uid}",
+                        checkpoint_id=record.id,
+                    )
         status = self._criu.status()
         if not status.ok:
             raise CriuUnavailable(f"cannot restore: {status.message}", checkpoint_id=record.id)

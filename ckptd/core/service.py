@@ -8,11 +8,13 @@ flight. It knows nothing of gRPC: transports translate to and from it.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import secrets
 import shutil
 import signal
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe, resume_tree
@@ -25,6 +27,7 @@ from ckptd.domain import (
     CheckpointRecord,
     DumpRequest,
     NodeReport,
+    PidState,
     RestoreOutcome,
     RestoreRequest,
 )
@@ -53,6 +56,8 @@ class CheckpointService:
         self._config = config
         self._probe = probe
         self._locks = PidLocks()
+        self._in_flight: set[str] = set()
+        self._in_flight_lock = threading.Lock()
 
     # ---- operations -------------------------------------------------------------------------
 
@@ -61,7 +66,8 @@ class CheckpointService:
     ) -> CheckpointRecord:
         with self._locks.hold(request.pid, "a checkpoint"):
             ctx = self._dump.new_context(caller, request)
-            record = self._dump.run(ctx, progress)
+            with self._operation(ctx.checkpoint_id):
+                record = self._dump.run(ctx, progress)
         self._prune_work_dirs()
         log.info(
             "dumped pid %d as %s (%d bytes, frozen %.3fs)",
@@ -74,7 +80,7 @@ class CheckpointService:
     ) -> RestoreOutcome:
         ctx = self._restore.new_context(caller, request, f"r{secrets.token_hex(4)}")
         record = self._restore.resolve(ctx)
-        with self._locks.hold(record.pid, "a restore"):
+        with self._locks.hold(record.pid, "a restore"), self._operation(ctx.op_id):
             outcome = self._restore.run(ctx, progress)
         self._prune_work_dirs()
         log.info("restored %s as pid %d", outcome.checkpoint_id, outcome.pid)
@@ -97,7 +103,8 @@ class CheckpointService:
     def delete(self, caller: Caller, checkpoint_id: str) -> None:
         record = self._store.get(checkpoint_id)
         self._check_owner(caller, record)
-        self._store.delete(checkpoint_id)
+        with self._locks.hold(record.pid, "a restore or dump of that process"):
+            self._store.delete(checkpoint_id)
 
     def check(self) -> NodeReport:
         return self._probe()
@@ -116,8 +123,11 @@ class CheckpointService:
             ckpt = str(facts.get("checkpoint_id", op_id))
             if ckpt in committed:
                 if not facts.get("leave_running", False):
+                    # The dumped tree waits, stopped, to be killed; a pid in another state
+                    # may have been reused since: leave it alone.
                     for pid in pids:
-                        self._processes.signal(pid, signal.SIGKILL)
+                        if self._processes.status(pid).state is PidState.STOPPED:
+                            self._processes.signal(pid, signal.SIGKILL)
                 done.append(f"finished dump {ckpt}: it was committed")
             else:
                 self._store.abort(ckpt)
@@ -139,11 +149,28 @@ class CheckpointService:
                 checkpoint_id=record.id,
             )
 
+    @contextlib.contextmanager
+    def _operation(self, op_id: str) -> Iterator[None]:
+        """Marks ``op_id`` in flight: its work directory is never pruned meanwhile."""
+        with self._in_flight_lock:
+            self._in_flight.add(op_id)
+        try:
+            yield
+        finally:
+            with self._in_flight_lock:
+                self._in_flight.discard(op_id)
+
     def _prune_work_dirs(self) -> None:
-        """Keep the CRIU logs of the last few operations only."""
+        """Keep the CRIU logs of the last few finished operations only."""
         root = self._config.work_dir
-        if not root.is_dir():
-            return
-        dirs = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)
-        for old in dirs[: max(0, len(dirs) - self._config.keep_work_dirs)]:
+        with self._in_flight_lock:
+            busy = set(self._in_flight)
+        dirs = []
+        with contextlib.suppress(FileNotFoundError):
+            for path in root.iterdir():
+                with contextlib.suppress(FileNotFoundError):
+                    if path.name not in busy:
+                        dirs.append((path.stat().st_mtime, path))
+        dirs.sort()
+        for _, old in dirs[: max(0, len(dirs) - self._config.keep_work_dirs)]:
             shutil.rmtree(old, ignore_errors=True)

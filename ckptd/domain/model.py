@@ -21,7 +21,7 @@ def new_checkpoint_id(now: float) -> str:
 
 
 def is_checkpoint_id(text: str) -> bool:
-    return bool(_ID_RE.match(text))
+    return bool(_ID_RE.fullmatch(text))
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class ProcessFact:
     uid: int
     gid: int
     threads: int = 1
+    rss: int = 0
 
 
 class StdioKind(enum.StrEnum):

@@ -57,6 +57,7 @@ class FakeCriu:
     ``leave_running`` puts every process back in the state it had; else ``leave_stopped``
     leaves them all STOPPED; else they are terminated (``FakeProcessTable.terminate``: no
     signal is recorded). Both directories must exist (else ``CriuFailed``), as must the root.
+    The result's ``pids`` are the seized tree's, root first.
 
     Restore, like CRIU: reads the images (missing or bad -> ``CriuFailed``), calls
     ``pre_restore(0)``; fails if a pid of the tree is not free, or if a stdio
@@ -173,6 +174,7 @@ class FakeCriu:
             freezing_s=self.frozen_s / 10,
             pages_written=len(tree),
             duration_s=self.frozen_s * 2,
+            pids=tuple(p.pid for p in tree),
         )
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:

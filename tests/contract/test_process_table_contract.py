@@ -135,21 +135,13 @@ def test_stdout_on_a_regular_file(processes: ProcessHarness) -> None:
 
 
 def test_uid_of_a_process_with_mixed_uids_is_consistent(
-    processes: ProcessHarness, request: pytest.FixtureRequest
+    processes: ProcessHarness,
 ) -> None:
     """A process whose real uid is 1000 but effective and saved uids are 0 (a set-uid-root
     program run by uid 1000) is root's: ``status`` and ``tree`` must both say uid 0, or a
     non-root caller could act on a privileged process inside its own tree."""
-    if processes.real:
-        if os.geteuid() != 0:
-            pytest.skip("making a process with mixed uids needs root")
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="bug: ProcFsTable._fact reports the real uid (1st field of Uid:) while "
-                "status() reports the /proc/PID owner (effective uid)",
-            )
-        )
+    if processes.real and os.geteuid() != 0:
+        pytest.skip("making a process with mixed uids needs root")
     pid = processes.spawn_mixed_uid(real_uid=1000)
     assert processes.table.status(pid).uid == 0
     assert processes.table.tree(pid)[0].uid == 0

@@ -138,10 +138,21 @@ def test_unknown_id_raises_checkpoint_not_found(store: CheckpointStore, unknown:
 
 
 def test_list_is_ordered_oldest_first(store: CheckpointStore) -> None:
-    middle = _commit(store, _record(T0 + 10))
-    newest = _commit(store, _record(T0 + 20))
-    oldest = _commit(store, _record(T0))
-    assert [r.id for r in store.list()] == [oldest.id, middle.id, newest.id]
+    """By ``created`` (not by id, nor by the order of commits or of directory entries)."""
+    offsets = [30, 10, 50, 0, 40, 20, 60, 5]
+    committed = {
+        # ids sort against creation time, so sorting by id would give the reverse order
+        off: _commit(store, _record(T0 + off, id=new_checkpoint_id(T0 + 1000 - off)))
+        for off in offsets
+    }
+    assert [r.id for r in store.list()] == [committed[off].id for off in sorted(offsets)]
+
+
+def test_list_breaks_ties_by_id(store: CheckpointStore) -> None:
+    ids = sorted(new_checkpoint_id(T0 + n) for n in range(4))
+    for ckpt in reversed(ids):
+        _commit(store, _record(T0, id=ckpt))
+    assert [r.id for r in store.list()] == ids
 
 
 def test_checkout_yields_the_committed_files(store: CheckpointStore) -> None:

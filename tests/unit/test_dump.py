@@ -288,32 +288,34 @@ def test_leave_running_keeps_the_tree_running_and_lists_it(world: World) -> None
 
 def test_default_dump_kills_the_tree_only_after_commit(world: World) -> None:
     states_at_commit: list[list[str]] = []
+    journal_at_commit: list[dict[str, Any]] = []
     commit = world.store.commit
 
     def spy(record: CheckpointRecord) -> CheckpointRecord:
         states_at_commit.append(world.states(*JOB_TREE))
+        journal_at_commit.extend(facts for _op, facts in world.journal.pending())
         return commit(record)
 
     world.store.commit = spy  # type: ignore[method-assign]
     record = world.dump(JOB)
     ckpt = record.id
-    interesting = [
-        e
-        for e in world.events
-        if e.startswith(("journal.", "store.begin", "store.commit", "signal", "criu.dump"))
-    ]
-    assert interesting == [
-        f"journal.begin {ckpt}",
-        f"store.begin {ckpt}",
-        f"criu.dump {JOB}",
-        f"criu.dumped {JOB}",
-        f"store.commit {ckpt}",
-        "signal 1000 SIGKILL",
-        "signal 1001 SIGKILL",
-        "signal 1002 SIGKILL",
-        f"journal.end {ckpt}",
-    ]
+    events = world.events
+
+    def first(event: str) -> int:
+        return events.index(event)
+
+    def last(event: str) -> int:
+        return len(events) - 1 - events[::-1].index(event)
+
+    kills = [i for i, e in enumerate(events) if e.endswith(" SIGKILL")]
+    assert [events[i] for i in kills] == [f"signal {pid} SIGKILL" for pid in JOB_TREE]
+    assert first(f"journal.begin {ckpt}") < first(f"store.begin {ckpt}")
+    assert first(f"store.begin {ckpt}") < first(f"criu.dump {JOB}") < first(f"criu.dumped {JOB}")
+    assert first(f"criu.dumped {JOB}") < first(f"store.commit {ckpt}") < kills[0]
+    assert kills[-1] < last(f"journal.end {ckpt}")
+    assert [e for e in events if e.startswith("signal")] == [events[i] for i in kills]
     assert states_at_commit == [["stopped"] * 3]  # left stopped by CRIU, not killed
+    assert [f["pids"] for f in journal_at_commit] == [list(JOB_TREE)]
     assert world.states(*JOB_TREE) == ["free"] * 3
     job: CriuDumpJob = world.criu.dump_jobs[0]
     assert (job.leave_running, job.leave_stopped) == (False, True)
@@ -379,11 +381,6 @@ def test_work_dirs_are_pruned_to_keep_work_dirs(tmp_path: Any) -> None:
 # ---- bugs -------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: DumpRecipe._commit sets duration_s only on the returned record, after "
-    "store.commit; the stored record (List/Get) keeps duration_s=0.0",
-)
 def test_the_stored_record_is_the_returned_record(world: World) -> None:
     record = world.dump(JOB)
     assert record.duration_s > 0
@@ -398,26 +395,44 @@ def _fork_before_seize(world: World) -> None:
     world.hooks.on["pre_dump"] = fork
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: DumpRecipe uses the tree read by `inspect`; a child forked before CRIU "
-    "seizes the tree is dumped and left STOPPED by CRIU but is never killed by `release`",
-)
-def test_a_child_forked_during_the_dump_is_released_with_the_tree(world: World) -> None:
+def test_a_child_forked_during_the_dump_is_recorded_and_released(world: World) -> None:
     _fork_before_seize(world)
     record = world.dump(JOB)
-    assert 1003 in [p.pid for p in record.processes]
+    assert [p.pid for p in record.processes] == [*JOB_TREE, 1003]
     assert world.states(*JOB_TREE, 1003) == ["free"] * 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: DumpRecipe._resume_tree resumes only the pids read by `inspect`; a child "
-    "forked before CRIU seized the tree stays STOPPED after a failed commit",
-)
 def test_a_child_forked_during_a_failed_dump_is_resumed(world: World) -> None:
     _fork_before_seize(world)
     world.store.fail_commit = StoreError("cannot commit: disk full")
     with pytest.raises(StoreError):
         world.dump(JOB)
+    assert world.states(*JOB_TREE, 1003) == ["running"] * 4
+    assert world.processes.signals_to(1003) == [SIGCONT]
+
+
+def test_the_journal_has_the_dumped_pids_before_commit(world: World) -> None:
+    """So that a daemon killed during commit kills or resumes the forked child too."""
+    _fork_before_seize(world)
+    journaled: list[list[int]] = []
+    commit = world.store.commit
+
+    def spy(record: CheckpointRecord) -> CheckpointRecord:
+        journaled.extend(f["pids"] for _op, f in world.journal.pending())
+        return commit(record)
+
+    world.store.commit = spy  # type: ignore[method-assign]
+    world.dump(JOB)
+    assert journaled == [[*JOB_TREE, 1003]]
+
+
+def test_a_foreign_child_forked_during_a_users_dump_is_refused(world: World) -> None:
+    def fork_root_child(pid: int) -> None:
+        if 1003 not in world.processes.processes:
+            world.processes.add_process(1003, pid, comm="su", uid=0)
+
+    world.hooks.on["pre_dump"] = fork_root_child
+    with pytest.raises(PermissionDenied):
+        world.dump(JOB, USER)
+    assert world.store.list() == []
     assert world.states(*JOB_TREE, 1003) == ["running"] * 4

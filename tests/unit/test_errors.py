@@ -97,21 +97,11 @@ def test_criu_failed_without_a_log() -> None:
     assert (err.errno, err.log_tail, err.log_path) == (5, "", None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: errors._last_error_line falls back to the last line of the tail without "
-    "filtering RLIMIT_NOFILE lines",
-)
 def test_criu_failed_ignores_an_rlimit_line_even_as_the_last_line() -> None:
     tail = "(00.1) Dumping finished\n(00.2) Error (criu/rlimit.c:40): Can't setup RLIMIT_NOFILE"
     assert "RLIMIT_NOFILE" not in str(CriuFailed("failed", log_tail=tail))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: CkptdError.__str__ splits on '\\n' only; a '\\r\\n' (or '\\r') message is "
-    "not one line",
-)
 def test_str_is_one_line_with_crlf() -> None:
     text = str(CkptdError("criu said:\r\nno", hint="retry\r"))
     assert len(text.splitlines()) == 1

@@ -159,6 +159,7 @@ def test_criu_dump_then_restore_round_trip(tmp_path: Path) -> None:
     hooks = RecordingHooks(table)
     result = criu.dump(CriuDumpJob(10, images, work, leave_running=False), hooks)
     assert result.pages_written == 3
+    assert result.pids == (10, 11, 12)
     assert [n for n, _ in criu.hook_calls] == list(DUMP_HOOKS)
     assert all(pid == 10 for _, pid in criu.hook_calls)
     assert hooks.seen == [("pre_dump", PidState.RUNNING), ("post_dump", PidState.STOPPED)]

@@ -106,11 +106,6 @@ def test_not_checkpoint_ids(text: str) -> None:
     assert not is_checkpoint_id(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: is_checkpoint_id uses re.match with '$', which also matches before a "
-    "trailing newline",
-)
 def test_a_trailing_newline_is_not_a_checkpoint_id() -> None:
     assert not is_checkpoint_id("ck-20240101T000000-abcdef\n")
 

@@ -146,11 +146,6 @@ def test_recover_ends_unknown_operations(world: World) -> None:
     assert world.store.calls == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: CheckpointService.recover SIGKILLs the journaled pids of a committed dump "
-    "without checking they still hold the stopped tree; a reused pid is killed",
-)
 def test_recover_does_not_kill_a_process_that_reused_a_pid(world: World) -> None:
     ctx = _crash_after(world, "release", DumpRequest(JOB))
     # crash between the kills and journal.end: re-journal as the recipe had it
@@ -181,11 +176,6 @@ def _block_in(world: World, hook: str, pid_match: int | None = None) -> tuple[An
     return entered, release
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: CheckpointService.delete takes no pid lock; it removes the images of a "
-    "checkpoint while a restore has them checked out",
-)
 def test_delete_during_a_restore_of_that_checkpoint_keeps_its_images(world: World) -> None:
     record = world.dump(JOB)
     entered, release = _block_in(world, "pre_restore")
@@ -211,11 +201,6 @@ def test_delete_during_a_restore_of_that_checkpoint_keeps_its_images(world: Worl
     assert errors == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: CheckpointService._prune_work_dirs removes the work dir (CRIU's logs) of an "
-    "operation still in flight when other operations finish",
-)
 def test_pruning_keeps_the_work_dir_of_an_operation_in_flight(tmp_path: Any) -> None:
     world = make_world(tmp_path, keep_work_dirs=1)
     entered, release = _block_in(world, "post_dump", JOB)

@@ -13,6 +13,17 @@ PF_KTHREAD = 0x00200000
 _STOPPED = {"T", "t"}
 
 
+def owner_uid(status: str) -> int:
+    """The uid a process acts as, from /proc/PID/status: its real, effective, saved and
+    file-system uids when they all agree; 0 (root) otherwise, so that a set-uid process is
+    never taken for its invoker's."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            uids = {int(u) for u in line.split()[1:5]}
+            return uids.pop() if len(uids) == 1 else 0
+    return 0
+
+
 def _read_stat(pid: int, proc: Path) -> list[str] | None:
     """Fields of /proc/PID/stat with ``comm`` as field 1 (it may contain spaces)."""
     try:
@@ -39,7 +50,7 @@ class ProcFsTable:
         else:
             state = PidState.RUNNING
         try:
-            uid = (self._proc / str(pid)).stat().st_uid
+            uid = owner_uid((self._proc / str(pid) / "status").read_text())
         except FileNotFoundError:
             return PidStatus(pid, PidState.FREE)
         return PidStatus(
@@ -60,16 +71,17 @@ class ProcFsTable:
         ids = {
             line.split(":")[0]: line.split()[1]
             for line in status.splitlines()
-            if line.startswith(("Uid:", "Gid:", "Threads:"))
+            if line.startswith(("Gid:", "Threads:", "VmRSS:"))
         }
         return ProcessFact(
             pid=pid,
             ppid=int(fields[3]),
             comm=fields[1],
             cmdline=tuple(c.decode(errors="replace") for c in cmdline if c),
-            uid=int(ids.get("Uid", 0)),
+            uid=owner_uid(status),
             gid=int(ids.get("Gid", 0)),
             threads=int(ids.get("Threads", 1)),
+            rss=int(ids.get("VmRSS", 0)) * 1024,
         )
 
     def _children(self, pid: int) -> list[int]:
