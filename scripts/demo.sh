@@ -32,7 +32,11 @@ pid=$(pgrep -n -f "bin/counter --steps 40")
 sleep 2
 echo "pid $pid, its last lines:"; tail -n 3 "$demo/job.out"
 
-say "ckptctl dump $pid   (checkpoint, then the job stops)"
+say "ckptctl dump $pid --leave-running   (a checkpoint while the job goes on)"
+.venv/bin/ckptctl dump "$pid" --name demo --leave-running
+sleep 1
+
+say "ckptctl dump $pid   (another one, then the job stops: only what changed is new)"
 .venv/bin/ckptctl dump "$pid" --name demo
 sleep 0.5
 state=$(ps -o stat= -p "$pid" 2>/dev/null | tr -d ' ' || true)

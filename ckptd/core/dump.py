@@ -139,7 +139,8 @@ class DumpRecipe:
         self._journal.end(ctx.checkpoint_id)
 
     def _stage(self, ctx: DumpContext) -> None:
-        ctx.images_dir = self._store.begin(ctx.checkpoint_id)
+        size_hint = sum(p.rss for p in ctx.tree)
+        ctx.images_dir = self._store.begin(ctx.checkpoint_id, size_hint)
         ctx.work_dir = self._config.work_dir / ctx.checkpoint_id
         ctx.work_dir.mkdir(parents=True, exist_ok=True)
 

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ckptd.domain import CheckpointRecord, CriuStatus, PidStatus, ProcessFact, StdioFact
+from ckptd.domain import (
+    CheckpointRecord,
+    CriuStatus,
+    GcReport,
+    PidStatus,
+    ProcessFact,
+    StdioFact,
+    VerifyReport,
+)
 
 
 class Clock(Protocol):
@@ -148,8 +156,9 @@ class CheckpointStore(Protocol):
 
     location: str
 
-    def begin(self, checkpoint_id: str) -> Path:
-        """A fresh empty directory for CRIU's images of ``checkpoint_id``."""
+    def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
+        """A fresh empty directory for CRIU's images of ``checkpoint_id`` (about
+        ``size_hint`` bytes of them, 0 if unknown)."""
         ...
 
     def commit(self, record: CheckpointRecord) -> CheckpointRecord:
@@ -173,6 +182,15 @@ class CheckpointStore(Protocol):
         """A CRIU image directory for restoring ``checkpoint_id``, valid inside the context."""
         ...
 
+    def verify(self, checkpoint_id: str = "") -> VerifyReport:
+        """Read back one checkpoint (or everything) and name every damaged object."""
+        ...
+
+    def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
+        """Delete ``delete_first``, then every object no checkpoint needs (a dump in
+        progress keeps what it wrote)."""
+        ...
+
 
 class Journal(Protocol):
     """Durable record of operations in flight, so a restarted daemon can finish or undo them."""
@@ -193,3 +211,37 @@ class StdioProvider(Protocol):
         """Descriptors to hand to CRIU; ours are closed when the context exits (the restored
         tree keeps its own copies)."""
         ...
+
+
+# ---- object storage ------------------------------------------------------------------------
+
+
+class BlobStore(Protocol):
+    """Where the content-addressed store keeps its objects: local disk, NFS, object stores.
+
+    Keys are ``/``-separated relative names (``packs/ab/abcd...``). Invariants: ``put`` writes
+    a whole object or nothing (a reader never sees part of one); with ``if_absent`` an
+    existing object is left as is and ``put`` returns False; after ``flush`` returns, every
+    object put before it survives a crash of this host; ``get`` of a missing key raises
+    ``BlobNotFound``; ``delete`` of a missing key is not an error.
+    """
+
+    location: str
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False) -> bool: ...
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of the object (``end`` None: to its end)."""
+        ...
+
+    def size(self, key: str) -> int: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, float]]:
+        """``(key, modified time)`` of every object under ``prefix``."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def flush(self) -> None: ...

@@ -26,12 +26,14 @@ from ckptd.domain import (
     Caller,
     CheckpointRecord,
     DumpRequest,
+    GcReport,
     NodeReport,
     PidState,
     RestoreOutcome,
     RestoreRequest,
+    VerifyReport,
 )
-from ckptd.errors import PermissionDenied
+from ckptd.errors import CkptdError, PermissionDenied
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,12 @@ class CheckpointService:
             ctx = self._dump.new_context(caller, request)
             with self._operation(ctx.checkpoint_id):
                 record = self._dump.run(ctx, progress)
+        if request.keep > 0 and request.name:
+            for old in self._beyond_retention(request.keep, request.name):
+                with contextlib.suppress(CkptdError):
+                    self._store.delete(old)
+                    log.info("retention: deleted %s (keep %d of %r)", old, request.keep,
+                             request.name)
         self._prune_work_dirs()
         log.info(
             "dumped pid %d as %s (%d bytes, frozen %.3fs)",
@@ -108,6 +116,42 @@ class CheckpointService:
 
     def check(self) -> NodeReport:
         return self._probe()
+
+    def verify(self, caller: Caller, checkpoint_id: str = "") -> VerifyReport:
+        """One checkpoint (its owner or root), or the whole store (root only)."""
+        if checkpoint_id:
+            self._check_owner(caller, self._store.get(checkpoint_id))
+        elif not caller.is_root:
+            raise PermissionDenied(
+                "only root may verify the whole store", hint="name one of your checkpoints"
+            )
+        return self._store.verify(checkpoint_id)
+
+    def gc(self, caller: Caller, keep_last: int = 0, name: str = "") -> GcReport:
+        """Apply retention (``keep_last`` newest per name, or of ``name``), then collect what
+        no checkpoint needs. Root only: it touches every user's data."""
+        if not caller.is_root:
+            raise PermissionDenied("only root may collect garbage")
+        doomed = self._beyond_retention(keep_last, name) if keep_last > 0 else ()
+        report = self._store.collect_garbage(doomed)
+        log.info(
+            "gc: deleted %d checkpoint(s), %d pack(s), %d blob(s), %d bytes freed",
+            len(report.deleted_checkpoints), report.packs_deleted, report.blobs_deleted,
+            report.bytes_freed,
+        )
+        return report
+
+    def _beyond_retention(self, keep_last: int, name: str = "") -> tuple[str, ...]:
+        """Checkpoint ids beyond the ``keep_last`` newest of each name (or of ``name``);
+        unnamed checkpoints are never selected."""
+        by_name: dict[str, builtins.list[str]] = {}
+        for record in self._store.list():
+            if record.name and (not name or record.name == name):
+                by_name.setdefault(record.name, []).append(record.id)
+        doomed: builtins.list[str] = []
+        for ids in by_name.values():
+            doomed.extend(ids[: max(0, len(ids) - keep_last)])
+        return tuple(doomed)
 
     # ---- start-up -------------------------------------------------------------------------
 

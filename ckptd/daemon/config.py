@@ -22,6 +22,15 @@ class DaemonConfig:
     store: Path = Path("/var/lib/ckptd")
     state_dir: Path = Path("/var/lib/ckptd/state")
     """Journal of operations in flight, CRIU logs, restored jobs' output."""
+    fast_staging_dir: str = "/dev/shm/ckptd"
+    """RAM-backed directory where CRIU writes a dump before it is ingested, when it fits
+    (else ``state_dir/staging``). Empty: always on disk."""
+    compress_level: int = 1
+    """zstd level of page frames (1: as fast as ``zstd -1``)."""
+    compress_workers: int = 0
+    """Threads compressing frames; 0: one per CPU."""
+    gc_interval_s: float = 3600.0
+    """Collect unreferenced data this often (0: only on ``ckptctl gc``)."""
     criu_path: str = ""
     """Empty: the first of DEFAULT_CRIU_PATHS that exists."""
     criu_log_level: int = 4

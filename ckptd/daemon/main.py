@@ -29,7 +29,8 @@ from ckptd import __version__
 from ckptd._gen.ckptd.v1 import ckptd_pb2, ckptd_pb2_grpc
 from ckptd.daemon import logs, sdnotify
 from ckptd.daemon.config import DaemonConfig, load
-from ckptd.daemon.wiring import wire
+from ckptd.daemon.wiring import Wired, wire
+from ckptd.domain.model import ROOT
 from ckptd.transport.grpc.peercred import PeerCredProxy
 from ckptd.transport.grpc.servicer import CheckpointerServicer
 
@@ -81,6 +82,11 @@ class Daemon:
         os.write(fd, f"{os.getpid()}\n".encode())
         return fd
 
+    def _gc_loop(self, wired: Wired) -> None:
+        """Collect garbage every ``gc_interval_s`` until the daemon stops."""
+        while not self._stop.wait(self.config.gc_interval_s):
+            _gc_loop_body(wired)
+
     def run(self) -> int:
         cfg = self.config
         lock_fd = self._lock_state_dir()
@@ -95,6 +101,8 @@ class Daemon:
             log.warning("recovered: %s", line)
         for leftover in wired.store.clean():
             log.warning("removed leftover %s", leftover)
+        if removed := wired.blobs.remove_temporaries():
+            log.warning("removed %d partial object(s) a crash left in the store", removed)
         criu = wired.criu.status()
         if criu.ok:
             log.info("using CRIU %s at %s", criu.version, criu.path)
@@ -134,6 +142,10 @@ class Daemon:
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         log.info("ckptd %s serving on %s, store %s", __version__, cfg.socket, cfg.store)
         sdnotify.notify(f"READY=1\nSTATUS=serving on {cfg.socket}\nMAINPID={os.getpid()}")
+        if cfg.gc_interval_s > 0:
+            threading.Thread(
+                target=self._gc_loop, args=(wired,), name="gc", daemon=True
+            ).start()
         while not self._stop.wait(1.0):
             pass
 
@@ -147,6 +159,13 @@ class Daemon:
         os.close(lock_fd)
         log.info("stopped")
         return 0
+
+
+def _gc_loop_body(wired: Wired) -> None:
+    try:
+        wired.service.gc(ROOT)
+    except Exception:
+        log.exception("periodic gc failed")
 
 
 def _group_id(cfg: DaemonConfig) -> int:

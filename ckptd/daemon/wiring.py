@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from ckptd.adapters.clock import SystemClock
 from ckptd.adapters.criu import CriuSwrk
+from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable
-from ckptd.adapters.storage import FileJournal, LocalImageStore
+from ckptd.adapters.storage import FileJournal, LocalBlobStore
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.service import CheckpointService
+from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.daemon.config import DaemonConfig
 from ckptd.daemon.probe import NodeProbe
 
@@ -21,13 +24,14 @@ from ckptd.daemon.probe import NodeProbe
 @dataclass(frozen=True)
 class Wired:
     service: CheckpointService
-    store: LocalImageStore
+    store: ContentStore
+    blobs: LocalBlobStore
     criu: CriuSwrk
 
 
 def wire(config: DaemonConfig) -> Wired:
     state = config.state_dir
-    for sub in ("journal", "work", "output", "criu-plugins"):
+    for sub in ("journal", "work", "output", "criu-plugins", "staging"):
         (state / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
     (state / "output").chmod(0o755)
     core = CoreConfig(
@@ -44,7 +48,17 @@ def wire(config: DaemonConfig) -> Wired:
         plugin_dir=state / "criu-plugins",
         log_level=config.criu_log_level,
     )
-    store = LocalImageStore(config.store)
+    blobs = LocalBlobStore(config.store)
+    fast = Path(config.fast_staging_dir) if config.fast_staging_dir else None
+    store = ContentStore(
+        blobs,
+        StagingPolicy(fast=fast, disk=state / "staging"),
+        clock=clock,
+        is_pages_file=is_pages_image,
+        node=core.node,
+        workers=config.compress_workers or (os.cpu_count() or 2),
+        level=config.compress_level,
+    )
     journal = FileJournal(state / "journal")
     dump = DumpRecipe(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock, config=core
@@ -66,4 +80,4 @@ def wire(config: DaemonConfig) -> Wired:
         config=core,
         probe=NodeProbe(criu, core.node, store.location),
     )
-    return Wired(service=service, store=store, criu=criu)
+    return Wired(service=service, store=store, blobs=blobs, criu=criu)

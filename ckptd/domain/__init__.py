@@ -6,6 +6,7 @@ from ckptd.domain.model import (
     CriuStatus,
     DumpRequest,
     Feature,
+    GcReport,
     NodeReport,
     PidState,
     PidStatus,
@@ -15,6 +16,7 @@ from ckptd.domain.model import (
     RestoreRequest,
     StdioFact,
     StdioKind,
+    VerifyReport,
     new_checkpoint_id,
 )
 
@@ -24,6 +26,7 @@ __all__ = [
     "CriuStatus",
     "DumpRequest",
     "Feature",
+    "GcReport",
     "NodeReport",
     "PidState",
     "PidStatus",
@@ -33,5 +36,6 @@ __all__ = [
     "RestoreRequest",
     "StdioFact",
     "StdioKind",
+    "VerifyReport",
     "new_checkpoint_id",
 ]

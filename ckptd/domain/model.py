@@ -114,6 +114,8 @@ class DumpRequest:
     leave_running: bool = False
     name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
+    keep: int = 0
+    """With a name: after the commit, keep only the ``keep`` newest checkpoints of that name."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,29 @@ class CheckpointRecord:
             StdioFact(**{**s, "kind": StdioKind(s["kind"])}) for s in data.get("stdio", ())
         )
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class GcReport:
+    deleted_checkpoints: tuple[str, ...] = ()
+    packs_deleted: int = 0
+    blobs_deleted: int = 0
+    bytes_freed: int = 0
+    packs_kept: int = 0
+    bytes_kept: int = 0
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """``problems`` names every damaged or missing object; empty means all was checked good."""
+
+    checked: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    packs_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptd.domain import CheckpointRecord
+from ckptd.domain import CheckpointRecord, GcReport, VerifyReport
 from ckptd.errors import CheckpointNotFound, StoreError
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class MemoryStore:
     between ``begin`` and ``commit``, then ``root/checkpoints/<id>/images``. ``root`` is
     created if needed (give it a ``tmp_path``).
 
-    Behaviour, like ``LocalImageStore``:
+    Behaviour, like ``ContentStore``:
 
     - ``begin`` returns a new empty directory; ``StoreError`` if the id is already staged or
       committed;
@@ -81,7 +81,7 @@ class MemoryStore:
 
     # ---- the CheckpointStore port ----------------------------------------------------------
 
-    def begin(self, checkpoint_id: str) -> Path:
+    def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
         """A fresh empty image directory for ``checkpoint_id``."""
         with self._lock:
             self._record("begin", checkpoint_id)
@@ -165,6 +165,25 @@ class MemoryStore:
         finally:
             with self._lock:
                 self.open_checkouts -= 1
+
+    def verify(self, checkpoint_id: str = "") -> VerifyReport:
+        """Checks that every committed image directory still exists."""
+        with self._lock:
+            ids = [checkpoint_id] if checkpoint_id else sorted(self._records)
+            if checkpoint_id and checkpoint_id not in self._records:
+                raise CheckpointNotFound(
+                    f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id
+                )
+        problems = tuple(
+            f"checkpoint {cid}: images missing" for cid in ids if not self.images_dir(cid).is_dir()
+        )
+        return VerifyReport(checked=tuple(ids), problems=problems)
+
+    def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
+        """Deletes ``delete_first``; a memory store has no other garbage."""
+        for cid in delete_first:
+            self.delete(cid)
+        return GcReport(deleted_checkpoints=delete_first)
 
 
 if TYPE_CHECKING:

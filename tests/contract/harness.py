@@ -16,16 +16,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
+from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.procfs import ProcFsTable
-from ckptd.adapters.storage import FileJournal, LocalImageStore
+from ckptd.adapters.storage import FileJournal, LocalBlobStore
 from ckptd.core.ports import CheckpointStore, Journal, ProcessTable
+from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.domain import PidState, StdioFact, StdioKind
-from ckptd.testing import FakeProcessTable, MemoryJournal, MemoryStore
+from ckptd.testing import FakeClock, FakeProcessTable, MemoryJournal, MemoryStore
 
 # ---- CheckpointStore ----------------------------------------------------------------------
 
 STORES: dict[str, Callable[[Path], CheckpointStore]] = {
-    "local": lambda tmp: LocalImageStore(tmp / "store"),
+    "content-local": lambda tmp: ContentStore(
+        LocalBlobStore(tmp / "store"),
+        StagingPolicy(None, tmp / "staging"),
+        clock=FakeClock(),
+        is_pages_file=is_pages_image,
+    ),
     "memory": lambda tmp: MemoryStore(tmp / "store"),
 }
 

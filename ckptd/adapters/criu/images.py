@@ -8,6 +8,13 @@ from pathlib import Path
 from ckptd._gen.criu import pstree_pb2, stats_pb2
 
 IMG_SERVICE_MAGIC = 0x55105940
+
+
+def is_pages_image(name: str) -> bool:
+    """Whether a CRIU image file holds raw memory pages (``pages-<n>.img``): the store
+    splits those into pages; every other image is stored whole."""
+    return name.startswith("pages-") and name.endswith(".img")
+
 STATS_MAGIC = 0x57093306
 
 

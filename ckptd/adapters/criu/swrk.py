@@ -65,6 +65,24 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(kept[-lines:])
 
 
+_ERROR_RE = re.compile(r"\bError \([^)]*\):\s*(.*)$")
+_SUMMARY = ("Dumping FAILED.", "Restoring FAILED.")  # CRIU's last words, not a cause
+
+
+def first_error(path: Path) -> str:
+    """The text of the first error in a CRIU log that is neither harmless nor CRIU's final
+    "Dumping FAILED." summary (e.g. "unix: External socket is used. ..."); "" if none."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        match = _ERROR_RE.search(line)
+        if match and not _is_harmless(line) and match[1].strip() not in _SUMMARY:
+            return match[1].strip()
+    return ""
+
+
 class CriuSwrk:
     """The ``Criu`` port over ``criu swrk``. Thread-safe: each call runs its own CRIU."""
 
@@ -266,7 +284,10 @@ class CriuSwrk:
             return resp
         tail = log_tail(log_path)
         errno = resp.cr_errno if resp.HasField("cr_errno") else None
+        # cr_errmsg is CRIU's *first* error; here that is the harmless RLIMIT_NOFILE line, so
+        # the cause is then the first other error of the log.
         detail = resp.cr_errmsg if resp.cr_errmsg and not _is_harmless(resp.cr_errmsg) else ""
+        detail = detail or first_error(log_path)
         detail = detail or (os.strerror(errno) if errno else "see its log")
         if hook_error is not None:
             raise CriuFailed(

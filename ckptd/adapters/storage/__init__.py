@@ -1,6 +1,6 @@
-"""Checkpoint storage and the daemon's durable journal."""
+"""Checkpoint storage backends and the daemon's durable journal."""
 
 from ckptd.adapters.storage.journal import FileJournal
-from ckptd.adapters.storage.local import LocalImageStore
+from ckptd.adapters.storage.localfs import LocalBlobStore
 
-__all__ = ["FileJournal", "LocalImageStore"]
+__all__ = ["FileJournal", "LocalBlobStore"]

@@ -100,6 +100,12 @@ class CheckpointerClient(Protocol):
 
     def Check(self, request: pb.CheckRequest, timeout: float | None = None) -> pb.CheckResponse: ...
 
+    def Verify(
+        self, request: pb.VerifyRequest, timeout: float | None = None
+    ) -> pb.VerifyResponse: ...
+
+    def Gc(self, request: pb.GcRequest, timeout: float | None = None) -> pb.GcResponse: ...
+
 
 def _stub(channel: grpc.Channel) -> CheckpointerClient:
     return cast(CheckpointerClient, ckptd_pb2_grpc.CheckpointerStub(channel))  # type: ignore[no-untyped-call]
@@ -172,6 +178,12 @@ def _timeout_type(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
+
+
 # --------------------------------------------------------------------------------------------
 # Commands. Each takes the context and the parsed arguments and returns the exit code.
 
@@ -179,8 +191,14 @@ def _timeout_type(text: str) -> float:
 def cmd_dump(ctx: Context, args: argparse.Namespace) -> int:
     pid = _parse_pid(args.pid)
     labels = dict(args.label or [])
+    if args.keep and not args.name:
+        args.subparser.error("--keep needs --name (retention is per name)")
     request = pb.DumpRequest(
-        pid=pid, leave_running=args.leave_running, name=args.name or "", labels=labels
+        pid=pid,
+        leave_running=args.leave_running,
+        name=args.name or "",
+        labels=labels,
+        keep=args.keep or 0,
     )
     result = _stream_result(ctx.client.Dump(request, timeout=ctx.timeout), "checkpoint")
     if result is None:
@@ -259,6 +277,27 @@ def cmd_check(ctx: Context, args: argparse.Namespace) -> int:
         _print_json(report)
     else:
         _out(render.check_report(report))
+    return EXIT_OK
+
+
+def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
+    report = convert.message_to_dict(
+        ctx.client.Verify(pb.VerifyRequest(id=args.id or ""), timeout=ctx.timeout)
+    )
+    if ctx.json:
+        _print_json(report)
+    else:
+        _out(render.verify_report(report))
+    return EXIT_OK if report["ok"] else EXIT_FAILURE
+
+
+def cmd_gc(ctx: Context, args: argparse.Namespace) -> int:
+    request = pb.GcRequest(keep_last=args.keep_last or 0, name=args.name or "")
+    report = convert.message_to_dict(ctx.client.Gc(request, timeout=ctx.timeout))
+    if ctx.json:
+        _print_json(report)
+    else:
+        _out(render.gc_report(report))
     return EXIT_OK
 
 
@@ -348,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_label_type,
         help="attach a label (repeatable)",
     )
+    dump.add_argument(
+        "--keep",
+        metavar="N",
+        type=_positive_int,
+        help="with --name: then keep only the N newest checkpoints of that name",
+    )
 
     restore = command("restore", cmd_restore, "restore a checkpoint")
     restore.add_argument(
@@ -377,6 +422,20 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("id", metavar="CHECKPOINT-ID")
 
     command("check", cmd_check, "report what this node can checkpoint (CRIU, kernel, GPUs)")
+
+    verify = command(
+        "verify", cmd_verify, "read back a checkpoint (or the whole store) and check every byte"
+    )
+    verify.add_argument("id", nargs="?", metavar="CHECKPOINT-ID", help="default: everything")
+
+    gc = command("gc", cmd_gc, "delete data no checkpoint needs (root)")
+    gc.add_argument(
+        "--keep-last",
+        metavar="N",
+        type=_positive_int,
+        help="first delete all but the N newest checkpoints of each name",
+    )
+    gc.add_argument("--name", metavar="NAME", help="apply --keep-last to this name only")
 
     completion = commands.add_parser(
         "completion",

@@ -110,9 +110,36 @@ def key_values(pairs: Sequence[tuple[str, str]]) -> str:
 
 def dump_summary(ck: Mapping[str, Any]) -> str:
     return (
-        f"checkpoint {ck['id']} of pid {ck['pid']}: {human_bytes(ck['bytes'])} "
+        f"checkpoint {ck['id']} of pid {ck['pid']}: {human_bytes(ck['bytes_logical'])} of "
+        f"images, {human_bytes(ck['bytes'])} stored, {human_bytes(ck['bytes_new'])} new, "
         f"in {seconds(ck['duration_s'])}s (frozen {seconds(ck['frozen_s'])}s)"
     )
+
+
+def verify_report(report: Mapping[str, Any]) -> str:
+    checked = report.get("checked") or []
+    lines = [f"checked {len(checked)} checkpoint(s), {report.get('packs_checked', 0)} pack(s)"]
+    problems = report.get("problems") or []
+    if not problems:
+        lines.append("all good: every page and image matches its hash")
+    else:
+        lines.append(f"{len(problems)} problem(s):")
+        lines.extend(f"  BAD  {p}" for p in problems)
+    return "\n".join(lines)
+
+
+def gc_report(report: Mapping[str, Any]) -> str:
+    deleted = report.get("deleted_checkpoints") or []
+    lines = []
+    if deleted:
+        lines.append(f"deleted {len(deleted)} checkpoint(s) beyond retention: {', '.join(deleted)}")
+    lines.append(
+        f"freed {human_bytes(int(report.get('bytes_freed', 0)))}: "
+        f"{report.get('packs_deleted', 0)} pack(s), {report.get('blobs_deleted', 0)} blob(s); "
+        f"kept {report.get('packs_kept', 0)} pack(s), "
+        f"{human_bytes(int(report.get('bytes_kept', 0)))}"
+    )
+    return "\n".join(lines)
 
 
 def restore_summary(result: Mapping[str, Any]) -> str:
@@ -130,11 +157,12 @@ def checkpoint_table(checkpoints: Sequence[Mapping[str, Any]]) -> str:
             dash(ck["name"]),
             local_time(ck["created"]),
             human_bytes(ck["bytes"]),
+            human_bytes(ck["bytes_new"]),
             dash(ck["node"]),
         ]
         for ck in checkpoints
     ]
-    return table(["ID", "PID", "NAME", "CREATED", "SIZE", "NODE"], rows)
+    return table(["ID", "PID", "NAME", "CREATED", "SIZE", "NEW", "NODE"], rows)
 
 
 def _size(n: int) -> str:
@@ -157,15 +185,12 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
         ("stored size", _size(ck["bytes"])),
         ("new size", _size(ck["bytes_new"])),
     ]
-    ratios = []
-    stored_ratio = ratio(ck["bytes_logical"], ck["bytes"])
-    if stored_ratio:
-        ratios.append(f"{stored_ratio} logical/stored")
-    new_ratio = ratio(ck["bytes_logical"], ck["bytes_new"])
-    if new_ratio:
-        ratios.append(f"{new_ratio} logical/new")
-    if ratios:
-        pairs.append(("ratio", ", ".join(ratios)))
+    compression = ratio(ck["bytes_logical"], ck["bytes"])
+    if compression:
+        pairs.append(("compression", f"{compression} (logical/stored: zstd and zero pages)"))
+    dedup = ratio(ck["bytes"], ck["bytes_new"])
+    if dedup:
+        pairs.append(("dedup", f"{dedup} (stored/new: shared with earlier checkpoints)"))
     pairs += [
         ("frozen", f"{seconds(ck['frozen_s'])}s"),
         ("total", f"{seconds(ck['duration_s'])}s"),

@@ -6,17 +6,40 @@ from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.domain import (
     CheckpointRecord,
     DumpRequest,
+    GcReport,
     NodeReport,
     Progress,
     RestoreOutcome,
     RestoreRequest,
     StdioFact,
+    VerifyReport,
 )
 
 
 def dump_request(msg: pb.DumpRequest) -> DumpRequest:
     return DumpRequest(
-        pid=msg.pid, leave_running=msg.leave_running, name=msg.name, labels=dict(msg.labels)
+        pid=msg.pid,
+        leave_running=msg.leave_running,
+        name=msg.name,
+        labels=dict(msg.labels),
+        keep=msg.keep,
+    )
+
+
+def verify_response(r: VerifyReport) -> pb.VerifyResponse:
+    return pb.VerifyResponse(
+        ok=r.ok, checked=list(r.checked), problems=list(r.problems), packs_checked=r.packs_checked
+    )
+
+
+def gc_response(r: GcReport) -> pb.GcResponse:
+    return pb.GcResponse(
+        deleted_checkpoints=list(r.deleted_checkpoints),
+        packs_deleted=r.packs_deleted,
+        blobs_deleted=r.blobs_deleted,
+        bytes_freed=r.bytes_freed,
+        packs_kept=r.packs_kept,
+        bytes_kept=r.bytes_kept,
     )
 
 

@@ -130,3 +130,13 @@ class CheckpointerServicer(pb_grpc.CheckpointerServicer):
     def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> Any:
         report = self._unary(context, lambda _c: self._service.check())
         return convert.check_response(report, __version__)
+
+    def Verify(self, request: pb.VerifyRequest, context: grpc.ServicerContext) -> Any:
+        report = self._unary(context, lambda c: self._service.verify(c, request.id))
+        return convert.verify_response(report)
+
+    def Gc(self, request: pb.GcRequest, context: grpc.ServicerContext) -> Any:
+        report = self._unary(
+            context, lambda c: self._service.gc(c, keep_last=request.keep_last, name=request.name)
+        )
+        return convert.gc_response(report)

@@ -228,7 +228,10 @@ def assert_one_error_line(err: str) -> None:
 def test_dump_human(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
     code, out, err = run(capsys, daemon, "dump", "4242")
     assert code == 0
-    assert out == f"checkpoint {CK_ID} of pid 4242: 256.0 MiB in 1.87s (frozen 0.42s)\n"
+    assert out == (
+        f"checkpoint {CK_ID} of pid 4242: 1.0 GiB of images, 256.0 MiB stored, 50.0 MiB new, "
+        "in 1.87s (frozen 0.42s)\n"
+    )
     assert err == ""  # stderr is not a terminal: no progress at all
     request = daemon.last("Dump")
     assert request.pid == 4242
@@ -404,9 +407,9 @@ def test_list_table(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
     code, out, _ = run(capsys, daemon, "list", "--pid", "4242", "--name", "train")
     assert code == 0
     assert out.splitlines() == [
-        "ID                         PID   NAME   CREATED              SIZE       NODE",
-        "ck-20240501T120000-a1b2c3  4242  train  2024-05-01 12:00:00  256.0 MiB  node-a",
-        "ck-20240502T080910-ffee00  77    -      2024-05-01 12:00:00  256.0 MiB  node-a",
+        "ID                         PID   NAME   CREATED              SIZE       NEW       NODE",
+        "ck-20240501T120000-a1b2c3  4242  train  2024-05-01 12:00:00  256.0 MiB  50.0 MiB  node-a",
+        "ck-20240502T080910-ffee00  77    -      2024-05-01 12:00:00  256.0 MiB  50.0 MiB  node-a",
     ]
     request = daemon.last("List")
     assert request.pid == 4242
@@ -482,7 +485,8 @@ def test_show_human(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
         "logical size:  1.0 GiB (1073741824 bytes)",
         "stored size:   256.0 MiB (268435456 bytes)",
         "new size:      50.0 MiB (52428800 bytes)",
-        "ratio:         4.00x logical/stored, 20.48x logical/new",
+        "compression:   4.00x (logical/stored: zstd and zero pages)",
+        "dedup:         5.12x (stored/new: shared with earlier checkpoints)",
         "frozen:        0.42s",
         "total:         1.87s",
         "criu version:  4.0",
@@ -501,7 +505,8 @@ def test_show_human(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
 def test_show_human_omits_ratios_when_sizes_are_zero() -> None:
     ck = convert.checkpoint_to_dict(pb.Checkpoint(id="ck-x"))
     text = render.checkpoint_details(ck)
-    assert "ratio" not in text
+    assert "compression" not in text
+    assert "dedup" not in text
     assert "created:       -" in text
     assert "processes: -" in text
     assert ck["created"] is None

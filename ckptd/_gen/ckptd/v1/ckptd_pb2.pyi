@@ -55,9 +55,12 @@ class DumpRequest(_message.Message):
     LEAVE_RUNNING_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
     pid: _builtins.int
     leave_running: _builtins.bool
     name: _builtins.str
+    keep: _builtins.int
+    """With a name: once committed, keep only the newest `keep` checkpoints of that name."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -67,10 +70,11 @@ class DumpRequest(_message.Message):
         leave_running: _builtins.bool = ...,
         name: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        keep: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "leave_running", b"leave_running", "name", b"name", "pid", b"pid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep", b"keep", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "pid", b"pid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -613,3 +617,112 @@ class CheckResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckResponse: _TypeAlias = CheckResponse  # noqa: Y015
+
+@_typing.final
+class VerifyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """empty: the whole store (root only)"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifyRequest: _TypeAlias = VerifyRequest  # noqa: Y015
+
+@_typing.final
+class VerifyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OK_FIELD_NUMBER: _builtins.int
+    CHECKED_FIELD_NUMBER: _builtins.int
+    PROBLEMS_FIELD_NUMBER: _builtins.int
+    PACKS_CHECKED_FIELD_NUMBER: _builtins.int
+    ok: _builtins.bool
+    packs_checked: _builtins.int
+    @_builtins.property
+    def checked(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def problems(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        ok: _builtins.bool = ...,
+        checked: _abc.Iterable[_builtins.str] | None = ...,
+        problems: _abc.Iterable[_builtins.str] | None = ...,
+        packs_checked: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked", b"checked", "ok", b"ok", "packs_checked", b"packs_checked", "problems", b"problems"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifyResponse: _TypeAlias = VerifyResponse  # noqa: Y015
+
+@_typing.final
+class GcRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEEP_LAST_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    keep_last: _builtins.int
+    """0: no retention, only unreferenced data"""
+    name: _builtins.str
+    """retention for this name only (empty: every name)"""
+    def __init__(
+        self,
+        *,
+        keep_last: _builtins.int = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep_last", b"keep_last", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GcRequest: _TypeAlias = GcRequest  # noqa: Y015
+
+@_typing.final
+class GcResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_CHECKPOINTS_FIELD_NUMBER: _builtins.int
+    PACKS_DELETED_FIELD_NUMBER: _builtins.int
+    BLOBS_DELETED_FIELD_NUMBER: _builtins.int
+    BYTES_FREED_FIELD_NUMBER: _builtins.int
+    PACKS_KEPT_FIELD_NUMBER: _builtins.int
+    BYTES_KEPT_FIELD_NUMBER: _builtins.int
+    packs_deleted: _builtins.int
+    blobs_deleted: _builtins.int
+    bytes_freed: _builtins.int
+    packs_kept: _builtins.int
+    bytes_kept: _builtins.int
+    @_builtins.property
+    def deleted_checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        deleted_checkpoints: _abc.Iterable[_builtins.str] | None = ...,
+        packs_deleted: _builtins.int = ...,
+        blobs_deleted: _builtins.int = ...,
+        bytes_freed: _builtins.int = ...,
+        packs_kept: _builtins.int = ...,
+        bytes_kept: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs_deleted", b"blobs_deleted", "bytes_freed", b"bytes_freed", "bytes_kept", b"bytes_kept", "deleted_checkpoints", b"deleted_checkpoints", "packs_deleted", b"packs_deleted", "packs_kept", b"packs_kept"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GcResponse: _TypeAlias = GcResponse  # noqa: Y015

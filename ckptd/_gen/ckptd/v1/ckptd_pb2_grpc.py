@@ -65,6 +65,16 @@ class CheckpointerStub:
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.CheckResponse.FromString,
                 _registered_method=True)
+        self.Verify = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/Verify',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.VerifyResponse.FromString,
+                _registered_method=True)
+        self.Gc = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/Gc',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GcRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GcResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointerServicer:
@@ -110,6 +120,20 @@ class CheckpointerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Verify(self, request, context):
+        """Read back one checkpoint (or, as root, the whole store) and name every damaged object.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Gc(self, request, context):
+        """Retention (keep the newest N per name), then delete data no checkpoint needs. Root only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +166,16 @@ def add_CheckpointerServicer_to_server(servicer, server):
                     servicer.Check,
                     request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_ckptd__pb2.CheckResponse.SerializeToString,
+            ),
+            'Verify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Verify,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.VerifyRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.VerifyResponse.SerializeToString,
+            ),
+            'Gc': grpc.unary_unary_rpc_method_handler(
+                    servicer.Gc,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GcRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GcResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +340,60 @@ class Checkpointer:
             '/ckptd.v1.Checkpointer/Check',
             ckptd_dot_v1_dot_ckptd__pb2.CheckRequest.SerializeToString,
             ckptd_dot_v1_dot_ckptd__pb2.CheckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Verify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/Verify',
+            ckptd_dot_v1_dot_ckptd__pb2.VerifyRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Gc(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/Gc',
+            ckptd_dot_v1_dot_ckptd__pb2.GcRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GcResponse.FromString,
             options,
             channel_credentials,
             insecure,

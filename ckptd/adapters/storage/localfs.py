@@ -1,0 +1,134 @@
+"""``BlobStore`` on a local or NFS directory.
+
+``put`` writes a temporary file and renames it into place (``if_absent``: hard-links it, which
+fails if the name exists), so an object is whole or absent. Files are not fsynced one by one:
+``flush`` fsyncs every file put since the last flush and the directories they are in — one
+barrier before the manifest instead of one per object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ckptd.adapters.storage.fsutil import fsync_dir
+from ckptd.errors import BlobNotFound, StoreError
+
+
+class LocalBlobStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.location = f"file://{root}"
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock = threading.Lock()
+        self._unsynced: set[Path] = set()
+        self._dirty_dirs: set[Path] = set()
+
+    def _path(self, key: str) -> Path:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise StoreError(f"invalid object key {key!r}")
+        return self.root / key
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
+        path = self._path(key)
+        tmp = path.parent / f".tmp.{secrets.token_hex(6)}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            if if_absent:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                finally:
+                    tmp.unlink()
+            else:
+                os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise StoreError(
+                f"cannot write {path}: {exc}", hint="check the store's free space and permissions"
+            ) from exc
+        with self._lock:
+            self._unsynced.add(path)
+            self._dirty_dirs.update((path.parent, path.parent.parent))
+        return True
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as fh:
+                if end is None:
+                    fh.seek(start)
+                    return fh.read()
+                return os.pread(fh.fileno(), end - start, start)
+        except FileNotFoundError as exc:
+            raise BlobNotFound(f"object {key} not found in {self.location}") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError as exc:
+            raise BlobNotFound(f"object {key} not found in {self.location}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, float]]:
+        base = self.root / prefix if prefix else self.root
+        top = base if base.is_dir() else base.parent
+        if not top.is_dir():
+            return
+        for dirpath, _dirs, files in os.walk(top):
+            for name in files:
+                if name.startswith(".tmp."):
+                    continue
+                path = Path(dirpath) / name
+                key = path.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    with contextlib.suppress(FileNotFoundError):
+                        yield key, path.stat().st_mtime
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            with self._lock:
+                self._dirty_dirs.add(path.parent)
+
+    def flush(self) -> None:
+        with self._lock:
+            files, self._unsynced = self._unsynced, set()
+            dirs, self._dirty_dirs = self._dirty_dirs, set()
+        try:
+            for path in files:
+                with contextlib.suppress(FileNotFoundError):
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+                if d.is_dir() and d.is_relative_to(self.root):
+                    fsync_dir(d)
+        except OSError as exc:
+            raise StoreError(f"cannot make the store durable: {exc}") from exc
+
+    def remove_temporaries(self) -> int:
+        """Delete ``.tmp.*`` files a crash left behind. Returns how many."""
+        count = 0
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                if name.startswith(".tmp."):
+                    with contextlib.suppress(FileNotFoundError):
+                        (Path(dirpath) / name).unlink()
+                        count += 1
+        return count

@@ -1,0 +1,336 @@
+"""ContentStore: the ``CheckpointStore`` port over a ``BlobStore``, content-addressed.
+
+Dump: ``begin`` gives CRIU a staging directory (RAM-backed when it fits) and writes a lease;
+``commit`` ingests it (new pages into packs, metadata images into blobs), makes every object
+durable (``flush``), then writes the manifest — the only thing that makes a checkpoint visible
+— and drops the staging and the lease. Restore: ``checkout`` rebuilds CRIU's image directory,
+verifying every byte. GC and the dumps/restores of this daemon exclude each other (``RWLock``);
+leases keep a crashed or foreign dump's fresh objects from being collected.
+
+Invariants: a manifest is written only after everything it names is durable; a checkpoint is
+listed iff its manifest exists and is intact; nothing a live manifest names is ever deleted.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ckptd.core.ports import BlobStore, Clock
+from ckptd.core.store import pagelist
+from ckptd.core.store.index import PageIndex
+from ckptd.core.store.ingest import ingest
+from ckptd.core.store.manifest import Manifest
+from ckptd.core.store.objects import (
+    CONFIG_KEY,
+    MANIFEST_PREFIX,
+    blob_key,
+    get_blob,
+    lease_key,
+    manifest_key,
+)
+from ckptd.core.store.pagehash import PageHasher
+from ckptd.core.store.reader import CheckpointReader
+from ckptd.core.store.rwlock import RWLock
+from ckptd.domain import CheckpointRecord, GcReport, VerifyReport
+from ckptd.domain.model import is_checkpoint_id
+from ckptd.errors import BlobNotFound, CheckpointNotFound, CorruptCheckpoint, StoreError
+
+
+@dataclass(frozen=True)
+class StagingPolicy:
+    """Where CRIU writes images before ingest: ``fast`` (RAM-backed) when the dump fits there
+    with ``headroom`` to spare, else ``disk``."""
+
+    fast: Path | None
+    disk: Path
+    headroom: int = 1 << 30
+
+    def choose(self, size_hint: int) -> Path:
+        if self.fast is not None and size_hint > 0:
+            with contextlib.suppress(OSError):
+                st = _statvfs(self.fast)
+                if st >= size_hint * 5 // 4 + self.headroom:
+                    return self.fast
+        return self.disk
+
+
+def _statvfs(path: Path) -> int:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+class ContentStore:
+    def __init__(
+        self,
+        blobs: BlobStore,
+        staging: StagingPolicy,
+        *,
+        clock: Clock,
+        is_pages_file: Callable[[str], bool],
+        node: str = "",
+        workers: int = 2,
+        level: int = 1,
+    ) -> None:
+        self._blobs = blobs
+        self.location = blobs.location
+        self._staging = staging
+        self._clock = clock
+        self._is_pages_file = is_pages_file
+        self._node = node
+        self._level = level
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zstd")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packs")
+        self._secret = self._load_secret()
+        self._hashers: dict[int, PageHasher] = {}
+        self._manifests: dict[str, Manifest] = {}
+        self._staged: dict[str, Path] = {}
+        self._mutex = threading.Lock()
+        self.rw = RWLock()
+        self.index = PageIndex()
+        self.index.refresh(blobs)
+
+    # ---- set-up -----------------------------------------------------------------------------
+
+    def _load_secret(self) -> bytes:
+        try:
+            return bytes.fromhex(json.loads(self._blobs.get(CONFIG_KEY))["secret"])
+        except BlobNotFound:
+            pass
+        config = json.dumps({"format": 1, "secret": secrets.token_hex(32)}).encode()
+        self._blobs.put(CONFIG_KEY, config, if_absent=True)
+        self._blobs.flush()
+        return bytes.fromhex(json.loads(self._blobs.get(CONFIG_KEY))["secret"])
+
+    def hasher(self, uid: int) -> PageHasher:
+        with self._mutex:
+            if uid not in self._hashers:
+                self._hashers[uid] = PageHasher(self._secret, uid)
+            return self._hashers[uid]
+
+    # ---- dump -------------------------------------------------------------------------------
+
+    def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
+        root = self._staging.choose(size_hint) / checkpoint_id
+        images = root / "images"
+        try:
+            images.mkdir(parents=True, mode=0o700)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create staging directory {images}: {exc}", checkpoint_id=checkpoint_id
+            ) from exc
+        lease = {"node": self._node, "started": self._clock.time(), "checkpoint": checkpoint_id}
+        self._blobs.put(lease_key(checkpoint_id), json.dumps(lease).encode())
+        with self._mutex:
+            self._staged[checkpoint_id] = root
+        return images
+
+    def commit(self, record: CheckpointRecord) -> CheckpointRecord:
+        root = self._staging_root(record.id)
+        hasher = self.hasher(record.uid)
+        with self.rw.shared():
+            result = ingest(
+                root / "images",
+                blobs=self._blobs,
+                index=self.index,
+                hasher=hasher,
+                is_pages_file=self._is_pages_file,
+                base_for=self._bases_from(record.parent_id, record.uid),
+                executor=self._executor,
+                writer=self._writer,
+                level=self._level,
+            )
+            packs = sorted({loc.pack_id for loc in map(self.index.get, result.refs) if loc})
+            stored = self._footprint(result.refs, result.blobs)
+            self._blobs.flush()
+            record = replace(
+                record,
+                bytes=stored,
+                bytes_logical=result.bytes_logical,
+                bytes_new=result.bytes_new,
+                duration_s=self._clock.time() - record.created,  # until durable
+            )
+            manifest = Manifest(
+                record=record,
+                uid=record.uid,
+                files=tuple(result.files),
+                packs=tuple(packs),
+                blobs=tuple(sorted(result.blobs)),
+            )
+            data = manifest.to_bytes()
+            record = replace(record, bytes_new=record.bytes_new + len(data))
+            manifest = replace(manifest, record=record)
+            data = manifest.to_bytes()
+            if not self._blobs.put(manifest_key(record.id), data, if_absent=True):
+                raise StoreError(f"checkpoint {record.id} exists already", checkpoint_id=record.id)
+            self._blobs.flush()
+        with self._mutex:
+            self._manifests[record.id] = manifest
+        self.abort(record.id)
+        return record
+
+    def _footprint(self, refs: set[bytes], blobs: set[str]) -> int:
+        """Bytes the checkpoint occupies if it were alone: its pages' share of their compressed
+        frames, plus its blobs."""
+        total = 0.0
+        for ref in refs:
+            loc = self.index.get(ref)
+            if loc is None:
+                continue
+            frame = self.index.packs[loc.pack_id].frames[loc.frame]
+            total += frame.length / len(frame.hashes)
+        for b in blobs:
+            with contextlib.suppress(BlobNotFound):
+                total += self._blobs.size(blob_key(b))
+        return int(total)
+
+    def _bases_from(
+        self, parent_id: str, uid: int
+    ) -> Callable[[str], tuple[str, Sequence[bytes]] | None]:
+        parent: Manifest | None = None
+        if parent_id:
+            with contextlib.suppress(CheckpointNotFound, CorruptCheckpoint):
+                parent = self.manifest(parent_id)
+        if parent is None or parent.uid != uid:
+            return lambda _name: None
+        entries = {f.name: f for f in parent.files if f.pagelist}
+        hasher = self.hasher(uid)
+
+        def base_for(name: str) -> tuple[str, Sequence[bytes]] | None:
+            entry = entries.get(name)
+            if entry is None:
+                return None
+            full = entry.pagelist_base or entry.pagelist
+            try:
+                return full, pagelist.decode(get_blob(self._blobs, hasher, full, parent_id))
+            except CorruptCheckpoint:
+                return None
+
+        return base_for
+
+    def _staging_root(self, checkpoint_id: str) -> Path:
+        with self._mutex:
+            root = self._staged.get(checkpoint_id)
+        if root is None:
+            raise StoreError(
+                f"checkpoint {checkpoint_id} was not begun here", checkpoint_id=checkpoint_id
+            )
+        return root
+
+    def abort(self, checkpoint_id: str) -> None:
+        """Drop a dump's staging and lease. Never touches a committed checkpoint."""
+        with self._mutex:
+            root = self._staged.pop(checkpoint_id, None)
+        roots = [root] if root else [p / checkpoint_id for p in self._staging_roots()]
+        for r in roots:
+            shutil.rmtree(r, ignore_errors=True)
+        self._blobs.delete(lease_key(checkpoint_id))
+
+    def _staging_roots(self) -> list[Path]:
+        return [p for p in (self._staging.fast, self._staging.disk) if p is not None]
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def manifest(self, checkpoint_id: str, *, fresh: bool = False) -> Manifest:
+        """The checkpoint's manifest; ``fresh`` reads (and checks) it again from the backend."""
+        with self._mutex:
+            cached = None if fresh else self._manifests.get(checkpoint_id)
+        if cached is not None:
+            return cached
+        if not is_checkpoint_id(checkpoint_id):
+            raise CheckpointNotFound(
+                f"{checkpoint_id!r} is not a checkpoint id", checkpoint_id=checkpoint_id
+            )
+        try:
+            data = self._blobs.get(manifest_key(checkpoint_id))
+        except BlobNotFound as exc:
+            raise CheckpointNotFound(
+                f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id
+            ) from exc
+        manifest = Manifest.from_bytes(data, checkpoint_id)
+        with self._mutex:
+            self._manifests[checkpoint_id] = manifest
+        return manifest
+
+    def list(self) -> builtins.list[CheckpointRecord]:
+        records = []
+        live = set()
+        for key, _mtime in self._blobs.list(MANIFEST_PREFIX):
+            cid = key[len(MANIFEST_PREFIX) :]
+            live.add(cid)
+            with contextlib.suppress(CorruptCheckpoint, CheckpointNotFound):
+                records.append(self.manifest(cid).record)
+        with self._mutex:
+            for gone in set(self._manifests) - live:
+                del self._manifests[gone]
+        return sorted(records, key=lambda r: (r.created, r.id))
+
+    def get(self, checkpoint_id: str) -> CheckpointRecord:
+        return self.manifest(checkpoint_id).record
+
+    def delete(self, checkpoint_id: str) -> None:
+        self.manifest(checkpoint_id)
+        self._blobs.delete(manifest_key(checkpoint_id))
+        self._blobs.flush()
+        with self._mutex:
+            self._manifests.pop(checkpoint_id, None)
+
+    def reader(self, checkpoint_id: str) -> CheckpointReader:
+        manifest = self.manifest(checkpoint_id, fresh=True)
+        return CheckpointReader(self._blobs, self.index, manifest, self.hasher(manifest.uid))
+
+    @contextlib.contextmanager
+    def checkout(self, checkpoint_id: str) -> Iterator[Path]:
+        manifest = self.manifest(checkpoint_id, fresh=True)
+        size = sum(f.size for f in manifest.files)
+        root = self._staging.choose(size) / f"restore-{checkpoint_id}-{secrets.token_hex(3)}"
+        images = root / "images"
+        images.mkdir(parents=True, mode=0o700)
+        try:
+            with self.rw.shared():
+                reader = self.reader(checkpoint_id)
+                for entry in manifest.files:
+                    with open(images / entry.name, "wb") as out:
+                        for chunk in reader.chunks(entry):
+                            out.write(chunk)
+            yield images
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def page_refs(self, checkpoint_id: str) -> dict[str, builtins.list[bytes]]:
+        """Page references per pages image (for tests and tools)."""
+        reader = self.reader(checkpoint_id)
+        return {f.name: reader.refs(f) for f in self.manifest(checkpoint_id).files if f.pagelist}
+
+    def verify(self, checkpoint_id: str = "") -> VerifyReport:
+        from ckptd.core.store.maintenance import verify
+
+        return verify(self, self._blobs, checkpoint_id)
+
+    def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
+        from ckptd.core.store.maintenance import collect_garbage
+
+        return collect_garbage(self, self._blobs, self._clock, delete_first=delete_first)
+
+    def clean(self) -> builtins.list[str]:
+        """Remove staging and restore directories a crash left (call with no operation
+        running)."""
+        removed = []
+        for root in self._staging_roots():
+            if root.is_dir():
+                for path in root.iterdir():
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(str(path))
+        return removed
+
+

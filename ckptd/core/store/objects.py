@@ -1,0 +1,61 @@
+"""Keys and encodings of the store's objects other than packs."""
+
+from __future__ import annotations
+
+import zstandard
+
+from ckptd.core.ports import BlobStore
+from ckptd.core.store.pagehash import PageHasher
+from ckptd.errors import BlobNotFound, CorruptCheckpoint
+
+MANIFEST_PREFIX = "manifests/"
+BLOB_PREFIX = "blobs/"
+LEASE_PREFIX = "leases/"
+CONFIG_KEY = "store.json"
+
+
+def blob_key(blob_hash: str) -> str:
+    return f"{BLOB_PREFIX}{blob_hash[:2]}/{blob_hash}"
+
+
+def manifest_key(checkpoint_id: str) -> str:
+    return f"{MANIFEST_PREFIX}{checkpoint_id}"
+
+
+def lease_key(checkpoint_id: str) -> str:
+    return f"{LEASE_PREFIX}{checkpoint_id}"
+
+
+def put_blob(blobs: BlobStore, hasher: PageHasher, data: bytes, level: int = 3) -> tuple[str, int]:
+    """Store ``data`` compressed under its hash (once). Returns (hash, bytes written: 0 when it
+    was already there)."""
+    blob_hash = hasher.digest(data).hex()
+    key = blob_key(blob_hash)
+    if blobs.exists(key):
+        return blob_hash, 0
+    packed = zstandard.ZstdCompressor(level=level).compress(data)
+    return blob_hash, len(packed) if blobs.put(key, packed, if_absent=True) else 0
+
+
+def get_blob(blobs: BlobStore, hasher: PageHasher, blob_hash: str, checkpoint_id: str) -> bytes:
+    """A blob's content, verified against its hash."""
+    key = blob_key(blob_hash)
+    try:
+        packed = blobs.get(key)
+    except BlobNotFound as exc:
+        raise CorruptCheckpoint(
+            f"checkpoint {checkpoint_id}: object {key} is missing", checkpoint_id=checkpoint_id
+        ) from exc
+    try:
+        data = zstandard.ZstdDecompressor().decompress(packed)
+    except zstandard.ZstdError as exc:
+        raise CorruptCheckpoint(
+            f"checkpoint {checkpoint_id}: object {key} does not decompress",
+            checkpoint_id=checkpoint_id,
+        ) from exc
+    if hasher.digest(data).hex() != blob_hash:
+        raise CorruptCheckpoint(
+            f"checkpoint {checkpoint_id}: object {key} does not match its hash",
+            checkpoint_id=checkpoint_id,
+        )
+    return data

@@ -1,0 +1,198 @@
+"""Pack objects: many pages in zstd frames, with a trailer that names every page.
+
+Layout::
+
+    b"CKPACK01"
+    frame 0 .. frame F-1              each: zstd frame of up to FRAME_PAGES pages, concatenated
+    trailer (zstd-compressed):
+        u32 F
+        F x (u64 offset, u32 compressed length, u32 pages)
+        for each frame, its pages' hashes (16 bytes each), in order
+    u64 trailer offset, u32 trailer length, 8 bytes xxh3-64 of the trailer, b"CKPKEND1"
+
+A pack is immutable and named by the xxh3-128 of its bytes. The trailer alone rebuilds the
+index of every page in it. Invariant: every page in a pack is verified against its hash when
+read (``read_frame``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+
+import xxhash
+import zstandard
+
+from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE
+from ckptd.errors import CorruptCheckpoint
+
+MAGIC = b"CKPACK01"
+END_MAGIC = b"CKPKEND1"
+FOOTER = struct.Struct("<QI8s8s")
+FRAME_ENTRY = struct.Struct("<QII")
+FRAME_PAGES = 256
+TARGET_PACK_BYTES = 64 << 20
+
+DigestFn = Callable[[bytes | memoryview], bytes]
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    offset: int
+    length: int
+    hashes: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class PackIndex:
+    pack_id: str
+    frames: tuple[FrameInfo, ...]
+
+    def entries(self) -> Iterator[tuple[bytes, int, int]]:
+        """(page hash, frame number, index in frame) for every page."""
+        for f_no, frame in enumerate(self.frames):
+            for i, h in enumerate(frame.hashes):
+                yield h, f_no, i
+
+
+def encode_trailer(frames: Iterable[FrameInfo]) -> bytes:
+    frames = list(frames)
+    parts = [struct.pack("<I", len(frames))]
+    parts += [FRAME_ENTRY.pack(f.offset, f.length, len(f.hashes)) for f in frames]
+    parts += [b"".join(f.hashes) for f in frames]
+    return zstandard.ZstdCompressor(level=3).compress(b"".join(parts))
+
+
+def decode_trailer(pack_id: str, raw_trailer: bytes) -> PackIndex:
+    try:
+        data = zstandard.ZstdDecompressor().decompress(raw_trailer)
+        (count,) = struct.unpack_from("<I", data, 0)
+        pos = 4
+        heads = []
+        for _ in range(count):
+            heads.append(FRAME_ENTRY.unpack_from(data, pos))
+            pos += FRAME_ENTRY.size
+        frames = []
+        for offset, length, pages in heads:
+            hashes = tuple(
+                data[pos + i * HASH_SIZE : pos + (i + 1) * HASH_SIZE] for i in range(pages)
+            )
+            pos += pages * HASH_SIZE
+            frames.append(FrameInfo(offset, length, hashes))
+    except (zstandard.ZstdError, struct.error) as exc:
+        raise CorruptCheckpoint(f"pack {pack_id}: unreadable trailer ({exc})") from exc
+    return PackIndex(pack_id, tuple(frames))
+
+
+def parse_footer(pack_id: str, footer: bytes) -> tuple[int, int, bytes]:
+    """(trailer offset, trailer length, trailer checksum) from the last FOOTER.size bytes."""
+    if len(footer) != FOOTER.size:
+        raise CorruptCheckpoint(f"pack {pack_id}: truncated")
+    offset, length, checksum, magic = FOOTER.unpack(footer)
+    if magic != END_MAGIC:
+        raise CorruptCheckpoint(f"pack {pack_id}: bad end marker (truncated or overwritten)")
+    return offset, length, checksum
+
+
+def check_trailer(pack_id: str, raw_trailer: bytes, checksum: bytes) -> None:
+    if xxhash.xxh3_64_digest(raw_trailer) != checksum:
+        raise CorruptCheckpoint(f"pack {pack_id}: trailer checksum mismatch")
+
+
+def read_frame(
+    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], digest: DigestFn
+) -> list[bytes]:
+    """Decompress one frame and verify every page against its hash."""
+    try:
+        data = zstandard.ZstdDecompressor().decompress(
+            raw, max_output_size=len(hashes) * PAGE_SIZE
+        )
+    except zstandard.ZstdError as exc:
+        raise CorruptCheckpoint(
+            f"pack {pack_id} frame {frame_no}: does not decompress ({exc})"
+        ) from exc
+    if len(data) != len(hashes) * PAGE_SIZE:
+        raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: wrong size")
+    view = memoryview(data)
+    pages = []
+    for i, expected in enumerate(hashes):
+        page = view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]
+        if digest(page) != expected:
+            raise CorruptCheckpoint(
+                f"pack {pack_id} frame {frame_no} page {i}: content does not match its hash"
+            )
+        pages.append(bytes(page))
+    return pages
+
+
+class PackBuilder:
+    """Accumulates new pages into frames, compresses frames on ``executor`` (zstd releases
+    the GIL, so frames compress in parallel), and cuts packs of about TARGET_PACK_BYTES.
+
+    ``add`` returns nothing: locations are known once a pack is sealed (``sealed``).
+    """
+
+    def __init__(self, executor: Executor, level: int = 1) -> None:
+        self._executor = executor
+        self._level = level
+        self._pending: list[bytes | memoryview] = []
+        self._pending_hashes: list[bytes] = []
+        self._frames: list[tuple[Future[bytes], tuple[bytes, ...]]] = []
+        self._bytes_in = 0
+        self.sealed: list[tuple[str, bytes, PackIndex]] = []
+
+    def add(self, page_hash: bytes, page: bytes | memoryview) -> None:
+        """Queue a page. A memoryview is not copied until its frame is cut: call
+        ``cut_frame`` before the memory behind it goes away."""
+        self._pending.append(page)
+        self._pending_hashes.append(page_hash)
+        if len(self._pending) >= FRAME_PAGES:
+            self.cut_frame()
+
+    def _compress(self, data: bytes) -> bytes:
+        return zstandard.ZstdCompressor(level=self._level).compress(data)
+
+    def cut_frame(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._frames.append(
+            (self._executor.submit(self._compress, data), tuple(self._pending_hashes))
+        )
+        self._bytes_in += len(data)
+        self._pending, self._pending_hashes = [], []
+        # Raw bytes are a cheap proxy for the pack size until frames are compressed.
+        if self._bytes_in >= TARGET_PACK_BYTES * 2:
+            self._seal()
+
+    def _seal(self) -> None:
+        if not self._frames:
+            return
+        body = [MAGIC]
+        offset = len(MAGIC)
+        infos = []
+        for future, hashes in self._frames:
+            frame = future.result()
+            infos.append(FrameInfo(offset, len(frame), hashes))
+            body.append(frame)
+            offset += len(frame)
+        trailer = encode_trailer(infos)
+        body.append(trailer)
+        body.append(
+            FOOTER.pack(offset, len(trailer), xxhash.xxh3_64_digest(trailer), END_MAGIC)
+        )
+        blob = b"".join(body)
+        pack_id = xxhash.xxh3_128_hexdigest(blob)
+        self.sealed.append((pack_id, blob, PackIndex(pack_id, tuple(infos))))
+        self._frames = []
+        self._bytes_in = 0
+
+    def finish(self) -> None:
+        self.cut_frame()
+        self._seal()
+
+    def take_sealed(self) -> list[tuple[str, bytes, PackIndex]]:
+        out, self.sealed = self.sealed, []
+        return out

@@ -1,0 +1,133 @@
+"""Page lists: the ordered page references of one CRIU pages image, compactly encoded.
+
+A list is either *full* (every reference, with runs of zero pages collapsed) or a *delta*
+against one full list (its base): runs copied from the base (matched by content, so pages
+that moved still match), zero runs, and literal references. A delta's base is always full,
+so decoding reads at most two lists: every checkpoint restores on its own.
+
+Encoding: b"CKPL1", u8 kind (0 full, 1 delta), u32 count, [16-byte base hash if delta], then
+ops: u8 op, u32 n, payload — op 0 LITERAL (n refs of 16 bytes), op 1 ZERO (no payload),
+op 2 COPY (u32 start in base). The whole is zstd-compressed by the store.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from ckptd.core.store.pagehash import HASH_SIZE, ZERO_REF
+from ckptd.errors import CorruptCheckpoint
+
+MAGIC = b"CKPL1"
+FULL, DELTA = 0, 1
+OP_LITERAL, OP_ZERO, OP_COPY = 0, 1, 2
+_OP = struct.Struct("<BI")
+_HEAD = struct.Struct("<BI")
+
+
+def encode_full(refs: Sequence[bytes]) -> bytes:
+    out = [MAGIC, _HEAD.pack(FULL, len(refs))]
+    i = 0
+    n = len(refs)
+    while i < n:
+        j = i
+        if refs[i] == ZERO_REF:
+            while j < n and refs[j] == ZERO_REF:
+                j += 1
+            out.append(_OP.pack(OP_ZERO, j - i))
+        else:
+            while j < n and refs[j] != ZERO_REF:
+                j += 1
+            out.append(_OP.pack(OP_LITERAL, j - i))
+            out.append(b"".join(refs[i:j]))
+        i = j
+    return b"".join(out)
+
+
+def encode_delta(refs: Sequence[bytes], base: Sequence[bytes], base_hash: bytes) -> bytes:
+    """Encode ``refs`` against the full list ``base`` (named by ``base_hash``)."""
+    where: dict[bytes, int] = {}
+    for pos, ref in enumerate(base):
+        if ref != ZERO_REF:
+            where.setdefault(ref, pos)
+    out = [MAGIC, _HEAD.pack(DELTA, len(refs)), base_hash]
+    literal: list[bytes] = []
+
+    def flush_literal() -> None:
+        if literal:
+            out.append(_OP.pack(OP_LITERAL, len(literal)))
+            out.append(b"".join(literal))
+            literal.clear()
+
+    i, n, nb = 0, len(refs), len(base)
+    while i < n:
+        ref = refs[i]
+        if ref == ZERO_REF:
+            j = i
+            while j < n and refs[j] == ZERO_REF:
+                j += 1
+            flush_literal()
+            out.append(_OP.pack(OP_ZERO, j - i))
+            i = j
+            continue
+        start = where.get(ref)
+        if start is None:
+            literal.append(ref)
+            i += 1
+            continue
+        length = 1
+        while i + length < n and start + length < nb and refs[i + length] == base[start + length]:
+            if refs[i + length] == ZERO_REF:
+                break
+            length += 1
+        flush_literal()
+        out.append(_OP.pack(OP_COPY, length) + struct.pack("<I", start))
+        i += length
+    flush_literal()
+    return b"".join(out)
+
+
+def base_of(data: bytes) -> bytes | None:
+    """The base hash of a delta list, None for a full one."""
+    _check(data)
+    kind, _ = _HEAD.unpack_from(data, len(MAGIC))
+    return data[len(MAGIC) + _HEAD.size : len(MAGIC) + _HEAD.size + HASH_SIZE] if kind else None
+
+
+def _check(data: bytes) -> None:
+    if not data.startswith(MAGIC):
+        raise CorruptCheckpoint("page list: bad magic")
+
+
+def decode(data: bytes, base: Sequence[bytes] | None = None) -> list[bytes]:
+    """The references of ``data``; a delta needs its decoded ``base``."""
+    _check(data)
+    try:
+        kind, count = _HEAD.unpack_from(data, len(MAGIC))
+        pos = len(MAGIC) + _HEAD.size
+        if kind == DELTA:
+            pos += HASH_SIZE
+            if base is None:
+                raise CorruptCheckpoint("page list: delta without its base")
+        refs: list[bytes] = []
+        while pos < len(data):
+            op, n = _OP.unpack_from(data, pos)
+            pos += _OP.size
+            if op == OP_LITERAL:
+                refs.extend(data[pos + k * HASH_SIZE : pos + (k + 1) * HASH_SIZE] for k in range(n))
+                pos += n * HASH_SIZE
+            elif op == OP_ZERO:
+                refs.extend([ZERO_REF] * n)
+            elif op == OP_COPY and base is not None:
+                (start,) = struct.unpack_from("<I", data, pos)
+                pos += 4
+                if start + n > len(base):
+                    raise CorruptCheckpoint("page list: copy beyond its base")
+                refs.extend(base[start : start + n])
+            else:
+                raise CorruptCheckpoint(f"page list: bad op {op}")
+    except struct.error as exc:
+        raise CorruptCheckpoint(f"page list: truncated ({exc})") from exc
+    if len(refs) != count:
+        raise CorruptCheckpoint(f"page list: {len(refs)} references, header says {count}")
+    return refs
