@@ -24,7 +24,8 @@ class DaemonConfig:
     """Journal of operations in flight, CRIU logs, restored jobs' output."""
     fast_staging_dir: str = "/dev/shm/ckptd"
     """RAM-backed directory where CRIU writes a dump before it is ingested, when it fits
-    (else ``state_dir/staging``). Empty: always on disk."""
+    (else ``state_dir/staging``); each daemon uses its own subdirectory. Empty: always on
+    disk."""
     compress_level: int = 1
     """zstd level of page frames (1: as fast as ``zstd -1``)."""
     compress_workers: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from dataclasses import dataclass
@@ -49,7 +50,9 @@ def wire(config: DaemonConfig) -> Wired:
         log_level=config.criu_log_level,
     )
     blobs = LocalBlobStore(config.store)
-    fast = Path(config.fast_staging_dir) if config.fast_staging_dir else None
+    # One daemon's staging must never be another's (each cleans its own at start-up).
+    tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
+    fast = Path(config.fast_staging_dir) / tag if config.fast_staging_dir else None
     store = ContentStore(
         blobs,
         StagingPolicy(fast=fast, disk=state / "staging"),

@@ -9,6 +9,8 @@ suites (``tests/contract``) as the real adapters.
 - ``FakeProcessTable`` / ``FakeProcess``: ``ProcessTable`` over a dict of fake processes.
 - ``FakeCriu``: ``Criu`` acting on a ``FakeProcessTable``, writing fake images.
 - ``MemoryStore``: ``CheckpointStore`` with records in memory, images in a real directory.
+- ``MemoryBlobStore``: ``BlobStore`` in memory (for ``ContentStore``), with crash simulation and
+  failure injection.
 - ``MemoryJournal``: ``Journal`` in memory.
 - ``FakeStdioProvider``: ``StdioProvider`` handing out /dev/null descriptors.
 
@@ -16,6 +18,7 @@ Most fakes accept ``events``, a list shared between them, to which they append w
 happened, so a test can check the order of effects across ports.
 """
 
+from ckptd.testing._blobs import MemoryBlobStore
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
 from ckptd.testing._journal import MemoryJournal
@@ -32,6 +35,7 @@ __all__ = [
     "FakeProcessTable",
     "FakeStdioProvider",
     "KillMode",
+    "MemoryBlobStore",
     "MemoryJournal",
     "MemoryStore",
 ]

@@ -70,6 +70,23 @@ def _statvfs(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def _write_all(fd: int, buffers: builtins.list[bytes | memoryview]) -> None:
+    """writev every buffer, in batches the kernel accepts, coping with short writes."""
+    pending = [memoryview(b).cast("B") for b in buffers]
+    while pending:
+        batch = pending[:1024]
+        written = os.writev(fd, batch)
+        rest = pending[len(batch) :]
+        remaining = []
+        for buf in batch:
+            if written >= len(buf):
+                written -= len(buf)
+            else:
+                remaining.append(buf[written:])
+                written = 0
+        pending = remaining + rest
+
+
 class ContentStore:
     def __init__(
         self,
@@ -150,8 +167,7 @@ class ContentStore:
                 writer=self._writer,
                 level=self._level,
             )
-            packs = sorted({loc.pack_id for loc in map(self.index.get, result.refs) if loc})
-            stored = self._footprint(result.refs, result.blobs)
+            packs, stored = self._packs_and_footprint(result.refs, result.blobs)
             self._blobs.flush()
             record = replace(
                 record,
@@ -179,20 +195,26 @@ class ContentStore:
         self.abort(record.id)
         return record
 
-    def _footprint(self, refs: set[bytes], blobs: set[str]) -> int:
-        """Bytes the checkpoint occupies if it were alone: its pages' share of their compressed
-        frames, plus its blobs."""
-        total = 0.0
+    def _packs_and_footprint(
+        self, refs: set[bytes], blobs: set[str]
+    ) -> tuple[builtins.list[str], int]:
+        """The packs ``refs`` live in, and the bytes the checkpoint occupies if it were alone:
+        its pages' share of their compressed frames, plus its blobs."""
+        per_frame: dict[tuple[str, int], int] = {}
+        get = self.index.get
         for ref in refs:
-            loc = self.index.get(ref)
-            if loc is None:
-                continue
-            frame = self.index.packs[loc.pack_id].frames[loc.frame]
-            total += frame.length / len(frame.hashes)
+            loc = get(ref)
+            if loc is not None:
+                key = (loc.pack_id, loc.frame)
+                per_frame[key] = per_frame.get(key, 0) + 1
+        total = 0.0
+        for (pack_id, frame_no), count in per_frame.items():
+            frame = self.index.packs[pack_id].frames[frame_no]
+            total += frame.length * count / len(frame.hashes)
         for b in blobs:
             with contextlib.suppress(BlobNotFound):
                 total += self._blobs.size(blob_key(b))
-        return int(total)
+        return sorted({pack_id for pack_id, _ in per_frame}), int(total)
 
     def _bases_from(
         self, parent_id: str, uid: int
@@ -287,7 +309,9 @@ class ContentStore:
 
     def reader(self, checkpoint_id: str) -> CheckpointReader:
         manifest = self.manifest(checkpoint_id, fresh=True)
-        return CheckpointReader(self._blobs, self.index, manifest, self.hasher(manifest.uid))
+        return CheckpointReader(
+            self._blobs, self.index, manifest, self.hasher(manifest.uid), self._executor
+        )
 
     @contextlib.contextmanager
     def checkout(self, checkpoint_id: str) -> Iterator[Path]:
@@ -300,9 +324,12 @@ class ContentStore:
             with self.rw.shared():
                 reader = self.reader(checkpoint_id)
                 for entry in manifest.files:
-                    with open(images / entry.name, "wb") as out:
+                    fd = os.open(images / entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    try:
                         for chunk in reader.chunks(entry):
-                            out.write(chunk)
+                            _write_all(fd, chunk)
+                    finally:
+                        os.close(fd)
             yield images
         finally:
             shutil.rmtree(root, ignore_errors=True)

@@ -54,6 +54,9 @@ class PageIndex:
     def get(self, page_hash: bytes) -> Location | None:
         return self._pages.get(page_hash)
 
+    def contains(self, page_hash: bytes) -> bool:
+        return page_hash in self._pages
+
     def add_pack(self, pack: PackIndex) -> None:
         with self._lock:
             self.packs[pack.pack_id] = pack

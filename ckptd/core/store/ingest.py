@@ -18,7 +18,7 @@ from ckptd.core.store import pagelist
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.manifest import FileEntry
 from ckptd.core.store.objects import put_blob
-from ckptd.core.store.packs import PackBuilder, PackIndex
+from ckptd.core.store.packs import PackBuilder, build_pack
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
 
 BaseLookup = Callable[[str], tuple[str, Sequence[bytes]] | None]
@@ -68,11 +68,11 @@ def ingest(
             result.blobs.add(blob_hash)
             result.bytes_new += written
             result.files.append(FileEntry(name=path.name, size=size, blob=blob_hash))
-        for sealed in builder.take_sealed():
-            writes.append(writer.submit(_put_pack, blobs, index, *sealed, result))
+        for frames in builder.take_sealed():
+            writes.append(writer.submit(_put_pack, blobs, index, frames, result))
     builder.finish()
-    for sealed in builder.take_sealed():
-        writes.append(writer.submit(_put_pack, blobs, index, *sealed, result))
+    for frames in builder.take_sealed():
+        writes.append(writer.submit(_put_pack, blobs, index, frames, result))
     for write in writes:
         write.result()
     return result
@@ -81,11 +81,10 @@ def ingest(
 def _put_pack(
     blobs: BlobStore,
     index: PageIndex,
-    pack_id: str,
-    data: bytes,
-    pack_index: PackIndex,
+    frames: Sequence[tuple[Future[bytes], tuple[bytes, ...]]],
     result: IngestResult,
 ) -> None:
+    pack_id, data, pack_index = build_pack(frames)
     if blobs.put(pack_key(pack_id), data, if_absent=True):
         result.bytes_new += len(data)
     blobs.flush()
@@ -101,13 +100,15 @@ def _split_pages(
     builder: PackBuilder,
     fresh: set[bytes],
 ) -> list[bytes]:
+    """References of every page of a pages image; new pages go to ``builder`` in runs of
+    consecutive pages, straight from the file's mapping (no copy until compression)."""
     refs: list[bytes] = []
     if size == 0:
         return refs
-    digest, zero, lookup = hasher.digest, hasher.zero, index.get
+    digest, zero, known = hasher.digest, hasher.zero, index.contains
+    run_start, run_hashes = 0, list[bytes]()
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if hasattr(mm, "madvise"):
-            mm.madvise(mmap.MADV_SEQUENTIAL)
+        mm.madvise(mmap.MADV_SEQUENTIAL)
         view = memoryview(mm)
         try:
             for off in range(0, size, PAGE_SIZE):
@@ -115,11 +116,21 @@ def _split_pages(
                 if h == zero:
                     refs.append(ZERO_REF)
                     continue
-                if h not in fresh and lookup(h) is None:
-                    fresh.add(h)
-                    builder.add(h, view[off : off + PAGE_SIZE])
                 refs.append(h)
-            builder.cut_frame()  # frames never outlive this mapping
+                if h in fresh or known(h):
+                    continue
+                fresh.add(h)
+                if run_hashes and off != run_start + len(run_hashes) * PAGE_SIZE:
+                    end = run_start + len(run_hashes) * PAGE_SIZE
+                    builder.add_run(run_hashes, view[run_start:end])
+                    run_hashes = []
+                if not run_hashes:
+                    run_start = off
+                run_hashes.append(h)
+            if run_hashes:
+                end = run_start + len(run_hashes) * PAGE_SIZE
+                builder.add_run(run_hashes, view[run_start:end])
+            builder.drain()  # frames never outlive this mapping
         finally:
             view.release()
     return refs

@@ -79,7 +79,7 @@ class Manifest:
                 packs=tuple(raw["packs"]),
                 blobs=tuple(raw["blobs"]),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptCheckpoint(
                 f"manifest of checkpoint {name} is unreadable ({exc})", checkpoint_id=name
             ) from exc

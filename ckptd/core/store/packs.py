@@ -18,7 +18,7 @@ read (``read_frame``).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
@@ -32,10 +32,11 @@ MAGIC = b"CKPACK01"
 END_MAGIC = b"CKPKEND1"
 FOOTER = struct.Struct("<QI8s8s")
 FRAME_ENTRY = struct.Struct("<QII")
-FRAME_PAGES = 256
+FRAME_PAGES = 1024
 TARGET_PACK_BYTES = 64 << 20
 
 DigestFn = Callable[[bytes | memoryview], bytes]
+SealedPack = tuple[str, bytes, "PackIndex"]
 
 
 @dataclass(frozen=True)
@@ -101,10 +102,10 @@ def check_trailer(pack_id: str, raw_trailer: bytes, checksum: bytes) -> None:
         raise CorruptCheckpoint(f"pack {pack_id}: trailer checksum mismatch")
 
 
-def read_frame(
+def read_frame_data(
     pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], digest: DigestFn
-) -> list[bytes]:
-    """Decompress one frame and verify every page against its hash."""
+) -> bytes:
+    """Decompress one frame and verify every page against its hash; the pages, concatenated."""
     try:
         data = zstandard.ZstdDecompressor().decompress(
             raw, max_output_size=len(hashes) * PAGE_SIZE
@@ -116,76 +117,106 @@ def read_frame(
     if len(data) != len(hashes) * PAGE_SIZE:
         raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: wrong size")
     view = memoryview(data)
-    pages = []
     for i, expected in enumerate(hashes):
-        page = view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]
-        if digest(page) != expected:
+        if digest(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]) != expected:
             raise CorruptCheckpoint(
                 f"pack {pack_id} frame {frame_no} page {i}: content does not match its hash"
             )
-        pages.append(bytes(page))
-    return pages
+    view.release()
+    return data
+
+
+def read_frame(
+    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], digest: DigestFn
+) -> list[bytes]:
+    """Decompress one frame and verify every page against its hash; the pages, one by one."""
+    data = read_frame_data(pack_id, frame_no, raw, hashes, digest)
+    return [data[i * PAGE_SIZE : (i + 1) * PAGE_SIZE] for i in range(len(hashes))]
+
+
+def build_pack(frames: Sequence[tuple[Future[bytes], tuple[bytes, ...]]]) -> SealedPack:
+    """Assemble compressed frames (waiting for them) into a pack object."""
+    body = [MAGIC]
+    offset = len(MAGIC)
+    infos = []
+    for future, hashes in frames:
+        frame = future.result()
+        infos.append(FrameInfo(offset, len(frame), hashes))
+        body.append(frame)
+        offset += len(frame)
+    trailer = encode_trailer(infos)
+    body.append(trailer)
+    body.append(FOOTER.pack(offset, len(trailer), xxhash.xxh3_64_digest(trailer), END_MAGIC))
+    blob = b"".join(body)
+    pack_id = xxhash.xxh3_128_hexdigest(blob)
+    return pack_id, blob, PackIndex(pack_id, tuple(infos))
 
 
 class PackBuilder:
     """Accumulates new pages into frames, compresses frames on ``executor`` (zstd releases
-    the GIL, so frames compress in parallel), and cuts packs of about TARGET_PACK_BYTES.
+    the GIL, so frames compress in parallel), and groups them into packs of about
+    TARGET_PACK_BYTES (``take_sealed`` hands out each group; ``build_pack`` assembles one,
+    typically on another thread, so the caller never waits for compression).
 
-    ``add`` returns nothing: locations are known once a pack is sealed (``sealed``).
+    Pages come in runs (``add_run``: consecutive pages of one buffer). A frame made of a single
+    run is compressed straight from that buffer, without a copy; so the buffer must outlive
+    the compression: call ``drain`` before it goes away.
     """
 
     def __init__(self, executor: Executor, level: int = 1) -> None:
         self._executor = executor
         self._level = level
-        self._pending: list[bytes | memoryview] = []
+        self._pending: list[memoryview] = []
         self._pending_hashes: list[bytes] = []
         self._frames: list[tuple[Future[bytes], tuple[bytes, ...]]] = []
+        self._inflight: list[Future[bytes]] = []
         self._bytes_in = 0
-        self.sealed: list[tuple[str, bytes, PackIndex]] = []
+        self._sealed: list[list[tuple[Future[bytes], tuple[bytes, ...]]]] = []
 
     def add(self, page_hash: bytes, page: bytes | memoryview) -> None:
-        """Queue a page. A memoryview is not copied until its frame is cut: call
-        ``cut_frame`` before the memory behind it goes away."""
-        self._pending.append(page)
-        self._pending_hashes.append(page_hash)
-        if len(self._pending) >= FRAME_PAGES:
-            self.cut_frame()
+        self.add_run([page_hash], memoryview(page))
 
-    def _compress(self, data: bytes) -> bytes:
+    def add_run(self, hashes: list[bytes], data: memoryview) -> None:
+        """Queue ``len(hashes)`` consecutive pages held in ``data``."""
+        done = 0
+        while done < len(hashes):
+            room = FRAME_PAGES - len(self._pending_hashes)
+            take = min(room, len(hashes) - done)
+            self._pending.append(data[done * PAGE_SIZE : (done + take) * PAGE_SIZE])
+            self._pending_hashes.extend(hashes[done : done + take])
+            done += take
+            if len(self._pending_hashes) >= FRAME_PAGES:
+                self.cut_frame()
+
+    def _compress(self, data: bytes | memoryview) -> bytes:
         return zstandard.ZstdCompressor(level=self._level).compress(data)
 
     def cut_frame(self) -> None:
         if not self._pending:
             return
-        data = b"".join(self._pending)
-        self._frames.append(
-            (self._executor.submit(self._compress, data), tuple(self._pending_hashes))
+        data: bytes | memoryview = (
+            self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         )
+        future = self._executor.submit(self._compress, data)
+        self._inflight.append(future)
+        self._frames.append((future, tuple(self._pending_hashes)))
         self._bytes_in += len(data)
         self._pending, self._pending_hashes = [], []
         # Raw bytes are a cheap proxy for the pack size until frames are compressed.
         if self._bytes_in >= TARGET_PACK_BYTES * 2:
             self._seal()
 
+    def drain(self) -> None:
+        """Cut the pending frame and wait until every frame is compressed: after this, no
+        buffer given to ``add_run`` is referenced any more."""
+        self.cut_frame()
+        for future in self._inflight:
+            future.exception()
+        self._inflight = []
+
     def _seal(self) -> None:
-        if not self._frames:
-            return
-        body = [MAGIC]
-        offset = len(MAGIC)
-        infos = []
-        for future, hashes in self._frames:
-            frame = future.result()
-            infos.append(FrameInfo(offset, len(frame), hashes))
-            body.append(frame)
-            offset += len(frame)
-        trailer = encode_trailer(infos)
-        body.append(trailer)
-        body.append(
-            FOOTER.pack(offset, len(trailer), xxhash.xxh3_64_digest(trailer), END_MAGIC)
-        )
-        blob = b"".join(body)
-        pack_id = xxhash.xxh3_128_hexdigest(blob)
-        self.sealed.append((pack_id, blob, PackIndex(pack_id, tuple(infos))))
+        if self._frames:
+            self._sealed.append(self._frames)
         self._frames = []
         self._bytes_in = 0
 
@@ -193,6 +224,7 @@ class PackBuilder:
         self.cut_frame()
         self._seal()
 
-    def take_sealed(self) -> list[tuple[str, bytes, PackIndex]]:
-        out, self.sealed = self.sealed, []
+    def take_sealed(self) -> list[list[tuple[Future[bytes], tuple[bytes, ...]]]]:
+        """Frame groups ready to become packs (pass each to ``build_pack``)."""
+        out, self._sealed = self._sealed, []
         return out

@@ -1,20 +1,63 @@
-"""Reading a checkpoint back: every byte verified against its hash on the way out."""
+"""Reading a checkpoint back: every byte verified against its hash on the way out.
+
+Frames are fetched and decompressed ahead of need on an executor (zstd releases the GIL), each
+verified page by page as it arrives; the output is assembled from views into the decompressed
+frames, without copying pages one by one.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, Future
 
 from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagelist
-from ckptd.core.store.index import PageIndex, pack_key
+from ckptd.core.store.index import Location, PageIndex, pack_key
 from ckptd.core.store.manifest import FileEntry, Manifest
 from ckptd.core.store.objects import get_blob
-from ckptd.core.store.packs import read_frame
-from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_PAGE, ZERO_REF, PageHasher
+from ckptd.core.store.packs import read_frame_data
+from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.errors import BlobNotFound, CorruptCheckpoint
 
-CHUNK = 8 << 20
+CHUNK_PAGES = 2048
+PREFETCH = 6
+
+FrameKey = tuple[str, int]
+
+
+def _runs(locs: Sequence[Location | None]) -> Iterator[tuple[FrameKey | None, int, int]]:
+    """Coalesce page locations into runs: (frame, first index, count) of consecutive pages of
+    one frame, or (None, 0, count) for zero pages."""
+    key: FrameKey | None = None
+    first = count = 0
+    for loc in locs:
+        if loc is None:
+            if key is None and count:
+                count += 1
+                continue
+            if count:
+                yield key, first, count
+            key, first, count = None, 0, 1
+            continue
+        k = (loc.pack_id, loc.frame)
+        if count and key == k and loc.index == first + count:
+            count += 1
+            continue
+        if count:
+            yield key, first, count
+        key, first, count = k, loc.index, 1
+    if count:
+        yield key, first, count
+
+
+_ZEROS = bytes(CHUNK_PAGES * PAGE_SIZE)
+
+
+def _zeros(pages: int) -> bytes | memoryview:
+    if pages <= CHUNK_PAGES:
+        return memoryview(_ZEROS)[: pages * PAGE_SIZE]
+    return bytes(pages * PAGE_SIZE)
 
 
 class CheckpointReader:
@@ -27,13 +70,15 @@ class CheckpointReader:
         index: PageIndex,
         manifest: Manifest,
         hasher: PageHasher,
-        cache_frames: int = 64,
+        executor: Executor,
+        cache_frames: int = 16,
     ) -> None:
         self._blobs = blobs
         self._index = index
         self._m = manifest
         self._hasher = hasher
-        self._cache: OrderedDict[tuple[str, int], list[bytes]] = OrderedDict()
+        self._executor = executor
+        self._cache: OrderedDict[FrameKey, bytes] = OrderedDict()
         self._cache_frames = cache_frames
         self._id = manifest.record.id
 
@@ -51,8 +96,8 @@ class CheckpointReader:
                 checkpoint_id=self._id,
             ) from exc
 
-    def chunks(self, entry: FileEntry) -> Iterator[bytes]:
-        """The file's content, in chunks of about CHUNK bytes."""
+    def chunks(self, entry: FileEntry) -> Iterator[list[bytes | memoryview]]:
+        """The file's content, as lists of buffers (about CHUNK_PAGES pages each)."""
         if entry.blob:
             data = get_blob(self._blobs, self._hasher, entry.blob, self._id)
             if len(data) != entry.size:
@@ -61,7 +106,7 @@ class CheckpointReader:
                     f"expected {entry.size}",
                     checkpoint_id=self._id,
                 )
-            yield data
+            yield [data]
             return
         refs = self.refs(entry)
         if len(refs) * PAGE_SIZE != entry.size:
@@ -69,16 +114,56 @@ class CheckpointReader:
                 f"checkpoint {self._id}: page list of {entry.name} does not match its size",
                 checkpoint_id=self._id,
             )
-        buf: list[bytes] = []
-        for ref in refs:
-            buf.append(ZERO_PAGE if ref == ZERO_REF else self._page(ref))
-            if len(buf) * PAGE_SIZE >= CHUNK:
-                yield b"".join(buf)
-                buf = []
-        if buf:
-            yield b"".join(buf)
+        locs = [None if r == ZERO_REF else self._locate(r) for r in refs]
+        order: list[FrameKey] = []
+        for loc in locs:
+            if loc is not None and (not order or order[-1] != (loc.pack_id, loc.frame)):
+                order.append((loc.pack_id, loc.frame))
+        ahead: deque[tuple[FrameKey, Future[bytes]]] = deque()
+        queued = 0
+        out: list[bytes | memoryview] = []
+        pages_out = 0
+        for run_key, first, count in _runs(locs):
+            if run_key is None:
+                out.append(_zeros(count))
+            else:
+                frame = self._cache.get(run_key)
+                if frame is None:
+                    while queued < len(order) and len(ahead) < PREFETCH:
+                        k = order[queued]
+                        queued += 1
+                        if k not in self._cache:
+                            ahead.append((k, self._executor.submit(self._load_frame, *k)))
+                    frame = self._take(run_key, ahead)
+                out.append(memoryview(frame)[first * PAGE_SIZE : (first + count) * PAGE_SIZE])
+            pages_out += count
+            if pages_out >= CHUNK_PAGES:
+                yield out
+                out, pages_out = [], 0
+        if out:
+            yield out
+        for _, future in ahead:
+            future.cancel()
 
-    def _page(self, ref: bytes) -> bytes:
+    def _take(self, key: FrameKey, ahead: deque[tuple[FrameKey, Future[bytes]]]) -> bytes:
+        while ahead:
+            k, future = ahead.popleft()
+            self._remember(k, future.result())
+            if k == key:
+                break
+        frame = self._cache.get(key)
+        if frame is None:  # needed again after it left the cache
+            frame = self._load_frame(*key)
+            self._remember(key, frame)
+        return frame
+
+    def _remember(self, key: FrameKey, frame: bytes) -> None:
+        self._cache[key] = frame
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_frames:
+            self._cache.popitem(last=False)
+
+    def _locate(self, ref: bytes) -> Location:
         loc = self._index.get(ref)
         if loc is None:
             self._index.refresh(self._blobs)
@@ -88,18 +173,9 @@ class CheckpointReader:
                 f"checkpoint {self._id}: page {ref.hex()} is in no pack (a pack is missing)",
                 checkpoint_id=self._id,
             )
-        key = (loc.pack_id, loc.frame)
-        pages = self._cache.get(key)
-        if pages is None:
-            pages = self._load_frame(loc.pack_id, loc.frame)
-            self._cache[key] = pages
-            if len(self._cache) > self._cache_frames:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
-        return pages[loc.index]
+        return loc
 
-    def _load_frame(self, pack_id: str, frame_no: int) -> list[bytes]:
+    def _load_frame(self, pack_id: str, frame_no: int) -> bytes:
         pack = self._index.packs[pack_id]
         frame = pack.frames[frame_no]
         try:
@@ -109,7 +185,7 @@ class CheckpointReader:
                 f"checkpoint {self._id}: pack {pack_id} is missing", checkpoint_id=self._id
             ) from exc
         try:
-            return read_frame(pack_id, frame_no, raw, frame.hashes, self._hasher.digest)
+            return read_frame_data(pack_id, frame_no, raw, frame.hashes, self._hasher.digest)
         except CorruptCheckpoint as exc:
             raise CorruptCheckpoint(
                 f"checkpoint {self._id}: {exc.message}", checkpoint_id=self._id
