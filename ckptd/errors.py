@@ -14,7 +14,8 @@
     │   └── CriuUnavailable         CRIU missing, too old, or failing ``criu check``
     ├── CriuFailed                  CRIU ran and failed (errno, message, log tail)
     ├── StoreError                  the checkpoint store failed (I/O, format)
-    │   └── CorruptCheckpoint       data does not match its hash / manifest unreadable
+    │   ├── CorruptCheckpoint       data does not match its hash / manifest unreadable
+    │   └── BlobNotFound            an object the store expected is missing
     └── Cancelled                   the operation was interrupted (daemon shutting down)
 
 Invariants: every error carries the pid and/or checkpoint id it concerns when there is one;
@@ -68,6 +69,11 @@ class CheckpointNotFound(CkptdError):
 
 class PermissionDenied(CkptdError):
     default_hint = "run as the process owner or as root"
+
+    def __init__(self, message: str, **kwargs: object) -> None:
+        if not message.startswith("permission denied"):
+            message = f"permission denied: {message}"
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
 
 
 class Busy(CkptdError):
@@ -130,6 +136,7 @@ def _last_error_line(log_tail: str) -> str:
     lines = [
         ln.strip() for ln in log_tail.splitlines() if ln.strip() and "RLIMIT_NOFILE" not in ln
     ]
+    lines = [ln for ln in lines if not ln.endswith(("Dumping FAILED.", "Restoring FAILED."))]
     errors = [ln for ln in lines if "Error" in ln]
     if errors:
         return errors[-1]

@@ -17,3 +17,5 @@ class CoreConfig:
     zombie_wait_s: float = 5.0
     """How long a restore waits for a killed process's zombie to be reaped."""
     keep_work_dirs: int = 20
+    recovery_wait_s: float = 60.0
+    """At start-up, how long to wait for a CRIU left by a killed daemon to let go of a tree."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe, resume_tree
 from ckptd.core.locks import PidLocks
-from ckptd.core.ports import CheckpointStore, Journal, ProcessTable
+from ckptd.core.ports import CheckpointStore, Clock, Journal, ProcessTable
 from ckptd.core.recipe import ProgressSink, no_progress
 from ckptd.core.restore import RestoreRecipe
 from ckptd.domain import (
@@ -47,9 +47,11 @@ class CheckpointService:
         store: CheckpointStore,
         processes: ProcessTable,
         journal: Journal,
+        clock: Clock,
         config: CoreConfig,
         probe: Callable[[], NodeReport],
     ) -> None:
+        self._clock = clock
         self._dump = dump
         self._restore = restore
         self._store = store
@@ -165,6 +167,7 @@ class CheckpointService:
                 continue
             pids = [int(p) for p in facts.get("pids", [])]
             ckpt = str(facts.get("checkpoint_id", op_id))
+            self._wait_untraced(pids)
             if ckpt in committed:
                 if not facts.get("leave_running", False):
                     # The dumped tree waits, stopped, to be killed; a pid in another state
@@ -172,6 +175,7 @@ class CheckpointService:
                     for pid in pids:
                         if self._processes.status(pid).state is PidState.STOPPED:
                             self._processes.signal(pid, signal.SIGKILL)
+                self._store.abort(ckpt)  # its staging and lease; never the checkpoint
                 done.append(f"finished dump {ckpt}: it was committed")
             else:
                 self._store.abort(ckpt)
@@ -181,6 +185,17 @@ class CheckpointService:
         for line in done:
             log.warning("recovery: %s", line)
         return done
+
+    def _wait_untraced(self, pids: builtins.list[int]) -> None:
+        """A CRIU started by the killed daemon may still hold the tree (ptrace); it finishes
+        or gives up on its own. Wait for it (bounded) before deciding anything."""
+        deadline = self._clock.monotonic() + self._config.recovery_wait_s
+        while any(self._processes.status(p).traced for p in pids):
+            if self._clock.monotonic() >= deadline:
+                log.error("recovery: pids %s still traced after %.0fs", pids,
+                          self._config.recovery_wait_s)
+                return
+            self._clock.sleep(0.1)
 
     # ---- helpers ----------------------------------------------------------------------------
 

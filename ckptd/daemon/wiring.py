@@ -80,6 +80,7 @@ def wire(config: DaemonConfig) -> Wired:
         store=store,
         processes=processes,
         journal=journal,
+        clock=clock,
         config=core,
         probe=NodeProbe(criu, core.node, store.location),
     )

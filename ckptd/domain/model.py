@@ -56,6 +56,8 @@ class PidStatus:
     comm: str = ""
     uid: int = 0
     kernel_thread: bool = False
+    traced: bool = False
+    """Under ptrace (CRIU holds it while it dumps or restores)."""
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,7 @@ def make_service(w: World) -> CheckpointService:
         store=w.store,
         processes=w.processes,
         journal=w.journal,
+        clock=w.clock,
         config=w.config,
         probe=lambda: NodeReport("test-node", "6.8", CriuStatus("criu", "4.1", True, "ok")),
     )

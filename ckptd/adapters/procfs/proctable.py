@@ -50,11 +50,16 @@ class ProcFsTable:
         else:
             state = PidState.RUNNING
         try:
-            uid = owner_uid((self._proc / str(pid) / "status").read_text())
+            status_text = (self._proc / str(pid) / "status").read_text()
         except FileNotFoundError:
             return PidStatus(pid, PidState.FREE)
+        uid = owner_uid(status_text)
+        traced = any(
+            line.startswith("TracerPid:") and line.split()[1] != "0"
+            for line in status_text.splitlines()
+        )
         return PidStatus(
-            pid, state, ppid=ppid, comm=fields[1], uid=uid,
+            pid, state, ppid=ppid, comm=fields[1], uid=uid, traced=traced,
             kernel_thread=bool(flags & PF_KTHREAD) or pid == 2 or ppid == 2,
         )
 
