@@ -1,0 +1,117 @@
+"""The CRIU adapter itself, against real CRIU: notifications reach the hooks in order, a
+failing hook aborts the dump and leaves the process running, and gRPC's standard services
+(health, reflection) answer on the daemon's public socket."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from ckptd.adapters.criu import CriuSwrk
+from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob
+from ckptd.errors import CriuFailed
+
+from .conftest import criu_path
+from .support import Daemon, Procs, assert_running, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+class Recorder(CriuHooks):
+    def __init__(self, fail_on: str = "") -> None:
+        self.seen: list[str] = []
+        self.fail_on = fail_on
+
+    def _note(self, name: str) -> None:
+        self.seen.append(name)
+        if name == self.fail_on:
+            raise RuntimeError(f"hook {name} refuses")
+
+    def pre_dump(self, pid: int) -> None:
+        self._note("pre-dump")
+
+    def post_dump(self, pid: int) -> None:
+        self._note("post-dump")
+
+    def pre_restore(self, pid: int) -> None:
+        self._note("pre-restore")
+
+    def post_restore(self, pid: int) -> None:
+        self._note("post-restore")
+
+    def post_resume(self, pid: int) -> None:
+        self._note("post-resume")
+
+
+def _criu(tmp_path: Path) -> CriuSwrk:
+    path = criu_path()
+    assert path is not None
+    return CriuSwrk(path, plugin_dir=tmp_path / "plugins")
+
+
+def _sleeper(procs: Procs) -> int:
+    proc = procs.popen(
+        ["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    time.sleep(0.1)
+    return proc.pid
+
+
+def test_hooks_see_dump_and_restore_notifications_in_order(tmp_path: Path, procs: Procs) -> None:
+    criu = _criu(tmp_path)
+    pid = _sleeper(procs)
+    images, work = tmp_path / "img", tmp_path / "work"
+    images.mkdir()
+    work.mkdir()
+    hooks = Recorder()
+    result = criu.dump(CriuDumpJob(pid, images, work, leave_running=False), hooks)
+    assert hooks.seen == ["pre-dump", "post-dump"]
+    assert result.pids == (pid,)
+    assert result.frozen_s > 0
+    wait_until(lambda: not Path(f"/proc/{pid}/stat").exists()
+               or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z",
+               10, "the dumped process to be killed")
+    procs.cleanup()  # reap the zombie so its pid is free
+    hooks = Recorder()
+    restored = criu.restore(CriuRestoreJob(images, tmp_path / "work"), hooks)
+    procs.add(restored)
+    assert restored == pid
+    assert hooks.seen == ["pre-restore", "post-restore", "post-resume"]
+    assert_running(restored, "restored sleep")
+
+
+def test_a_failing_hook_aborts_the_dump_and_the_process_runs_on(
+    tmp_path: Path, procs: Procs
+) -> None:
+    criu = _criu(tmp_path)
+    pid = _sleeper(procs)
+    images, work = tmp_path / "img", tmp_path / "work"
+    images.mkdir()
+    work.mkdir()
+    with pytest.raises(CriuFailed) as info:
+        criu.dump(CriuDumpJob(pid, images, work, leave_running=False), Recorder("post-dump"))
+    assert "hook post-dump refuses" in str(info.value)
+    assert info.value.log_tail  # the end of CRIU's log travels with the error
+    time.sleep(0.2)
+    assert_running(pid, "the target after an aborted dump")
+
+
+def test_health_and_reflection_answer_on_the_public_socket(daemon: Daemon) -> None:
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "ckptd.v1.Checkpointer"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        replies = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+        names = {s.name for s in replies[0].list_services_response.service}
+        assert "ckptd.v1.Checkpointer" in names
+        assert "grpc.health.v1.Health" in names
