@@ -10,7 +10,15 @@ import pytest
 
 from ckptd.core.ports import CheckpointStore
 
-from .harness import JOURNALS, PROCESS_TABLES, STORES, JournalHarness, ProcessHarness
+from .harness import (
+    BLOBSTORES,
+    JOURNALS,
+    PROCESS_TABLES,
+    STORES,
+    BlobStoreHarness,
+    JournalHarness,
+    ProcessHarness,
+)
 
 
 @pytest.fixture(params=sorted(STORES))
@@ -30,3 +38,8 @@ def processes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Proces
         yield harness
     finally:
         harness.close()
+
+
+@pytest.fixture(params=sorted(BLOBSTORES))
+def blobstore(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStoreHarness:
+    return BLOBSTORES[request.param](tmp_path)

@@ -6,23 +6,32 @@ runs every contract test of that port (the fixtures are in ``conftest.py``).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
+from unittest import mock
 
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.procfs import ProcFsTable
 from ckptd.adapters.storage import FileJournal, LocalBlobStore
-from ckptd.core.ports import CheckpointStore, Journal, ProcessTable
+from ckptd.core.ports import BlobStore, CheckpointStore, Journal, ProcessTable
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.domain import PidState, StdioFact, StdioKind
-from ckptd.testing import FakeClock, FakeProcessTable, MemoryJournal, MemoryStore
+from ckptd.testing import (
+    FakeClock,
+    FakeProcessTable,
+    MemoryBlobStore,
+    MemoryJournal,
+    MemoryStore,
+)
 
 # ---- CheckpointStore ----------------------------------------------------------------------
 
@@ -271,3 +280,75 @@ PROCESS_TABLES: dict[str, Callable[[Path], ProcessHarness]] = {
     "fake": FakeHarness,
 }
 
+
+# ---- BlobStore -------------------------------------------------------------------------------
+
+
+@dataclass
+class BlobStoreHarness:
+    blobs: BlobStore
+    reopen: Callable[[], BlobStore]
+    """Another handle on the same objects (for a durable store: a new instance)."""
+    failing_puts: Callable[[], contextlib.AbstractContextManager[None]]
+    """A context inside which every put fails part-way through (after writing some bytes)."""
+    leave_temporary: Callable[[str], None]
+    """Leave what a put cut short by a crash leaves in the directory of ``key`` (nothing for
+    a store without temporaries)."""
+
+
+class _HalfWrite:
+    """A file whose ``write`` writes half of the data, then fails like a full disk."""
+
+    def __init__(self, path: Any, mode: str) -> None:
+        self._fh = open(path, mode)  # noqa: SIM115
+
+    def __enter__(self) -> _HalfWrite:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._fh.close()
+
+    def write(self, data: bytes) -> int:
+        self._fh.write(data[: len(data) // 2])
+        self._fh.flush()
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+
+@contextlib.contextmanager
+def _local_failing_puts() -> Iterator[None]:
+    with mock.patch("ckptd.adapters.storage.localfs.open", _HalfWrite, create=True):
+        yield
+
+
+def _local_blobs(tmp: Path) -> BlobStoreHarness:
+    root = tmp / "blobs"
+
+    def leave_temporary(key: str) -> None:
+        directory = (root / key).parent
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / ".tmp.0123456789ab").write_bytes(b"half an object")
+
+    return BlobStoreHarness(
+        LocalBlobStore(root), lambda: LocalBlobStore(root), _local_failing_puts, leave_temporary
+    )
+
+
+def _memory_blobs(tmp: Path) -> BlobStoreHarness:
+    del tmp
+    blobs = MemoryBlobStore()
+
+    @contextlib.contextmanager
+    def failing_puts() -> Iterator[None]:
+        blobs.fail_put_after = 0
+        try:
+            yield
+        finally:
+            blobs.fail_put_after = None
+
+    return BlobStoreHarness(blobs, lambda: blobs, failing_puts, lambda key: None)
+
+
+BLOBSTORES: dict[str, Callable[[Path], BlobStoreHarness]] = {
+    "local": _local_blobs,
+    "memory": _memory_blobs,
+}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,27 +65,32 @@ class LocalBlobStore:
         path = self._path(key)
         try:
             with open(path, "rb") as fh:
-                if end is None:
-                    fh.seek(start)
-                    return fh.read()
-                return os.pread(fh.fileno(), end - start, start)
-        except FileNotFoundError as exc:
+                size = os.fstat(fh.fileno()).st_size
+                stop = size if end is None else min(end, size)
+                if start >= stop:
+                    return b""
+                return os.pread(fh.fileno(), stop - start, start)
+        except (FileNotFoundError, IsADirectoryError) as exc:
             raise BlobNotFound(f"object {key} not found in {self.location}") from exc
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}") from exc
 
     def size(self, key: str) -> int:
         try:
-            return self._path(key).stat().st_size
+            st = self._path(key).stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise FileNotFoundError(key)
+            return st.st_size
         except FileNotFoundError as exc:
             raise BlobNotFound(f"object {key} not found in {self.location}") from exc
 
     def exists(self, key: str) -> bool:
-        return self._path(key).exists()
+        return self._path(key).is_file()
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, float]]:
-        base = self.root / prefix if prefix else self.root
-        top = base if base.is_dir() else base.parent
+        if prefix:
+            self._path(prefix.rstrip("/"))  # refuses absolute and '..' prefixes
+        top = self.root / prefix.rpartition("/")[0]
         if not top.is_dir():
             return
         for dirpath, _dirs, files in os.walk(top):

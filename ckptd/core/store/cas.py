@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ckptd.core.ports import BlobStore, Clock
 from ckptd.core.store import pagelist
-from ckptd.core.store.index import PageIndex
+from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
 from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import (
@@ -156,18 +156,27 @@ class ContentStore:
         root = self._staging_root(record.id)
         hasher = self.hasher(record.uid)
         with self.rw.shared():
-            result = ingest(
-                root / "images",
-                blobs=self._blobs,
-                index=self.index,
-                hasher=hasher,
-                is_pages_file=self._is_pages_file,
-                base_for=self._bases_from(record.parent_id, record.uid),
-                executor=self._executor,
-                writer=self._writer,
-                level=self._level,
-            )
-            packs, stored = self._packs_and_footprint(result.refs, result.blobs)
+            for _attempt in range(2):
+                result = ingest(
+                    root / "images",
+                    blobs=self._blobs,
+                    index=self.index,
+                    hasher=hasher,
+                    is_pages_file=self._is_pages_file,
+                    base_for=self._bases_from(record.parent_id, record.uid),
+                    executor=self._executor,
+                    writer=self._writer,
+                    level=self._level,
+                )
+                packs, stored = self._packs_and_footprint(result.refs, result.blobs)
+                gone = {p for p in packs if not self._blobs.exists(pack_key(p))}
+                if not gone:
+                    break
+                self.index.drop_packs(gone)  # another node's GC: store those pages again
+            else:
+                raise StoreError(
+                    f"packs vanished during commit of {record.id}", checkpoint_id=record.id
+                )
             self._blobs.flush()
             record = replace(
                 record,
@@ -301,7 +310,8 @@ class ContentStore:
         return self.manifest(checkpoint_id).record
 
     def delete(self, checkpoint_id: str) -> None:
-        self.manifest(checkpoint_id)
+        with contextlib.suppress(CorruptCheckpoint):
+            self.manifest(checkpoint_id, fresh=True)
         self._blobs.delete(manifest_key(checkpoint_id))
         self._blobs.flush()
         with self._mutex:
@@ -309,6 +319,8 @@ class ContentStore:
 
     def reader(self, checkpoint_id: str) -> CheckpointReader:
         manifest = self.manifest(checkpoint_id, fresh=True)
+        if any(p not in self.index.packs for p in manifest.packs):
+            self.index.refresh(self._blobs)  # packs written (or collected) by another node
         return CheckpointReader(
             self._blobs, self.index, manifest, self.hasher(manifest.uid), self._executor
         )

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from ckptd.core.ports import BlobStore
 from ckptd.core.store.packs import (
     FOOTER,
+    MAGIC,
     PackIndex,
     check_trailer,
     decode_trailer,
     parse_footer,
 )
+from ckptd.errors import CkptdError, CorruptCheckpoint
 
 PACK_PREFIX = "packs/"
 
@@ -37,6 +39,8 @@ def load_pack_index(blobs: BlobStore, pack_id: str) -> PackIndex:
     key = pack_key(pack_id)
     size = blobs.size(key)
     offset, length, checksum = parse_footer(pack_id, blobs.get(key, max(0, size - FOOTER.size)))
+    if offset < len(MAGIC) or offset + length > size - FOOTER.size:
+        raise CorruptCheckpoint(f"pack {pack_id}: trailer outside the pack (damaged footer)")
     raw = blobs.get(key, offset, offset + length)
     check_trailer(pack_id, raw, checksum)
     return decode_trailer(pack_id, raw)
@@ -47,6 +51,7 @@ class PageIndex:
         self._lock = threading.Lock()
         self._pages: dict[bytes, Location] = {}
         self.packs: dict[str, PackIndex] = {}
+        self.damaged: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._pages)
@@ -78,7 +83,10 @@ class PageIndex:
         listed = {key.rsplit("/", 1)[-1] for key, _ in blobs.list(PACK_PREFIX)}
         new = listed - set(self.packs)
         for pack_id in sorted(new):
-            self.add_pack(load_pack_index(blobs, pack_id))
+            try:
+                self.add_pack(load_pack_index(blobs, pack_id))
+            except CkptdError as exc:
+                self.damaged[pack_id] = exc.message
         gone = set(self.packs) - listed
         if gone:
             self.drop_packs(gone)

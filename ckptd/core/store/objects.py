@@ -47,7 +47,10 @@ def get_blob(blobs: BlobStore, hasher: PageHasher, blob_hash: str, checkpoint_id
             f"checkpoint {checkpoint_id}: object {key} is missing", checkpoint_id=checkpoint_id
         ) from exc
     try:
-        data = zstandard.ZstdDecompressor().decompress(packed)
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        data = dobj.decompress(packed)
+        if not dobj.eof:
+            raise zstandard.ZstdError("truncated frame")
     except zstandard.ZstdError as exc:
         raise CorruptCheckpoint(
             f"checkpoint {checkpoint_id}: object {key} does not decompress",

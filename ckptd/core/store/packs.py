@@ -107,6 +107,11 @@ def read_frame_data(
 ) -> bytes:
     """Decompress one frame and verify every page against its hash; the pages, concatenated."""
     try:
+        declared = zstandard.frame_content_size(raw)
+        if declared not in (-1, len(hashes) * PAGE_SIZE):
+            raise CorruptCheckpoint(
+                f"pack {pack_id} frame {frame_no}: header declares {declared} bytes"
+            )
         data = zstandard.ZstdDecompressor().decompress(
             raw, max_output_size=len(hashes) * PAGE_SIZE
         )

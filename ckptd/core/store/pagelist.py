@@ -113,9 +113,16 @@ def decode(data: bytes, base: Sequence[bytes] | None = None) -> list[bytes]:
         while pos < len(data):
             op, n = _OP.unpack_from(data, pos)
             pos += _OP.size
+            if len(refs) + n > count:
+                raise CorruptCheckpoint(
+                    f"page list: more references than the header says ({count})"
+                )
             if op == OP_LITERAL:
-                refs.extend(data[pos + k * HASH_SIZE : pos + (k + 1) * HASH_SIZE] for k in range(n))
-                pos += n * HASH_SIZE
+                end = pos + n * HASH_SIZE
+                if end > len(data):
+                    raise CorruptCheckpoint("page list: truncated (literal references cut short)")
+                refs.extend(data[p : p + HASH_SIZE] for p in range(pos, end, HASH_SIZE))
+                pos = end
             elif op == OP_ZERO:
                 refs.extend([ZERO_REF] * n)
             elif op == OP_COPY and base is not None:

@@ -170,10 +170,21 @@ class CheckpointReader:
             loc = self._index.get(ref)
         if loc is None:
             raise CorruptCheckpoint(
-                f"checkpoint {self._id}: page {ref.hex()} is in no pack (a pack is missing)",
+                f"checkpoint {self._id}: page {ref.hex()} is in no pack ({self._lost_packs()})",
                 checkpoint_id=self._id,
             )
         return loc
+
+    def _lost_packs(self) -> str:
+        """Which of the manifest's packs the index lacks, and why: the damaged object to name
+        when a page cannot be found."""
+        damaged = getattr(self._index, "damaged", {})
+        lost = [
+            damaged.get(p) or f"pack {p} is missing"
+            for p in self._m.packs
+            if p not in self._index.packs
+        ]
+        return "; ".join(lost) or "a pack is missing"
 
     def _load_frame(self, pack_id: str, frame_no: int) -> bytes:
         pack = self._index.packs[pack_id]
