@@ -11,7 +11,10 @@
     ├── Busy                        another operation holds that process right now
     ├── PreconditionFailed          this node cannot do it now
     │   ├── PidInUse                restore: a pid of the tree is taken (running or zombie)
-    │   └── CriuUnavailable         CRIU missing, too old, or failing ``criu check``
+    │   ├── CriuUnavailable         CRIU missing, too old, or failing ``criu check``
+    │   ├── GpuUnavailable          no usable NVIDIA driver / CUDA checkpoint API
+    │   └── GpuMismatch             this node's GPUs cannot take the checkpoint
+    ├── GpuFailed                   a CUDA checkpoint call failed (call, error code)
     ├── CriuFailed                  CRIU ran and failed (errno, message, log tail)
     ├── StoreError                  the checkpoint store failed (I/O, format)
     │   ├── CorruptCheckpoint       data does not match its hash / manifest unreadable
@@ -90,6 +93,23 @@ class PidInUse(PreconditionFailed):
 
 class CriuUnavailable(PreconditionFailed):
     default_hint = "run scripts/install-criu.sh (needs CRIU >= 4.1) or set criu_path in the config"
+
+
+class GpuUnavailable(PreconditionFailed):
+    """No usable NVIDIA driver / CUDA checkpoint API where one is needed."""
+
+
+class GpuMismatch(PreconditionFailed):
+    """This node's GPUs cannot take the checkpoint (model, count, memory, driver)."""
+
+
+class GpuFailed(CkptdError):
+    """A CUDA checkpoint call failed. ``call`` is the driver function, ``code`` its error."""
+
+    def __init__(self, message: str, *, call: str = "", code: str = "", **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.call = call
+        self.code = code
 
 
 class CriuFailed(CkptdError):

@@ -2,12 +2,15 @@
 
 Order, and what undoes each step if a later one fails:
 
-    inspect     read the tree, its stdio, which processes are already stopped   -
-    journal     durable "dump in flight" record (a restarted daemon undoes it)   end the record
-    stage       an empty image directory in the store                          abort it
-    criu-dump   CRIU dumps the tree and leaves it stopped (or running)         resume the tree
-    commit      the checkpoint becomes durable, then visible                   -
-    release     leave-running: nothing; else kill the tree                     -
+    inspect         the tree, its stdio, stopped processes, CUDA processes     -
+    journal         durable "dump in flight" record (a restarted daemon undoes it)  end the record
+    stage           an empty image directory in the store                     abort it
+    gpu-lock        lock every CUDA process (before CRIU seizes any)           restore + unlock
+    gpu-checkpoint  move device memory into host memory                       (gpu-lock's undo)
+    criu-dump       CRIU dumps the tree and leaves it stopped (or running)     resume the tree
+    gpu-resume      leave-running: CUDA restore + unlock                       -
+    commit          the checkpoint becomes durable, then visible              -
+    release         leave-running: nothing; else kill the tree                -
 
 Invariants: the target is never left frozen or stopped by a failed dump (CRIU leaves the tree
 stopped, not killed, so a failed commit can still resume it); a checkpoint is listed only once
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
+from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.ports import (
     CheckpointStore,
     Clock,
@@ -62,6 +66,7 @@ class DumpContext:
     work_dir: Path | None = None
     criu_result: CriuDumpResult | None = None
     record: CheckpointRecord | None = None
+    gpu: GpuSession = field(default_factory=GpuSession)
     notes: list[str] = field(default_factory=list)
 
 
@@ -77,8 +82,10 @@ class DumpRecipe:
         journal: Journal,
         clock: Clock,
         config: CoreConfig,
+        gpu: GpuSteps,
         hooks: CriuHooks | None = None,
     ) -> None:
+        self._gpu = gpu
         self._criu = criu
         self._processes = processes
         self._store = store
@@ -90,7 +97,10 @@ class DumpRecipe:
             Step("inspect", self._inspect, None, "inspecting the process tree"),
             Step("journal", self._journal_begin, self._journal_end, "recording the operation"),
             Step("stage", self._stage, self._unstage, "preparing the image directory"),
+            Step("gpu-lock", self._gpu_lock, self._gpu_resume, "locking CUDA processes"),
+            Step("gpu-checkpoint", self._gpu_checkpoint, None, "moving GPU memory to the host"),
             Step("criu-dump", self._criu_dump, self._resume_tree, "CRIU is dumping the tree"),
+            Step("gpu-resume", self._gpu_resume_if_running, None, "resuming CUDA"),
             Step("commit", self._commit, None, "committing the checkpoint"),
             Step("release", self._release, None, "releasing the tree"),
         )
@@ -122,6 +132,7 @@ class DumpRecipe:
         ctx.stopped_before = frozenset(
             p.pid for p in ctx.tree if self._processes.status(p.pid).state is PidState.STOPPED
         )
+        self._gpu.inspect(ctx.gpu, ctx.tree)
 
     def _journal_begin(self, ctx: DumpContext) -> None:
         self._journal.begin(
@@ -132,6 +143,7 @@ class DumpRecipe:
                 "pids": [p.pid for p in ctx.tree],
                 "stopped_before": sorted(ctx.stopped_before),
                 "leave_running": ctx.request.leave_running,
+                "cuda_pids": list(ctx.gpu.cuda_pids),
             },
         )
 
@@ -146,6 +158,21 @@ class DumpRecipe:
 
     def _unstage(self, ctx: DumpContext) -> None:
         self._store.abort(ctx.checkpoint_id)
+
+    def _gpu_lock(self, ctx: DumpContext) -> None:
+        self._gpu.lock(ctx.gpu)
+
+    def _gpu_checkpoint(self, ctx: DumpContext) -> None:
+        self._gpu.checkpoint(ctx.gpu)
+
+    def _gpu_resume(self, ctx: DumpContext) -> None:
+        self._gpu.resume(ctx.gpu)
+
+    def _gpu_resume_if_running(self, ctx: DumpContext) -> None:
+        """With --leave-running the tree runs on: give it its GPUs back right away (its
+        device memory is in the images already); otherwise it is killed after the commit."""
+        if ctx.request.leave_running:
+            self._gpu.resume(ctx.gpu)
 
     def _criu_dump(self, ctx: DumpContext) -> None:
         assert ctx.images_dir is not None and ctx.work_dir is not None
@@ -207,6 +234,7 @@ class DumpRecipe:
             criu_version=self._criu.status().version,
             parent_id=self._parent_of(ctx),
             duration_s=self._clock.time() - ctx.started,
+            gpu=ctx.gpu.facts(),
         )
         ctx.record = self._store.commit(record)
 

@@ -6,7 +6,7 @@ pass the same contract suite under ``tests/contract``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +15,9 @@ from typing import Any, Protocol
 from ckptd.domain import (
     CheckpointRecord,
     CriuStatus,
+    CudaState,
     GcReport,
+    GpuInventory,
     PidStatus,
     ProcessFact,
     StdioFact,
@@ -140,6 +142,47 @@ class Criu(Protocol):
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
         """Restore the tree; returns its root pid. On failure nothing of it remains."""
+        ...
+
+
+# ---- GPUs ------------------------------------------------------------------------------------
+
+
+class GpuInventoryPort(Protocol):
+    """This node's GPUs (NVML). Never raises: an unusable driver is ``available=False``."""
+
+    def inventory(self) -> GpuInventory: ...
+
+
+class GpuCheckpointer(Protocol):
+    """The CUDA driver's checkpoint API for one process at a time (host pids).
+
+    Every call may block for long (a checkpoint copies all device memory to the host); the
+    adapter runs them where they cannot stall the daemon. Failures raise ``GpuFailed`` (the
+    call and the driver's error name) or ``GpuUnavailable`` (no driver / API too old).
+    """
+
+    def uses_cuda(self, pid: int) -> bool:
+        """Whether ``pid`` has a CUDA context (cheap probe; False when no driver)."""
+        ...
+
+    def state(self, pid: int) -> CudaState: ...
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        """RUNNING -> LOCKED. On timeout the process stays RUNNING and GpuFailed is raised."""
+        ...
+
+    def checkpoint(self, pid: int) -> None:
+        """LOCKED -> CHECKPOINTED: device memory moved into the process's host memory."""
+        ...
+
+    def restore(self, pid: int, gpu_map: Mapping[str, str] | None = None) -> None:
+        """CHECKPOINTED -> LOCKED; ``gpu_map`` (old UUID -> new UUID, every checkpointed GPU)
+        when this node's GPUs differ from the checkpoint's."""
+        ...
+
+    def unlock(self, pid: int) -> None:
+        """LOCKED -> RUNNING."""
         ...
 
 

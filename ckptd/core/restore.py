@@ -3,10 +3,13 @@
 Order, and what undoes each step if a later one fails:
 
     resolve       find the checkpoint (id, or latest of a pid / name); check the caller   -
+    gpu-plan      CUDA trees: this node's GPUs can take them (model, count, memory, driver)
     pids          every pid of the tree must be free (a zombie is waited for, bounded)     -
     checkout      CRIU's image directory from the store                                   release it
     stdio         replacements for stdio whose other end was outside the tree             close ours
     criu-restore  CRIU recreates the tree and resumes it                                  -
+    gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock;          -
+                  if that fails the restored tree is killed (it could never run)
 
 Invariants: nothing on the node changes before ``pids`` passed; a failed CRIU restore leaves
 no part of the tree behind (CRIU kills what it created); the restored tree is not a child of
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
+from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.ports import (
     CheckpointStore,
     Clock,
@@ -55,6 +60,7 @@ class RestoreContext:
     output_path: Path | None = None
     inherit_fds: tuple[InheritFd, ...] = ()
     pid: int = 0
+    gpu_map: dict[str, str] | None = None
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
 
@@ -88,8 +94,10 @@ class RestoreRecipe:
         stdio: StdioProvider,
         clock: Clock,
         config: CoreConfig,
+        gpu: GpuSteps,
         hooks: CriuHooks | None = None,
     ) -> None:
+        self._gpu = gpu
         self._criu = criu
         self._processes = processes
         self._store = store
@@ -99,10 +107,12 @@ class RestoreRecipe:
         self._hooks = hooks or CriuHooks()
         self.steps: tuple[Step[RestoreContext], ...] = (
             Step("resolve", self._resolve, None, "finding the checkpoint"),
+            Step("gpu-plan", self._gpu_plan, None, "checking this node's GPUs"),
             Step("pids", self._wait_pids_free, None, "checking that the tree's pids are free"),
             Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
             Step("stdio", self._stdio_replacements, None, "preparing stdio"),
             Step("criu-restore", self._criu_restore, None, "CRIU is restoring the tree"),
+            Step("gpu-restore", self._gpu_restore, None, "restoring GPU state"),
         )
 
     def new_context(self, caller: Caller, request: RestoreRequest, op_id: str) -> RestoreContext:
@@ -156,6 +166,27 @@ class RestoreRecipe:
         if not status.ok:
             raise CriuUnavailable(f"cannot restore: {status.message}", checkpoint_id=record.id)
         ctx.record = record
+
+    def _gpu_plan(self, ctx: RestoreContext) -> None:
+        assert ctx.record is not None
+        if ctx.record.gpu is not None:
+            ctx.gpu_map = self._gpu.plan_restore(ctx.record.gpu)
+
+    def _gpu_restore(self, ctx: RestoreContext) -> None:
+        assert ctx.record is not None
+        if ctx.record.gpu is None:
+            return
+        session = GpuSession(
+            cuda_pids=ctx.record.gpu.cuda_pids,
+            locked=list(ctx.record.gpu.cuda_pids),
+            checkpointed=list(ctx.record.gpu.cuda_pids),
+        )
+        try:
+            self._gpu.resume(session, ctx.gpu_map)
+        except Exception:
+            for proc in ctx.record.processes:
+                self._processes.signal(proc.pid, signal.SIGKILL)
+            raise
 
     def _wait_pids_free(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None

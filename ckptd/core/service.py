@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe, resume_tree
+from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.locks import PidLocks
 from ckptd.core.ports import CheckpointStore, Clock, Journal, ProcessTable
 from ckptd.core.recipe import ProgressSink, no_progress
@@ -50,7 +51,9 @@ class CheckpointService:
         clock: Clock,
         config: CoreConfig,
         probe: Callable[[], NodeReport],
+        gpu: GpuSteps | None = None,
     ) -> None:
+        self._gpu = gpu
         self._clock = clock
         self._dump = dump
         self._restore = restore
@@ -168,23 +171,38 @@ class CheckpointService:
             pids = [int(p) for p in facts.get("pids", [])]
             ckpt = str(facts.get("checkpoint_id", op_id))
             self._wait_untraced(pids)
+            cuda = [int(p) for p in facts.get("cuda_pids", [])]
+            leave_running = bool(facts.get("leave_running", False))
             if ckpt in committed:
-                if not facts.get("leave_running", False):
-                    # The dumped tree waits, stopped, to be killed; a pid in another state
-                    # may have been reused since: leave it alone.
+                if not leave_running:
+                    # The dumped tree waits, stopped, to be killed (its CUDA state with it);
+                    # a pid in another state may have been reused since: leave it alone.
                     for pid in pids:
                         if self._processes.status(pid).state is PidState.STOPPED:
                             self._processes.signal(pid, signal.SIGKILL)
+                else:
+                    self._resume_cuda(cuda)
                 self._store.abort(ckpt)  # its staging and lease; never the checkpoint
                 done.append(f"finished dump {ckpt}: it was committed")
             else:
                 self._store.abort(ckpt)
                 resume_tree(self._processes, pids, frozenset(facts.get("stopped_before", [])))
+                self._resume_cuda(cuda)  # after the tree runs: the driver needs its thread
                 done.append(f"rolled back dump {ckpt}: nothing listed, tree {pids} resumed")
             self._journal.end(op_id)
         for line in done:
             log.warning("recovery: %s", line)
         return done
+
+    def _resume_cuda(self, cuda: builtins.list[int]) -> None:
+        """Whatever state the driver was left in, bring these processes' CUDA back to
+        RUNNING (restore if checkpointed, unlock if locked)."""
+        if not cuda or self._gpu is None:
+            return
+        try:
+            self._gpu.resume(GpuSession(cuda_pids=tuple(cuda), locked=list(cuda)))
+        except CkptdError as exc:
+            log.error("recovery: CUDA resume of %s failed: %s", cuda, exc)
 
     def _wait_untraced(self, pids: builtins.list[int]) -> None:
         """A CRIU started by the killed daemon may still hold the tree (ptrace); it finishes

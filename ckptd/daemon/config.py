@@ -32,6 +32,10 @@ class DaemonConfig:
     """Threads compressing frames; 0: one per CPU."""
     gc_interval_s: float = 3600.0
     """Collect unreferenced data this often (0: only on ``ckptctl gc``)."""
+    gpu: bool = True
+    """Checkpoint CUDA processes through the driver (when NVML and cuda-python are present)."""
+    gpu_lock_timeout_ms: int = 10000
+    """How long a CUDA lock may wait for the process's running GPU work."""
     criu_path: str = ""
     """Empty: the first of DEFAULT_CRIU_PATHS that exists."""
     criu_log_level: int = 4

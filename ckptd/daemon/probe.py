@@ -6,7 +6,8 @@ import os
 import socket
 
 from ckptd.adapters.criu import CriuSwrk
-from ckptd.domain import Feature, NodeReport
+from ckptd.core.gpu import GpuSteps
+from ckptd.domain import Feature, GpuInventory, NodeReport
 
 FEATURES = (
     ("mem_dirty_track", "soft-dirty memory tracking (CRIU pre-dump / incremental dumps)"),
@@ -16,21 +17,20 @@ FEATURES = (
 
 
 def gpu_status() -> tuple[bool, str]:
+    """Whether NVML sees a GPU here, and what it says (for tests and tools)."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        from ckptd.adapters.nvml import NvmlInventory
     except ImportError:
-        return False, "GPU support not installed (nvidia-ml-py missing): CPU checkpoints only"
-    try:
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except Exception as exc:
-        return False, f"no usable NVIDIA driver ({exc}): CPU checkpoints only"
-    return count > 0, f"{count} NVIDIA GPU(s) seen; GPU checkpointing is not implemented yet"
+        return False, "GPU support not installed (pip install 'ckptd[gpu]'): CPU checkpoints only"
+    inv = NvmlInventory().inventory()
+    if not inv.available:
+        return False, inv.message
+    return bool(inv.gpus), inv.message or f"{len(inv.gpus)} NVIDIA GPU(s)"
 
 
 class NodeProbe:
-    def __init__(self, criu: CriuSwrk, node: str, store: str) -> None:
+    def __init__(self, criu: CriuSwrk, node: str, store: str, gpu: GpuSteps) -> None:
+        self._gpu = gpu
         self._criu = criu
         self._node = node or socket.gethostname()
         self._store = store
@@ -42,13 +42,23 @@ class NodeProbe:
             features = tuple(
                 Feature(name, self._criu.feature(name), detail) for name, detail in FEATURES
             )
-        gpu_ok, gpu_msg = gpu_status()
+        inventory = self._gpu.node_inventory()
         return NodeReport(
             node=self._node,
             kernel=os.uname().release,
             criu=criu,
             features=features,
-            gpu_available=gpu_ok,
-            gpu_message=gpu_msg,
+            gpu_available=inventory.available and bool(inventory.gpus),
+            gpu_message=_gpu_message(inventory),
+            gpu=inventory,
             store=self._store,
         )
+
+
+def _gpu_message(inv: GpuInventory) -> str:
+    if not inv.available:
+        return f"{inv.message}: CPU checkpoints only"
+    if not inv.gpus:
+        return "NVIDIA driver present, no GPU"
+    cuda = f"{inv.cuda_version // 1000}.{inv.cuda_version % 1000 // 10}"
+    return f"driver {inv.driver_version}, CUDA {cuda}, {len(inv.gpus)} GPU(s)"

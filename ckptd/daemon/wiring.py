@@ -15,6 +15,8 @@ from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable
 from ckptd.adapters.storage import FileJournal, LocalBlobStore
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
+from ckptd.core.gpu import GpuSteps
+from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.service import CheckpointService
 from ckptd.core.store.cas import ContentStore, StagingPolicy
@@ -28,6 +30,21 @@ class Wired:
     store: ContentStore
     blobs: LocalBlobStore
     criu: CriuSwrk
+
+
+def gpu_adapters(
+    config: DaemonConfig,
+) -> tuple[GpuCheckpointer | None, GpuInventoryPort | None]:
+    """The real GPU adapters, or (None, None) when GPU support is off or not installed.
+    Importing them loads no driver: that happens at first use."""
+    if not config.gpu:
+        return None, None
+    try:
+        from ckptd.adapters.cuda import CudaDriverCheckpointer
+        from ckptd.adapters.nvml import NvmlInventory
+    except ImportError:
+        return None, None
+    return CudaDriverCheckpointer(), NvmlInventory()
 
 
 def wire(config: DaemonConfig) -> Wired:
@@ -63,8 +80,15 @@ def wire(config: DaemonConfig) -> Wired:
         level=config.compress_level,
     )
     journal = FileJournal(state / "journal")
+    gpu = GpuSteps(*gpu_adapters(config), clock, config.gpu_lock_timeout_ms)
     dump = DumpRecipe(
-        criu=criu, processes=processes, store=store, journal=journal, clock=clock, config=core
+        criu=criu,
+        processes=processes,
+        store=store,
+        journal=journal,
+        clock=clock,
+        config=core,
+        gpu=gpu,
     )
     restore = RestoreRecipe(
         criu=criu,
@@ -73,6 +97,7 @@ def wire(config: DaemonConfig) -> Wired:
         stdio=LocalStdioProvider(),
         clock=clock,
         config=core,
+        gpu=gpu,
     )
     service = CheckpointService(
         dump=dump,
@@ -82,6 +107,7 @@ def wire(config: DaemonConfig) -> Wired:
         journal=journal,
         clock=clock,
         config=core,
-        probe=NodeProbe(criu, core.node, store.location),
+        probe=NodeProbe(criu, core.node, store.location, gpu),
+        gpu=gpu,
     )
     return Wired(service=service, store=store, blobs=blobs, criu=criu)

@@ -110,6 +110,85 @@ class StdioFact:
         return "/dev/null (reads see end of file)"
 
 
+class CudaState(enum.Enum):
+    """The driver's checkpoint state of a CUDA process (CUprocessState)."""
+
+    RUNNING = 0
+    LOCKED = 1
+    CHECKPOINTED = 2
+    FAILED = 3
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    """NVML's form, ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
+    memory_total: int
+    memory_free: int = 0
+    compute_capability: str = ""
+    pci_bus_id: str = ""
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """Device memory a process holds on one GPU."""
+
+    pid: int
+    uuid: str
+    memory: int
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """This node's GPUs as NVML sees them. ``available`` False: ``message`` says why."""
+
+    available: bool
+    message: str
+    driver_version: str = ""
+    cuda_version: int = 0
+    """cuDriverGetVersion form: 1000*major + 10*minor (12080 = 12.8)."""
+    gpus: tuple[GpuInfo, ...] = ()
+    uses: tuple[GpuUse, ...] = ()
+
+    def by_uuid(self) -> dict[str, GpuInfo]:
+        return {g.uuid: g for g in self.gpus}
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What a checkpoint of CUDA processes records, to restore them and to check a node."""
+
+    driver_version: str
+    cuda_version: int
+    gpus: tuple[GpuInfo, ...]
+    """The GPUs the checkpointed processes used (not every GPU of the node)."""
+    uses: tuple[GpuUse, ...]
+    cuda_pids: tuple[int, ...]
+    lock_s: float = 0.0
+    checkpoint_s: float = 0.0
+    restore_s: float = 0.0
+    unlock_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GpuFacts:
+        return cls(
+            driver_version=str(data["driver_version"]),
+            cuda_version=int(data["cuda_version"]),
+            gpus=tuple(GpuInfo(**g) for g in data.get("gpus", ())),
+            uses=tuple(GpuUse(**u) for u in data.get("uses", ())),
+            cuda_pids=tuple(int(p) for p in data.get("cuda_pids", ())),
+            lock_s=float(data.get("lock_s", 0.0)),
+            checkpoint_s=float(data.get("checkpoint_s", 0.0)),
+            restore_s=float(data.get("restore_s", 0.0)),
+            unlock_s=float(data.get("unlock_s", 0.0)),
+        )
+
+
 @dataclass(frozen=True)
 class DumpRequest:
     pid: int
@@ -161,11 +240,14 @@ class CheckpointRecord:
     duration_s: float = 0.0
     criu_version: str = ""
     parent_id: str = ""
+    gpu: GpuFacts | None = None
+    """Set when the tree used CUDA: what a restore needs of the node's GPUs."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["labels"] = dict(self.labels)
         data["stdio"] = [{**asdict(s), "kind": s.kind.value} for s in self.stdio]
+        data["gpu"] = self.gpu.to_json() if self.gpu else None
         return data
 
     @classmethod
@@ -179,6 +261,8 @@ class CheckpointRecord:
         values["stdio"] = tuple(
             StdioFact(**{**s, "kind": StdioKind(s["kind"])}) for s in data.get("stdio", ())
         )
+        gpu = data.get("gpu")
+        values["gpu"] = GpuFacts.from_json(gpu) if gpu else None
         return cls(**values)
 
 
@@ -238,5 +322,6 @@ class NodeReport:
     criu: CriuStatus
     features: tuple[Feature, ...] = ()
     gpu_available: bool = False
-    gpu_message: str = "no GPU support yet"
+    gpu_message: str = ""
     store: str = ""
+    gpu: GpuInventory | None = None

@@ -259,6 +259,7 @@ def test_stopped_before_is_journaled(world: World) -> None:
             "pids": list(JOB_TREE),
             "stopped_before": [1002],
             "leave_running": False,
+            "cuda_pids": [],
         }
     ]
 
@@ -359,7 +360,8 @@ def test_parent_is_the_latest_checkpoint_of_the_same_pid_only(world: World) -> N
 def test_progress_reports_every_step_in_order(world: World) -> None:
     world.dump(JOB)
     assert [stage for stage, _ in world.progress] == [
-        "inspect", "journal", "stage", "criu-dump", "commit", "release", "done",
+        "inspect", "journal", "stage", "gpu-lock", "gpu-checkpoint", "criu-dump",
+        "gpu-resume", "commit", "release", "done",
     ]
     fractions = [f for _, f in world.progress]
     assert fractions == sorted(fractions)

@@ -15,11 +15,13 @@ Processes of the base table::
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
+from ckptd.core.gpu import GpuSteps
 from ckptd.core.ports import CriuHooks
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.service import CheckpointService
@@ -150,6 +152,7 @@ def make_service(w: World) -> CheckpointService:
         clock=w.clock,
         config=w.config,
         probe=lambda: NodeReport("test-node", "6.8", CriuStatus("criu", "4.1", True, "ok")),
+        gpu=w.dump_recipe._gpu,
     )
 
 
@@ -167,7 +170,15 @@ def base_processes(processes: FakeProcessTable) -> None:
         processes.standard_stdio(pid)
 
 
-def make_world(tmp: Path, *, zombie_wait_s: float = 1.0, keep_work_dirs: int = 20) -> World:
+def make_world(
+    tmp: Path,
+    *,
+    zombie_wait_s: float = 1.0,
+    keep_work_dirs: int = 20,
+    gpu: Any = None,
+) -> World:
+    """``gpu``: an object implementing both GPU ports (e.g. ``ckptd.testing.FakeGpu``), or
+    None for a daemon without GPU support."""
     events: list[str] = []
     clock = FakeClock()
     processes = FakeProcessTable(kill_mode="free", events=events)
@@ -185,13 +196,14 @@ def make_world(tmp: Path, *, zombie_wait_s: float = 1.0, keep_work_dirs: int = 2
         zombie_wait_s=zombie_wait_s,
         keep_work_dirs=keep_work_dirs,
     )
+    gpu_steps = GpuSteps(gpu, gpu, clock, lock_timeout_ms=1000)
     dump_recipe = DumpRecipe(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,
-        config=config, hooks=hooks,
+        config=config, hooks=hooks, gpu=gpu_steps,
     )
     restore_recipe = RestoreRecipe(
         criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,
-        hooks=hooks,
+        hooks=hooks, gpu=gpu_steps,
     )
     world = World(
         tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,

@@ -111,6 +111,7 @@ class ContentStore:
         self._secret = self._load_secret()
         self._hashers: dict[int, PageHasher] = {}
         self._manifests: dict[str, Manifest] = {}
+        self._listed_mtimes: dict[str, float] = {}
         self._staged: dict[str, Path] = {}
         self._mutex = threading.Lock()
         self.rw = RWLock()
@@ -288,7 +289,12 @@ class ContentStore:
             raise CheckpointNotFound(
                 f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id
             ) from exc
-        manifest = Manifest.from_bytes(data, checkpoint_id)
+        try:
+            manifest = Manifest.from_bytes(data, checkpoint_id)
+        except CorruptCheckpoint:
+            with self._mutex:  # never serve a copy of what is now known to be damaged
+                self._manifests.pop(checkpoint_id, None)
+            raise
         with self._mutex:
             self._manifests[checkpoint_id] = manifest
         return manifest
@@ -296,14 +302,22 @@ class ContentStore:
     def list(self) -> builtins.list[CheckpointRecord]:
         records = []
         live = set()
-        for key, _mtime in self._blobs.list(MANIFEST_PREFIX):
+        for key, mtime in self._blobs.list(MANIFEST_PREFIX):
             cid = key[len(MANIFEST_PREFIX) :]
             live.add(cid)
+            # A manifest changed on disk since it was cached (damaged, replaced) is read and
+            # checked again: listed iff intact, also for a daemon that has it cached.
+            with self._mutex:
+                fresh = self._listed_mtimes.get(cid) != mtime
             with contextlib.suppress(CorruptCheckpoint, CheckpointNotFound):
-                records.append(self.manifest(cid).record)
+                records.append(self.manifest(cid, fresh=fresh).record)
+                with self._mutex:
+                    self._listed_mtimes[cid] = mtime
         with self._mutex:
             for gone in set(self._manifests) - live:
                 del self._manifests[gone]
+            for gone in set(self._listed_mtimes) - live:
+                del self._listed_mtimes[gone]
         return sorted(records, key=lambda r: (r.created, r.id))
 
     def get(self, checkpoint_id: str) -> CheckpointRecord:

@@ -178,9 +178,8 @@ class CheckpointReader:
     def _lost_packs(self) -> str:
         """Which of the manifest's packs the index lacks, and why: the damaged object to name
         when a page cannot be found."""
-        damaged = getattr(self._index, "damaged", {})
         lost = [
-            damaged.get(p) or f"pack {p} is missing"
+            self._index.damaged.get(p) or f"pack {p} is missing"
             for p in self._m.packs
             if p not in self._index.packs
         ]

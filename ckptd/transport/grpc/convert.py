@@ -7,6 +7,9 @@ from ckptd.domain import (
     CheckpointRecord,
     DumpRequest,
     GcReport,
+    GpuFacts,
+    GpuInfo,
+    GpuUse,
     NodeReport,
     Progress,
     RestoreOutcome,
@@ -63,6 +66,27 @@ def stdio(s: StdioFact) -> pb.StdioFact:
     )
 
 
+def gpu(g: GpuInfo) -> pb.Gpu:
+    return pb.Gpu(
+        index=g.index, name=g.name, uuid=g.uuid, memory_total=g.memory_total,
+        memory_free=g.memory_free, compute_capability=g.compute_capability,
+        pci_bus_id=g.pci_bus_id,
+    )
+
+
+def gpu_use(u: GpuUse) -> pb.GpuUse:
+    return pb.GpuUse(pid=u.pid, uuid=u.uuid, memory=u.memory)
+
+
+def gpu_facts(f: GpuFacts) -> pb.GpuFacts:
+    return pb.GpuFacts(
+        driver_version=f.driver_version, cuda_version=f.cuda_version,
+        gpus=[gpu(g) for g in f.gpus], uses=[gpu_use(u) for u in f.uses],
+        cuda_pids=list(f.cuda_pids), lock_s=f.lock_s, checkpoint_s=f.checkpoint_s,
+        restore_s=f.restore_s, unlock_s=f.unlock_s,
+    )
+
+
 def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
     msg = pb.Checkpoint(
         id=r.id,
@@ -89,6 +113,8 @@ def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
         parent_id=r.parent_id,
     )
     msg.created.FromNanoseconds(int(r.created * 1e9))
+    if r.gpu is not None:
+        msg.gpu.CopyFrom(gpu_facts(r.gpu))
     return msg
 
 
@@ -115,4 +141,8 @@ def check_response(n: NodeReport, daemon_version: str) -> pb.CheckResponse:
         gpu_available=n.gpu_available,
         gpu_message=n.gpu_message,
         store=n.store,
+        gpus=[gpu(g) for g in n.gpu.gpus] if n.gpu else [],
+        gpu_driver=n.gpu.driver_version if n.gpu else "",
+        cuda_version=n.gpu.cuda_version if n.gpu else 0,
+        gpu_uses=[gpu_use(u) for u in n.gpu.uses] if n.gpu else [],
     )

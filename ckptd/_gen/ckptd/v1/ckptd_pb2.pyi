@@ -342,6 +342,7 @@ class Checkpoint(_message.Message):
     DURATION_S_FIELD_NUMBER: _builtins.int
     CRIU_VERSION_FIELD_NUMBER: _builtins.int
     PARENT_ID_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     pid: _builtins.int
     name: _builtins.str
@@ -366,6 +367,10 @@ class Checkpoint(_message.Message):
     def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessFact]: ...
     @_builtins.property
     def stdio(self) -> _containers.RepeatedCompositeFieldContainer[Global___StdioFact]: ...
+    @_builtins.property
+    def gpu(self) -> Global___GpuFacts:
+        """set when the tree used CUDA"""
+
     def __init__(
         self,
         *,
@@ -386,14 +391,87 @@ class Checkpoint(_message.Message):
         duration_s: _builtins.float = ...,
         criu_version: _builtins.str = ...,
         parent_id: _builtins.str = ...,
+        gpu: Global___GpuFacts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "gpu", b"gpu"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "frozen_s", b"frozen_s", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Checkpoint: _TypeAlias = Checkpoint  # noqa: Y015
+
+@_typing.final
+class GpuUse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PID_FIELD_NUMBER: _builtins.int
+    UUID_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
+    pid: _builtins.int
+    uuid: _builtins.str
+    memory: _builtins.int
+    def __init__(
+        self,
+        *,
+        pid: _builtins.int = ...,
+        uuid: _builtins.str = ...,
+        memory: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "pid", b"pid", "uuid", b"uuid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuUse: _TypeAlias = GpuUse  # noqa: Y015
+
+@_typing.final
+class GpuFacts(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRIVER_VERSION_FIELD_NUMBER: _builtins.int
+    CUDA_VERSION_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    USES_FIELD_NUMBER: _builtins.int
+    CUDA_PIDS_FIELD_NUMBER: _builtins.int
+    LOCK_S_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_S_FIELD_NUMBER: _builtins.int
+    RESTORE_S_FIELD_NUMBER: _builtins.int
+    UNLOCK_S_FIELD_NUMBER: _builtins.int
+    driver_version: _builtins.str
+    cuda_version: _builtins.int
+    """1000*major + 10*minor"""
+    lock_s: _builtins.float
+    checkpoint_s: _builtins.float
+    restore_s: _builtins.float
+    unlock_s: _builtins.float
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
+    @_builtins.property
+    def uses(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuUse]: ...
+    @_builtins.property
+    def cuda_pids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        driver_version: _builtins.str = ...,
+        cuda_version: _builtins.int = ...,
+        gpus: _abc.Iterable[Global___Gpu] | None = ...,
+        uses: _abc.Iterable[Global___GpuUse] | None = ...,
+        cuda_pids: _abc.Iterable[_builtins.int] | None = ...,
+        lock_s: _builtins.float = ...,
+        checkpoint_s: _builtins.float = ...,
+        restore_s: _builtins.float = ...,
+        unlock_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_s", b"checkpoint_s", "cuda_pids", b"cuda_pids", "cuda_version", b"cuda_version", "driver_version", b"driver_version", "gpus", b"gpus", "lock_s", b"lock_s", "restore_s", b"restore_s", "unlock_s", b"unlock_s", "uses", b"uses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuFacts: _TypeAlias = GpuFacts  # noqa: Y015
 
 @_typing.final
 class ListRequest(_message.Message):
@@ -544,10 +622,16 @@ class Gpu(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     UUID_FIELD_NUMBER: _builtins.int
     MEMORY_TOTAL_FIELD_NUMBER: _builtins.int
+    MEMORY_FREE_FIELD_NUMBER: _builtins.int
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _builtins.int
+    PCI_BUS_ID_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     name: _builtins.str
     uuid: _builtins.str
     memory_total: _builtins.int
+    memory_free: _builtins.int
+    compute_capability: _builtins.str
+    pci_bus_id: _builtins.str
     def __init__(
         self,
         *,
@@ -555,10 +639,13 @@ class Gpu(_message.Message):
         name: _builtins.str = ...,
         uuid: _builtins.str = ...,
         memory_total: _builtins.int = ...,
+        memory_free: _builtins.int = ...,
+        compute_capability: _builtins.str = ...,
+        pci_bus_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_total", b"memory_total", "name", b"name", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_capability", b"compute_capability", "index", b"index", "memory_free", b"memory_free", "memory_total", b"memory_total", "name", b"name", "pci_bus_id", b"pci_bus_id", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -580,6 +667,9 @@ class CheckResponse(_message.Message):
     GPU_MESSAGE_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     STORE_FIELD_NUMBER: _builtins.int
+    GPU_DRIVER_FIELD_NUMBER: _builtins.int
+    CUDA_VERSION_FIELD_NUMBER: _builtins.int
+    GPU_USES_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     kernel: _builtins.str
     daemon_version: _builtins.str
@@ -590,10 +680,14 @@ class CheckResponse(_message.Message):
     gpu_available: _builtins.bool
     gpu_message: _builtins.str
     store: _builtins.str
+    gpu_driver: _builtins.str
+    cuda_version: _builtins.int
     @_builtins.property
     def features(self) -> _containers.RepeatedCompositeFieldContainer[Global___Feature]: ...
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
+    @_builtins.property
+    def gpu_uses(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuUse]: ...
     def __init__(
         self,
         *,
@@ -609,10 +703,13 @@ class CheckResponse(_message.Message):
         gpu_message: _builtins.str = ...,
         gpus: _abc.Iterable[Global___Gpu] | None = ...,
         store: _builtins.str = ...,
+        gpu_driver: _builtins.str = ...,
+        cuda_version: _builtins.int = ...,
+        gpu_uses: _abc.Iterable[Global___GpuUse] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["criu_message", b"criu_message", "criu_ok", b"criu_ok", "criu_path", b"criu_path", "criu_version", b"criu_version", "daemon_version", b"daemon_version", "features", b"features", "gpu_available", b"gpu_available", "gpu_message", b"gpu_message", "gpus", b"gpus", "kernel", b"kernel", "node", b"node", "store", b"store"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["criu_message", b"criu_message", "criu_ok", b"criu_ok", "criu_path", b"criu_path", "criu_version", b"criu_version", "cuda_version", b"cuda_version", "daemon_version", b"daemon_version", "features", b"features", "gpu_available", b"gpu_available", "gpu_driver", b"gpu_driver", "gpu_message", b"gpu_message", "gpu_uses", b"gpu_uses", "gpus", b"gpus", "kernel", b"kernel", "node", b"node", "store", b"store"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

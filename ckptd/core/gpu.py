@@ -1,0 +1,234 @@
+"""CUDA processes in the dump and restore recipes, over the ``GpuCheckpointer`` port.
+
+Dump: every CUDA process of the tree is locked, then checkpointed (device memory moved into
+its host memory) — all of them before CRIU seizes any process — and CRIU dumps host memory
+only. Restore: CRIU recreates the tree (CUDA still checkpointed), then each process is restored
+onto this node's GPUs (remapped by UUID when they differ) and unlocked.
+
+Invariants: undo steps look at the driver's current state and only move a process back
+towards RUNNING (restore if CHECKPOINTED, unlock if LOCKED), so they are safe to run after a
+partial step, twice, or after a later step already resumed the process; the driver's restore
+thread is never frozen during a CUDA call (the tree is resumed before CUDA is restored).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ckptd.core.ports import Clock, GpuCheckpointer, GpuInventoryPort
+from ckptd.domain import CudaState, GpuFacts, GpuInfo, GpuInventory, GpuUse, ProcessFact
+from ckptd.errors import GpuFailed, GpuMismatch, GpuUnavailable
+
+log = logging.getLogger(__name__)
+
+MIN_CUDA = 12080  # r570 / CUDA 12.8: the checkpoint API
+MIN_CUDA_REMAP = 13000  # r580 / CUDA 13.0: CUcheckpointRestoreArgs.gpuPairs
+LOCK_RETRIES = 3  # ILLEGAL_STATE while the target initializes CUDA: retry
+
+
+@dataclass
+class GpuSession:
+    """What the GPU steps of one dump did, so undo knows what to take back."""
+
+    cuda_pids: tuple[int, ...] = ()
+    locked: list[int] = field(default_factory=list)
+    checkpointed: list[int] = field(default_factory=list)
+    inventory: GpuInventory | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def facts(self) -> GpuFacts | None:
+        if not self.cuda_pids:
+            return None
+        inv = self.inventory or GpuInventory(False, "")
+        uses = tuple(u for u in inv.uses if u.pid in self.cuda_pids)
+        used = {u.uuid for u in uses}
+        return GpuFacts(
+            driver_version=inv.driver_version,
+            cuda_version=inv.cuda_version,
+            gpus=tuple(g for g in inv.gpus if g.uuid in used) or inv.gpus,
+            uses=uses,
+            cuda_pids=self.cuda_pids,
+            lock_s=self.timings.get("lock", 0.0),
+            checkpoint_s=self.timings.get("checkpoint", 0.0),
+            restore_s=self.timings.get("restore", 0.0),
+            unlock_s=self.timings.get("unlock", 0.0),
+        )
+
+
+class GpuSteps:
+    """The GPU part of the recipes. With no GPU support (``gpu`` None) every step is a no-op
+    for trees without CUDA, and refuses trees that need it."""
+
+    def __init__(
+        self,
+        gpu: GpuCheckpointer | None,
+        inventory: GpuInventoryPort | None,
+        clock: Clock,
+        lock_timeout_ms: int,
+    ) -> None:
+        self._gpu = gpu
+        self._inventory = inventory
+        self._clock = clock
+        self._lock_timeout_ms = lock_timeout_ms
+
+    def node_inventory(self) -> GpuInventory:
+        if self._inventory is None:
+            return GpuInventory(False, "GPU support is not configured")
+        return self._inventory.inventory()
+
+    # ---- dump ---------------------------------------------------------------------------
+
+    def inspect(self, session: GpuSession, tree: Sequence[ProcessFact]) -> None:
+        if self._gpu is None:
+            return
+        session.cuda_pids = tuple(p.pid for p in tree if self._gpu.uses_cuda(p.pid))
+        if session.cuda_pids:
+            session.inventory = self.node_inventory()
+
+    def lock(self, session: GpuSession) -> None:
+        if not session.cuda_pids:
+            return
+        gpu = self._need()
+        started = self._clock.monotonic()
+        for pid in session.cuda_pids:
+            session.locked.append(pid)  # before the call: undo checks the state anyway
+            for attempt in range(LOCK_RETRIES):
+                try:
+                    gpu.lock(pid, self._lock_timeout_ms)
+                    break
+                except GpuFailed as exc:
+                    if exc.code != "CUDA_ERROR_ILLEGAL_STATE" or attempt == LOCK_RETRIES - 1:
+                        raise
+                    self._clock.sleep(0.1)
+        session.timings["lock"] = self._clock.monotonic() - started
+
+    def checkpoint(self, session: GpuSession) -> None:
+        if not session.locked:
+            return
+        gpu = self._need()
+        started = self._clock.monotonic()
+        for pid in session.locked:
+            session.checkpointed.append(pid)
+            gpu.checkpoint(pid)
+        session.timings["checkpoint"] = self._clock.monotonic() - started
+
+    def resume(self, session: GpuSession, gpu_map: Mapping[str, str] | None = None) -> None:
+        """Restore (if checkpointed) and unlock (if locked) every process, newest first.
+        Raises the first failure after trying every process."""
+        if self._gpu is None or not (session.locked or session.checkpointed):
+            return
+        first: BaseException | None = None
+        t_restore = t_unlock = 0.0
+        for pid in reversed(dict.fromkeys(session.locked + session.checkpointed)):
+            try:
+                t0 = self._clock.monotonic()
+                if self._gpu.state(pid) is CudaState.CHECKPOINTED:
+                    self._gpu.restore(pid, gpu_map)
+                t1 = self._clock.monotonic()
+                if self._gpu.state(pid) is CudaState.LOCKED:
+                    self._gpu.unlock(pid)
+                t_restore += t1 - t0
+                t_unlock += self._clock.monotonic() - t1
+            except Exception as exc:
+                log.error("could not resume CUDA in pid %d: %s", pid, exc)
+                first = first or exc
+        session.timings["restore"] = t_restore
+        session.timings["unlock"] = t_unlock
+        if first is not None:
+            raise first
+
+    def _need(self) -> GpuCheckpointer:
+        if self._gpu is None:
+            raise GpuUnavailable(
+                "the tree uses CUDA but this daemon has no GPU support",
+                hint="install ckptd[gpu] and an NVIDIA driver >= r570 (CUDA 12.8)",
+            )
+        return self._gpu
+
+    # ---- restore ------------------------------------------------------------------------
+
+    def plan_restore(self, facts: GpuFacts) -> dict[str, str] | None:
+        """Check that this node can take ``facts``' GPUs; the UUID map to use (None: same
+        GPUs). Raises GpuMismatch / GpuUnavailable listing every blocking difference."""
+        if self._gpu is None:
+            raise GpuUnavailable(
+                f"the checkpoint holds CUDA processes {list(facts.cuda_pids)} but this daemon "
+                "has no GPU support",
+                hint="install ckptd[gpu] and an NVIDIA driver >= r570 (CUDA 12.8)",
+            )
+        inv = self.node_inventory()
+        if not inv.available:
+            raise GpuUnavailable(f"the checkpoint needs GPUs: {inv.message}")
+        problems: list[str] = []
+        if inv.cuda_version and inv.cuda_version < MIN_CUDA:
+            problems.append(
+                f"driver CUDA {_ver(inv.cuda_version)} lacks the checkpoint API (needs 12.8)"
+            )
+        mapping = match_gpus(facts.gpus, inv.gpus, facts.uses, problems)
+        remap = {old: new for old, new in mapping.items() if old != new}
+        if remap and inv.cuda_version and inv.cuda_version < MIN_CUDA_REMAP:
+            problems.append(
+                f"the GPUs differ and driver CUDA {_ver(inv.cuda_version)} cannot remap them "
+                "(needs r580 / CUDA 13.0)"
+            )
+        if problems:
+            raise GpuMismatch("this node cannot restore the checkpoint's GPUs: "
+                              + "; ".join(problems))
+        return mapping if remap else None
+
+
+def match_gpus(
+    wanted: Sequence[GpuInfo],
+    have: Sequence[GpuInfo],
+    uses: Sequence[GpuUse],
+    problems: list[str],
+) -> dict[str, str]:
+    """Old UUID -> new UUID for every checkpointed GPU: the same GPU when present, else a free
+    GPU of the same model with enough free memory. Appends every blocking difference."""
+    need = {u.uuid: 0 for u in uses}
+    for u in uses:
+        need[u.uuid] += u.memory
+    by_uuid = {g.uuid: g for g in have}
+    mapping: dict[str, str] = {}
+    taken: set[str] = set()
+    for g in wanted:
+        if g.uuid in by_uuid:
+            mapping[g.uuid] = g.uuid
+            taken.add(g.uuid)
+    for g in wanted:
+        if g.uuid in mapping:
+            continue
+        for cand in have:
+            if cand.uuid in taken or cand.name != g.name:
+                continue
+            if cand.memory_free and cand.memory_free < need.get(g.uuid, 0):
+                continue
+            mapping[g.uuid] = cand.uuid
+            taken.add(cand.uuid)
+            break
+    missing = [g for g in wanted if g.uuid not in mapping]
+    if missing:
+        want = _models(wanted)
+        got = _models(have) or "no GPU"
+        problems.append(f"GPU model or count differs: checkpoint has {want}, this node has {got}")
+    for old, new in mapping.items():
+        gpu = by_uuid[new]
+        if gpu.memory_free and gpu.memory_free < need.get(old, 0):
+            problems.append(
+                f"GPU {gpu.index} ({gpu.name}) has {gpu.memory_free >> 20} MiB free, the "
+                f"checkpoint needs {need.get(old, 0) >> 20} MiB"
+            )
+    return mapping
+
+
+def _models(gpus: Sequence[GpuInfo]) -> str:
+    counts: dict[str, int] = {}
+    for g in gpus:
+        counts[g.name] = counts.get(g.name, 0) + 1
+    return ", ".join(f"{name} x{n}" for name, n in counts.items())
+
+
+def _ver(cuda: int) -> str:
+    return f"{cuda // 1000}.{cuda % 1000 // 10}"
