@@ -237,7 +237,43 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
         )
     else:
         out.append("stdio: -")
+    out.extend(_gpu_facts(ck.get("gpu")))
     return "\n".join(out)
+
+
+def _cuda(version: int) -> str:
+    return f"{version // 1000}.{version % 1000 // 10}" if version else "-"
+
+
+def _gpu_facts(gpu: Mapping[str, Any] | None) -> list[str]:
+    """The GPU part of ``show``: nothing for a checkpoint without CUDA processes."""
+    if not gpu or not gpu.get("cuda_pids"):
+        return []
+    out = [
+        f"gpu: driver {dash(gpu['driver_version'])}, CUDA {_cuda(gpu['cuda_version'])}; "
+        f"cuda pids {', '.join(str(p) for p in gpu['cuda_pids'])}",
+        f"  times: lock {seconds(gpu['lock_s'])}s, checkpoint {seconds(gpu['checkpoint_s'])}s, "
+        f"restore {seconds(gpu['restore_s'])}s, unlock {seconds(gpu['unlock_s'])}s",
+    ]
+    names = {g["uuid"]: g for g in gpu.get("gpus") or []}
+    uses = gpu.get("uses") or []
+    if uses:
+        out.append(
+            table(
+                ["PID", "GPU", "MODEL", "MEMORY"],
+                (
+                    [
+                        str(u["pid"]),
+                        dash(u["uuid"]),
+                        dash(names.get(u["uuid"], {}).get("name", "")),
+                        human_bytes(int(u["memory"])),
+                    ]
+                    for u in uses
+                ),
+                indent="  ",
+            )
+        )
+    return out
 
 
 def check_report(report: Mapping[str, Any]) -> str:
@@ -262,6 +298,8 @@ def check_report(report: Mapping[str, Any]) -> str:
         gpu_text = "not available"
     if report["gpu_message"]:
         gpu_text += f": {report['gpu_message']}"
+    if report.get("gpu_driver"):
+        gpu_text += f" (driver {report['gpu_driver']}, CUDA {_cuda(report['cuda_version'])})"
     pairs += [("gpu", gpu_text), ("store", dash(report["store"]))]
     out = [key_values(pairs)]
 
@@ -269,13 +307,16 @@ def check_report(report: Mapping[str, Any]) -> str:
         out.append("gpus:")
         out.append(
             table(
-                ["INDEX", "NAME", "UUID", "MEMORY"],
+                ["INDEX", "NAME", "UUID", "MEMORY", "FREE", "CC", "PCI"],
                 (
                     [
                         str(g["index"]),
                         dash(g["name"]),
                         dash(g["uuid"]),
-                        human_bytes(g["memory_total"]),
+                        human_bytes(int(g["memory_total"])),
+                        human_bytes(int(g.get("memory_free") or 0)),
+                        dash(g.get("compute_capability", "")),
+                        dash(g.get("pci_bus_id", "")),
                     ]
                     for g in gpus
                 ),

@@ -785,3 +785,28 @@ def test_console_script_exit_code(tmp_path: Path) -> None:
     assert result.returncode == 3
     assert result.stdout == ""
     assert result.stderr == UNAVAILABLE_LINE.format(path=tmp_path / "none.sock")
+
+
+def test_show_human_prints_gpu_facts() -> None:
+    ck_msg = pb.Checkpoint(id="ck-x")
+    ck_msg.gpu.CopyFrom(
+        pb.GpuFacts(
+            driver_version="580.159.03",
+            cuda_version=13000,
+            gpus=[pb.Gpu(index=0, name="NVIDIA H100 80GB HBM3", uuid="GPU-aa",
+                         memory_total=80 << 30)],
+            uses=[pb.GpuUse(pid=4242, uuid="GPU-aa", memory=3 << 30)],
+            cuda_pids=[4242],
+            lock_s=0.01, checkpoint_s=1.5, restore_s=1.25, unlock_s=0.02,
+        )
+    )
+    text = render.checkpoint_details(convert.checkpoint_to_dict(ck_msg))
+    assert "gpu: driver 580.159.03, CUDA 13.0; cuda pids 4242" in text
+    assert "checkpoint 1.50s" in text
+    assert "NVIDIA H100 80GB HBM3" in text
+    assert "3.0 GiB" in text
+
+
+def test_show_human_has_no_gpu_part_without_cuda() -> None:
+    text = render.checkpoint_details(convert.checkpoint_to_dict(pb.Checkpoint(id="ck-x")))
+    assert "gpu:" not in text
