@@ -1,0 +1,110 @@
+"""Restore-time GPU planning: which of this node's GPUs take a checkpoint's, or why not."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptd.core.gpu import GpuSteps, match_gpus
+from ckptd.domain import GpuFacts, GpuInfo, GpuInventory, GpuUse
+from ckptd.errors import GpuMismatch, GpuUnavailable
+from ckptd.testing import FakeClock
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
+GIB = 1 << 30
+
+
+def gpu(i: int, name: str = H100, free: int = 70 * GIB) -> GpuInfo:
+    return GpuInfo(i, name, f"GPU-{i:08d}-0000-0000-0000-000000000000", 80 * GIB, free)
+
+
+def facts(*gpus: GpuInfo, need: int = 10 * GIB, cuda: int = 13000) -> GpuFacts:
+    return GpuFacts(
+        driver_version="580.1",
+        cuda_version=cuda,
+        gpus=gpus,
+        uses=tuple(GpuUse(4242, g.uuid, need) for g in gpus),
+        cuda_pids=(4242,),
+    )
+
+
+class Inventory:
+    def __init__(self, inv: GpuInventory) -> None:
+        self.inv = inv
+
+    def inventory(self) -> GpuInventory:
+        return self.inv
+
+
+class NoCalls:
+    """A GpuCheckpointer that must not be called while planning."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"planning called {name}")
+
+
+def steps(*gpus: GpuInfo, cuda: int = 13000, available: bool = True) -> GpuSteps:
+    inv = GpuInventory(available, "" if available else "no driver", "580.1", cuda, gpus)
+    return GpuSteps(NoCalls(), Inventory(inv), FakeClock(), 1000)  # type: ignore[arg-type]
+
+
+def test_same_gpus_need_no_map() -> None:
+    assert steps(gpu(0), gpu(1)).plan_restore(facts(gpu(0))) is None
+
+
+def test_other_gpus_of_the_same_model_are_mapped() -> None:
+    old = gpu(7)
+    plan = steps(gpu(0), gpu(1)).plan_restore(facts(old))
+    assert plan == {old.uuid: gpu(0).uuid}
+
+
+def test_two_gpus_map_to_two_distinct_gpus() -> None:
+    a, b = gpu(5), gpu(6)
+    plan = steps(gpu(0), gpu(1)).plan_restore(facts(a, b))
+    assert plan is not None
+    assert sorted(plan) == sorted([a.uuid, b.uuid])
+    assert len(set(plan.values())) == 2
+
+
+def test_another_model_is_refused_with_both_named() -> None:
+    with pytest.raises(GpuMismatch) as info:
+        steps(gpu(0), gpu(1)).plan_restore(facts(gpu(7, A100), gpu(8, A100)))
+    text = str(info.value)
+    assert f"checkpoint has {A100} x2" in text
+    assert f"this node has {H100} x2" in text
+
+
+def test_too_few_gpus_is_refused() -> None:
+    with pytest.raises(GpuMismatch, match="count differs"):
+        steps(gpu(0)).plan_restore(facts(gpu(7), gpu(8)))
+
+
+def test_not_enough_free_memory_is_refused() -> None:
+    with pytest.raises(GpuMismatch, match="count differs"):
+        steps(gpu(0, free=2 * GIB)).plan_restore(facts(gpu(7), need=10 * GIB))
+    problems: list[str] = []
+    same = gpu(0, free=2 * GIB)
+    match_gpus([same], [same], [GpuUse(1, same.uuid, 10 * GIB)], problems)
+    assert problems and "2048 MiB free" in problems[0] and "10240 MiB" in problems[0]
+
+
+def test_remapping_needs_r580() -> None:
+    with pytest.raises(GpuMismatch, match=r"cannot remap them \(needs r580"):
+        steps(gpu(0), cuda=12080).plan_restore(facts(gpu(7)))
+    assert steps(gpu(0), cuda=12080).plan_restore(facts(gpu(0))) is None
+
+
+def test_a_driver_without_the_checkpoint_api_is_refused() -> None:
+    with pytest.raises(GpuMismatch, match="lacks the checkpoint API"):
+        steps(gpu(0), cuda=12040).plan_restore(facts(gpu(0)))
+
+
+def test_no_driver_is_refused_with_the_reason() -> None:
+    with pytest.raises(GpuUnavailable, match="no driver"):
+        steps(gpu(0), available=False).plan_restore(facts(gpu(0)))
+
+
+def test_no_gpu_support_at_all_is_refused() -> None:
+    plain = GpuSteps(None, None, FakeClock(), 1000)
+    with pytest.raises(GpuUnavailable, match="no GPU support"):
+        plain.plan_restore(facts(gpu(0)))
