@@ -15,7 +15,6 @@ Processes of the base table::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from ckptd.domain.model import ROOT
 from ckptd.testing import (
     FakeClock,
     FakeCriu,
+    FakeGpu,
     FakeProcessTable,
     FakeStdioProvider,
     MemoryJournal,
@@ -109,6 +109,7 @@ class World:
     restore_recipe: RestoreRecipe
     service: CheckpointService
     progress: list[tuple[str, float]] = field(default_factory=list)
+    gpu: FakeGpu | None = None
 
     def dump(
         self, pid: int = JOB, caller: Caller = ROOT, *, leave_running: bool = False,
@@ -175,10 +176,10 @@ def make_world(
     *,
     zombie_wait_s: float = 1.0,
     keep_work_dirs: int = 20,
-    gpu: Any = None,
+    gpu: bool = False,
 ) -> World:
-    """``gpu``: an object implementing both GPU ports (e.g. ``ckptd.testing.FakeGpu``), or
-    None for a daemon without GPU support."""
+    """``gpu``: give the daemon GPU support (a ``FakeGpu`` over the world's processes, clock
+    and events, as ``world.gpu``); False: a daemon without GPU support."""
     events: list[str] = []
     clock = FakeClock()
     processes = FakeProcessTable(kill_mode="free", events=events)
@@ -196,7 +197,8 @@ def make_world(
         zombie_wait_s=zombie_wait_s,
         keep_work_dirs=keep_work_dirs,
     )
-    gpu_steps = GpuSteps(gpu, gpu, clock, lock_timeout_ms=1000)
+    fake_gpu = FakeGpu(processes=processes, clock=clock, events=events) if gpu else None
+    gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000)
     dump_recipe = DumpRecipe(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,
         config=config, hooks=hooks, gpu=gpu_steps,
@@ -209,6 +211,7 @@ def make_world(
         tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,
         journal=journal, stdio=stdio, hooks=hooks, config=config, dump_recipe=dump_recipe,
         restore_recipe=restore_recipe, service=None,  # type: ignore[arg-type]
+        gpu=fake_gpu,
     )
     world.service = make_service(world)
     return world
