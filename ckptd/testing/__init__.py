@@ -21,6 +21,7 @@ happened, so a test can check the order of effects across ports.
 from ckptd.testing._blobs import MemoryBlobStore
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
+from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
 from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._processes import FakeProcess, FakeProcessTable, KillMode
 from ckptd.testing._stdio import FakeStdioProvider
@@ -28,9 +29,12 @@ from ckptd.testing._store import MemoryStore
 
 __all__ = [
     "DUMP_HOOKS",
+    "H100",
     "RESTORE_HOOKS",
     "FakeClock",
     "FakeCriu",
+    "FakeCudaProcess",
+    "FakeGpu",
     "FakeProcess",
     "FakeProcessTable",
     "FakeStdioProvider",

@@ -43,3 +43,20 @@ def processes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Proces
 @pytest.fixture(params=sorted(BLOBSTORES))
 def blobstore(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStoreHarness:
     return BLOBSTORES[request.param](tmp_path)
+
+
+# ---- GPUs (appended section: see harness.py) ----------------------------------------------
+
+from .harness import GPUS, GpuHarness  # noqa: E402
+
+
+@pytest.fixture(params=sorted(GPUS))
+def gpu(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuHarness]:
+    """Each GPU implementation; the real one is skipped, with the reason, without a GPU."""
+    harness = GPUS[request.param](tmp_path)
+    try:
+        if harness.skip_reason is not None:
+            pytest.skip(harness.skip_reason)
+        yield harness
+    finally:
+        harness.close()

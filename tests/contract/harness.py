@@ -352,3 +352,147 @@ BLOBSTORES: dict[str, Callable[[Path], BlobStoreHarness]] = {
     "local": _local_blobs,
     "memory": _memory_blobs,
 }
+
+
+# ---- GPUs (GpuInventoryPort and GpuCheckpointer) ---------------------------------------------
+
+import select  # noqa: E402 - this section was appended; its imports live with it
+import shutil  # noqa: E402
+
+from ckptd.adapters.cuda import CudaDriverCheckpointer  # noqa: E402
+from ckptd.adapters.nvml import NvmlInventory  # noqa: E402
+from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort  # noqa: E402
+from ckptd.domain import CudaState  # noqa: E402
+from ckptd.testing import FakeGpu  # noqa: E402
+
+GPU_WORKLOADS = Path(__file__).resolve().parents[2] / "native" / "gpu"
+
+
+class GpuHarness:
+    """Processes for a GPU port under test: ``spawn_plain`` a child ``sleep`` (no CUDA),
+    ``spawn_cuda`` a RUNNING CUDA process that keeps computing (None, with the reason in
+    ``no_cuda_reason``, where none can be started), ``progresses`` whether a CUDA process
+    goes on computing. ``skip_reason``: why this implementation cannot be tested here."""
+
+    inventory: GpuInventoryPort
+    checkpointer: GpuCheckpointer
+    real: bool
+    skip_reason: str | None = None
+    no_cuda_reason = ""
+
+    def __init__(self) -> None:
+        self._children: list[subprocess.Popen[bytes]] = []
+
+    def spawn_plain(self) -> int:
+        proc = subprocess.Popen(
+            ["sleep", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        )
+        self._children.append(proc)
+        return proc.pid
+
+    def spawn_cuda(self) -> int | None:
+        raise NotImplementedError
+
+    def progresses(self, pid: int, timeout: float = 10.0) -> bool:
+        """Whether ``pid`` computes on: prints a new step within ``timeout``."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for proc in self._children:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+class FakeGpuHarness(GpuHarness):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        del tmp
+        self.fake = FakeGpu()
+        self.inventory = self.fake
+        self.checkpointer = self.fake
+        self.real = False
+        self._next = 9000
+
+    def spawn_cuda(self) -> int | None:
+        self._next += 1
+        self.fake.add_cuda_process(self._next, 64 * 2**20)
+        return self._next
+
+    def progresses(self, pid: int, timeout: float = 10.0) -> bool:
+        del timeout
+        return self.fake.cuda_state(pid) is CudaState.RUNNING
+
+
+class RealGpuHarness(GpuHarness):
+    """NVML and the CUDA driver, with ``native/gpu/bin/fill`` as the CUDA process (built with
+    ``make -C native/gpu`` on first use)."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        del tmp
+        self.inventory = NvmlInventory()
+        self.real = True
+        self._adapter: CudaDriverCheckpointer | None = None
+        found = self.inventory.inventory()
+        if not found.available:
+            self.skip_reason = f"no GPU for the real adapters: {found.message}"
+            self.checkpointer = FakeGpu()  # never used: the tests skip
+            return
+        self._adapter = CudaDriverCheckpointer()
+        self.checkpointer = self._adapter
+        backend = self._adapter.describe()
+        if backend.startswith("unavailable:"):
+            self.skip_reason = f"NVML sees a GPU but the CUDA checkpoint API is {backend}"
+        self._fill = GPU_WORKLOADS / "bin" / "fill"
+        self._outputs: dict[int, IO[bytes]] = {}
+
+    def spawn_cuda(self) -> int | None:
+        if not self._fill.exists() and shutil.which("make"):
+            subprocess.run(
+                ["make", "-C", str(GPU_WORKLOADS)], capture_output=True, timeout=600,
+                check=False,
+            )
+        if not self._fill.exists():
+            self.no_cuda_reason = f"no CUDA workload: {self._fill} not built (needs nvcc)"
+            return None
+        proc = subprocess.Popen(
+            [str(self._fill), "--steps", "0", "--interval-ms", "20", "--mib", "64"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, bufsize=0,
+        )
+        self._children.append(proc)
+        assert proc.stdout is not None
+        self._outputs[proc.pid] = proc.stdout  # unbuffered: select() sees every byte
+        if not self._line(proc.pid, 60.0):
+            raise AssertionError(f"{self._fill} printed no step within 60 s")
+        return proc.pid
+
+    def _line(self, pid: int, timeout: float) -> bool:
+        out = self._outputs[pid]
+        ready, _, _ = select.select([out], [], [], timeout)
+        return bool(ready) and out.readline().startswith(b"step ")
+
+    def progresses(self, pid: int, timeout: float = 10.0) -> bool:
+        """A new step line within ``timeout``, after dropping what was printed up to now (and
+        during a short grace period: a step whose CUDA calls ended just before a lock may
+        still print)."""
+        out = self._outputs[pid]
+        for _ in range(2):
+            while select.select([out], [], [], 0)[0]:
+                if not out.readline():
+                    return False
+            time.sleep(0.2)
+        return self._line(pid, timeout)
+
+    def close(self) -> None:
+        super().close()
+        if self._adapter is not None:
+            self._adapter.close()
+
+
+GPUS: dict[str, Callable[[Path], GpuHarness]] = {
+    "fake": FakeGpuHarness,
+    "real": RealGpuHarness,
+}

@@ -1,0 +1,147 @@
+"""``NvmlInventory``: the ``GpuInventoryPort`` over NVML (``import pynvml``, package nvidia-ml-py).
+
+pynvml is imported at the first ``inventory()``, never at module import: without it (or
+without a driver) the inventory says ``available=False`` and why.
+
+Invariants: ``inventory()`` never raises; each call initialises NVML and shuts it down again
+(``nvmlInit`` / ``nvmlShutdown``: a driver loaded or upgraded later is seen by the next call),
+and calls are serialized by a lock (NVML's init count is process-wide). Process ids in
+``uses`` are those NVML reports: host pids when the daemon runs in the host's pid namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from typing import Any
+
+from ckptd.adapters.cuda.support import NOT_INSTALLED, format_cuda_version
+from ckptd.domain import GpuInfo, GpuInventory, GpuUse
+
+_REASONS = {
+    "NVMLError_LibraryNotFound": "no NVIDIA driver: libnvidia-ml.so.1 not found",
+    "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded",
+    "NVMLError_NoPermission": "no permission to query the NVIDIA driver",
+    "NVMLError_LibRmVersionMismatch": (
+        "the NVIDIA driver and its NVML library differ in version (reload the driver or reboot)"
+    ),
+    "NVMLError_FunctionNotFound": "the NVIDIA driver is too old for this nvidia-ml-py",
+}
+
+
+class _Failed(Exception):
+    """Internal: an NVML call failed; ``reason`` is the inventory's message."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _text(value: Any) -> str:
+    """NVML strings come as str (nvidia-ml-py >= 11.5) or bytes (older, some struct fields)."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+class NvmlInventory:
+    """The ``GpuInventoryPort`` (see ``ckptd.core.ports``) over NVML.
+
+    ``nvml``: an object with pynvml's API used instead of importing pynvml (for tests).
+    """
+
+    def __init__(self, nvml: Any = None) -> None:
+        self._nvml = nvml
+        self._lock = threading.Lock()
+
+    def inventory(self) -> GpuInventory:
+        """This node's GPUs and the device memory each process holds; never raises."""
+        with self._lock:
+            try:
+                nvml = self._module()
+            except ImportError:
+                return GpuInventory(False, NOT_INSTALLED)
+            try:
+                return self._inventory(nvml)
+            except _Failed as failed:
+                return GpuInventory(False, failed.reason)
+            except Exception as exc:  # never raise: a broken NVML is "no GPU"
+                return GpuInventory(False, f"NVML failed: {type(exc).__name__}: {exc}")
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _module(self) -> Any:
+        if self._nvml is None:
+            self._nvml = importlib.import_module("pynvml")
+        return self._nvml
+
+    def _inventory(self, nvml: Any) -> GpuInventory:
+        self._call(nvml, "nvmlInit")
+        try:
+            return self._read(nvml)
+        finally:
+            with contextlib.suppress(Exception):  # the answer is already made
+                nvml.nvmlShutdown()
+
+    def _read(self, nvml: Any) -> GpuInventory:
+        driver = _text(self._call(nvml, "nvmlSystemGetDriverVersion"))
+        cuda = int(self._call(nvml, "nvmlSystemGetCudaDriverVersion"))
+        count = int(self._call(nvml, "nvmlDeviceGetCount"))
+        gpus: list[GpuInfo] = []
+        uses: list[GpuUse] = []
+        for index in range(count):
+            handle = self._call(nvml, "nvmlDeviceGetHandleByIndex", index, gpu=index)
+            gpu = self._gpu(nvml, index, handle)
+            gpus.append(gpu)
+            for proc in self._call(
+                nvml, "nvmlDeviceGetComputeRunningProcesses", handle, gpu=index
+            ):
+                memory = getattr(proc, "usedGpuMemory", None)
+                uses.append(GpuUse(int(proc.pid), gpu.uuid, int(memory or 0)))
+        if not gpus:
+            return GpuInventory(
+                False,
+                f"the NVIDIA driver {driver} sees no GPU",
+                driver_version=driver,
+                cuda_version=cuda,
+            )
+        plural = "s" if len(gpus) != 1 else ""
+        return GpuInventory(
+            True,
+            f"{len(gpus)} NVIDIA GPU{plural}, driver {driver}, CUDA {format_cuda_version(cuda)}",
+            driver_version=driver,
+            cuda_version=cuda,
+            gpus=tuple(gpus),
+            uses=tuple(uses),
+        )
+
+    def _gpu(self, nvml: Any, index: int, handle: Any) -> GpuInfo:
+        memory = self._call(nvml, "nvmlDeviceGetMemoryInfo", handle, gpu=index)
+        capability = bus_id = ""  # optional: NotSupported on some devices
+        with contextlib.suppress(nvml.NVMLError):
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            capability = f"{int(major)}.{int(minor)}"
+        with contextlib.suppress(nvml.NVMLError):
+            bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        return GpuInfo(
+            index=index,
+            name=_text(self._call(nvml, "nvmlDeviceGetName", handle, gpu=index)),
+            uuid=_text(self._call(nvml, "nvmlDeviceGetUUID", handle, gpu=index)),
+            memory_total=int(memory.total),
+            memory_free=int(memory.free),
+            compute_capability=capability,
+            pci_bus_id=bus_id,
+        )
+
+    @staticmethod
+    def _call(nvml: Any, name: str, *args: Any, gpu: int | None = None) -> Any:
+        """``nvml.<name>(*args)``; an NVMLError becomes ``_Failed`` with a clear reason
+        (``gpu``, the device's index, is named in it)."""
+        try:
+            return getattr(nvml, name)(*args)
+        except nvml.NVMLError as exc:
+            where = "" if gpu is None else f" (GPU {gpu})"
+            detail = f"NVML {name}{where}: {exc}"
+            known = _REASONS.get(type(exc).__name__)
+            raise _Failed(f"{known} ({detail})" if known else detail) from exc

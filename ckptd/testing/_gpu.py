@@ -1,0 +1,388 @@
+"""``FakeGpu``: both GPU ports (``GpuInventoryPort`` and ``GpuCheckpointer``) in memory."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from ckptd.domain import CudaState, GpuInfo, GpuInventory, GpuUse, PidState
+from ckptd.errors import GpuFailed, GpuUnavailable
+from ckptd.testing._clock import FakeClock
+from ckptd.testing._processes import FakeProcessTable
+
+if TYPE_CHECKING:
+    from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort
+
+H100 = GpuInfo(
+    index=0,
+    name="NVIDIA H100 80GB HBM3",
+    uuid="GPU-8d3f6c2a-51b7-4e90-a3d2-6f0c1b9e7a45",
+    memory_total=81559 * 2**20,
+    memory_free=81559 * 2**20,
+    compute_capability="9.0",
+    pci_bus_id="00000000:65:00.0",
+)
+"""The default GPU of a ``FakeGpu`` (what NVML reports for an H100 SXM)."""
+
+ILLEGAL_STATE = "CUDA_ERROR_ILLEGAL_STATE"
+INVALID_VALUE = "CUDA_ERROR_INVALID_VALUE"
+OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"
+
+_CALLS = {
+    "uses_cuda": "cuCheckpointProcessGetRestoreThreadId",
+    "state": "cuCheckpointProcessGetState",
+    "lock": "cuCheckpointProcessLock",
+    "checkpoint": "cuCheckpointProcessCheckpoint",
+    "restore": "cuCheckpointProcessRestore",
+    "unlock": "cuCheckpointProcessUnlock",
+}
+_NEEDS = {
+    "lock": CudaState.RUNNING,
+    "checkpoint": CudaState.LOCKED,
+    "restore": CudaState.CHECKPOINTED,
+    "unlock": CudaState.LOCKED,
+}
+_AFTER = {
+    "lock": CudaState.LOCKED,
+    "checkpoint": CudaState.CHECKPOINTED,
+    "restore": CudaState.LOCKED,
+    "unlock": CudaState.RUNNING,
+}
+
+
+@dataclass
+class FakeCudaProcess:
+    """A process with a CUDA context: its driver state and device memory per GPU UUID."""
+
+    pid: int
+    memory: dict[str, int] = field(default_factory=dict)
+    state: CudaState = CudaState.RUNNING
+
+
+class FakeGpu:
+    """A ``GpuInventoryPort`` and a ``GpuCheckpointer`` (see ``ckptd.core.ports``) in memory.
+
+    GPUs: ``gpus`` (default: one ``H100``); ``driver_version`` and ``cuda_version`` (13000:
+    r580, which can restore onto other GPUs; below 13000 a ``gpu_map`` that moves anything
+    raises ``GpuUnavailable``, as the real adapter does). ``add_cuda_process(pid, memory)``
+    makes a CUDA process holding ``memory`` bytes on the first GPU (or on ``gpus``).
+
+    State machine, exactly the driver's: RUNNING -lock-> LOCKED -checkpoint-> CHECKPOINTED
+    -restore-> LOCKED -unlock-> RUNNING. Any other transition raises ``GpuFailed`` with code
+    ``CUDA_ERROR_ILLEGAL_STATE`` and changes nothing. A CHECKPOINTED process holds no device
+    memory: ``inventory()`` lists no use of it and counts its memory as free; ``restore``
+    needs that memory free again on the target GPUs (else ``CUDA_ERROR_OUT_OF_MEMORY``).
+
+    Processes: ``uses_cuda`` is True for a CUDA process (whatever its state), False for any
+    other pid; other calls on a pid that is not a CUDA process raise ``GpuFailed`` with
+    ``CUDA_ERROR_INVALID_VALUE`` (a choice of this fake: the real driver's code is
+    unverified). With ``processes``, a pid that is free or a zombie in that table is a
+    process that is gone: ``uses_cuda`` is False, other calls raise ``GpuFailed`` with code
+    ``NO_SUCH_PROCESS`` (like the real adapter), its memory is not in the inventory, and its
+    CUDA state is kept for when a (fake CRIU) restore brings the pid back, as the real state
+    lives in the process's memory.
+
+    ``restore(pid, gpu_map)``: a map whose every pair is old == new is no remap. Otherwise
+    it must name every GPU the process used (else ``CUDA_ERROR_INVALID_VALUE``), onto GPUs
+    of this fake with the same name (else ``CUDA_ERROR_INVALID_VALUE``); the memory moves.
+    ``restore_maps[pid]`` is the map passed to the last ``restore`` of ``pid`` (None: none).
+
+    Failure injection (sets of pids, changed freely by a test):
+
+    - ``fail_lock_timeout``: ``lock`` raises ``GpuFailed`` with ``lock_timeout_code``
+      (default ``CUDA_ERROR_TIMEOUT``; the real driver may say ``CUDA_ERROR_NOT_READY``)
+      and the process stays RUNNING;
+    - ``fail_illegal_state_once``: the next ``lock`` raises ``CUDA_ERROR_ILLEGAL_STATE`` (the
+      target was in cuInit) and the pid leaves the set, so a retry succeeds;
+    - ``fail_checkpoint``, ``fail_restore``, ``fail_unlock``: that call raises ``GpuFailed``
+      with ``fail_code`` and the state stays as it was;
+    - ``unavailable``: a message (e.g. "driver CUDA 12.4 lacks the checkpoint API: needs r570
+      / CUDA 12.8", or missing driver symbols): ``inventory()`` is ``available=False`` with
+      it, every call raises ``GpuUnavailable`` with it, except ``uses_cuda`` of a process
+      that holds no GPU (not a CUDA process, or one CHECKPOINTED), which is False, as the
+      real adapter says for a process with no ``/dev/nvidia*`` mapped.
+
+    Records: ``calls`` (``(method, pid)`` for every call of the checkpointer, in order, also
+    those that failed), ``lock_timeouts`` (pid -> ``timeout_ms`` of its last lock),
+    ``inventory_calls``. With ``events``, each successful lock / checkpoint / restore /
+    unlock appends ``"gpu.<method> <pid>"``, a failed one ``"gpu.<method>-failed <pid>"``.
+    With a ``clock``, a successful call advances it by ``durations[method]``. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        gpus: Sequence[GpuInfo] | None = None,
+        *,
+        driver_version: str = "580.159.03",
+        cuda_version: int = 13000,
+        processes: FakeProcessTable | None = None,
+        clock: FakeClock | None = None,
+        events: list[str] | None = None,
+    ) -> None:
+        self._lock = threading.RLock()
+        self.gpus: list[GpuInfo] = list(gpus) if gpus is not None else [H100]
+        self.driver_version = driver_version
+        self.cuda_version = cuda_version
+        self.processes = processes
+        self.clock = clock
+        self.events = events
+        self.cuda: dict[int, FakeCudaProcess] = {}
+        """The CUDA processes by pid."""
+        self.fail_lock_timeout: set[int] = set()
+        self.lock_timeout_code = "CUDA_ERROR_TIMEOUT"
+        self.fail_illegal_state_once: set[int] = set()
+        self.fail_checkpoint: set[int] = set()
+        self.fail_restore: set[int] = set()
+        self.fail_unlock: set[int] = set()
+        self.fail_code = "CUDA_ERROR_OPERATING_SYSTEM"
+        self.unavailable: str | None = None
+        self.calls: list[tuple[str, int]] = []
+        self.lock_timeouts: dict[int, int] = {}
+        self.restore_maps: dict[int, dict[str, str] | None] = {}
+        self.inventory_calls = 0
+        self.durations = {"lock": 0.01, "checkpoint": 0.5, "restore": 0.25, "unlock": 0.01}
+
+    # ---- set-up and inspection -------------------------------------------------------------
+
+    def add_cuda_process(
+        self,
+        pid: int,
+        memory: int = 2**30,
+        *,
+        gpus: Sequence[str] | None = None,
+        state: CudaState = CudaState.RUNNING,
+    ) -> FakeCudaProcess:
+        """Make ``pid`` a CUDA process holding ``memory`` bytes on each GPU of ``gpus``
+        (UUIDs; default: the first GPU). Raises ValueError for an unknown GPU."""
+        known = {g.uuid for g in self.gpus}
+        where = list(gpus) if gpus is not None else [self.gpus[0].uuid]
+        unknown = [u for u in where if u not in known]
+        if unknown:
+            raise ValueError(f"no such GPU in this FakeGpu: {unknown}")
+        proc = FakeCudaProcess(pid, {u: memory for u in where}, state)
+        with self._lock:
+            self.cuda[pid] = proc
+        return proc
+
+    def remove_cuda_process(self, pid: int) -> None:
+        """Forget ``pid`` (the process exited and its CUDA state with it)."""
+        with self._lock:
+            self.cuda.pop(pid, None)
+
+    def cuda_state(self, pid: int) -> CudaState | None:
+        """The state of ``pid`` without recording a call (None: not a CUDA process)."""
+        with self._lock:
+            proc = self.cuda.get(pid)
+            return proc.state if proc is not None else None
+
+    # ---- GpuInventoryPort ----------------------------------------------------------------
+
+    def inventory(self) -> GpuInventory:
+        """The GPUs, with each one's free memory net of the device memory held, and the
+        uses of every live CUDA process not CHECKPOINTED."""
+        with self._lock:
+            self.inventory_calls += 1
+            if self.unavailable is not None:
+                return GpuInventory(False, self.unavailable)
+            uses = self._live_uses()
+            gpus = tuple(
+                replace(g, memory_free=max(0, g.memory_total - self._held(g.uuid, uses)))
+                for g in self.gpus
+            )
+            if not gpus:
+                return GpuInventory(
+                    False,
+                    f"the NVIDIA driver {self.driver_version} sees no GPU",
+                    driver_version=self.driver_version,
+                    cuda_version=self.cuda_version,
+                )
+            return GpuInventory(
+                True,
+                f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) != 1 else ''} (FakeGpu)",
+                driver_version=self.driver_version,
+                cuda_version=self.cuda_version,
+                gpus=gpus,
+                uses=uses,
+            )
+
+    # ---- GpuCheckpointer -----------------------------------------------------------------
+
+    def uses_cuda(self, pid: int) -> bool:
+        """Whether ``pid`` is a live CUDA process (see the class doc)."""
+        with self._lock:
+            self.calls.append(("uses_cuda", pid))
+            proc = self.cuda.get(pid)
+            if proc is None or not self._alive(pid):
+                return False
+            if self.unavailable is not None:
+                if proc.state is CudaState.CHECKPOINTED:
+                    return False
+                raise GpuUnavailable(
+                    f"pid {pid} uses an NVIDIA GPU but cannot be checkpointed: "
+                    f"{self.unavailable}",
+                    pid=pid,
+                )
+            return True
+
+    def state(self, pid: int) -> CudaState:
+        with self._lock:
+            self.calls.append(("state", pid))
+            return self._target("state", pid).state
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        """RUNNING -> LOCKED (or a failure injected for ``pid``)."""
+        with self._lock:
+            self.calls.append(("lock", pid))
+            self.lock_timeouts[pid] = timeout_ms
+            proc = self._target("lock", pid)
+            if pid in self.fail_illegal_state_once:
+                self.fail_illegal_state_once.discard(pid)
+                raise self._failed("lock", pid, ILLEGAL_STATE, "the process is in cuInit")
+            self._expect("lock", proc)
+            if pid in self.fail_lock_timeout:
+                raise self._failed(
+                    "lock", pid, self.lock_timeout_code, f"not locked within {timeout_ms} ms"
+                )
+            self._move("lock", proc)
+
+    def checkpoint(self, pid: int) -> None:
+        """LOCKED -> CHECKPOINTED: the process's device memory is freed."""
+        with self._lock:
+            self.calls.append(("checkpoint", pid))
+            proc = self._target("checkpoint", pid)
+            self._expect("checkpoint", proc)
+            if pid in self.fail_checkpoint:
+                raise self._failed("checkpoint", pid, self.fail_code, "injected")
+            self._move("checkpoint", proc)
+
+    def restore(self, pid: int, gpu_map: Mapping[str, str] | None = None) -> None:
+        """CHECKPOINTED -> LOCKED, onto the GPUs of ``gpu_map`` when given."""
+        with self._lock:
+            self.calls.append(("restore", pid))
+            pairs = dict(gpu_map) if gpu_map else {}
+            self.restore_maps[pid] = pairs or None
+            proc = self._target("restore", pid)
+            remap = any(old != new for old, new in pairs.items())
+            if remap and self.cuda_version < 13000:
+                self._event("restore-failed", pid)
+                raise GpuUnavailable(
+                    "restoring onto other GPUs needs an r580 / CUDA 13.0 driver; this driver "
+                    f"is CUDA {self.cuda_version // 1000}.{self.cuda_version % 1000 // 10}",
+                    pid=pid,
+                )
+            self._expect("restore", proc)
+            if pid in self.fail_restore:
+                raise self._failed("restore", pid, self.fail_code, "injected")
+            memory = self._remapped(proc, pairs) if remap else dict(proc.memory)
+            self._check_fits(pid, memory)
+            proc.memory = memory
+            self._move("restore", proc)
+
+    def unlock(self, pid: int) -> None:
+        """LOCKED -> RUNNING."""
+        with self._lock:
+            self.calls.append(("unlock", pid))
+            proc = self._target("unlock", pid)
+            self._expect("unlock", proc)
+            if pid in self.fail_unlock:
+                raise self._failed("unlock", pid, self.fail_code, "injected")
+            self._move("unlock", proc)
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _alive(self, pid: int) -> bool:
+        if self.processes is None:
+            return True
+        return self.processes.status(pid).state not in (PidState.FREE, PidState.ZOMBIE)
+
+    @staticmethod
+    def _held(uuid: str, uses: Sequence[GpuUse]) -> int:
+        return sum(u.memory for u in uses if u.uuid == uuid)
+
+    def _event(self, what: str, pid: int) -> None:
+        if self.events is not None:
+            self.events.append(f"gpu.{what} {pid}")
+
+    def _failed(self, method: str, pid: int, code: str, detail: str = "") -> GpuFailed:
+        if method in _NEEDS:
+            self._event(f"{method}-failed", pid)
+        call = _CALLS[method]
+        suffix = f" ({detail})" if detail else ""
+        return GpuFailed(
+            f"{call} for pid {pid} failed: {code}{suffix}", call=call, code=code, pid=pid
+        )
+
+    def _target(self, method: str, pid: int) -> FakeCudaProcess:
+        if self.unavailable is not None:
+            if method in _NEEDS:
+                self._event(f"{method}-failed", pid)
+            raise GpuUnavailable(self.unavailable, pid=pid)
+        if not self._alive(pid):
+            raise self._failed(method, pid, "NO_SUCH_PROCESS", "no such process")
+        proc = self.cuda.get(pid)
+        if proc is None:
+            raise self._failed(method, pid, INVALID_VALUE, "not a CUDA process")
+        return proc
+
+    def _expect(self, method: str, proc: FakeCudaProcess) -> None:
+        need = _NEEDS[method]
+        if proc.state is not need:
+            raise self._failed(
+                method, proc.pid, ILLEGAL_STATE, f"the process is {proc.state.name}"
+            )
+
+    def _move(self, method: str, proc: FakeCudaProcess) -> None:
+        proc.state = _AFTER[method]
+        if self.clock is not None:
+            self.clock.advance(self.durations.get(method, 0.0))
+        self._event(method, proc.pid)
+
+    def _remapped(self, proc: FakeCudaProcess, pairs: dict[str, str]) -> dict[str, int]:
+        by_uuid = {g.uuid: g for g in self.gpus}
+        missing = sorted(set(proc.memory) - set(pairs))
+        if missing:
+            raise self._failed(
+                "restore", proc.pid, INVALID_VALUE, f"the GPU map lacks {', '.join(missing)}"
+            )
+        memory: dict[str, int] = {}
+        for old, used in proc.memory.items():
+            new = pairs[old]
+            target = by_uuid.get(new)
+            source = by_uuid.get(old)
+            if target is None:
+                raise self._failed("restore", proc.pid, INVALID_VALUE, f"no GPU {new}")
+            if source is not None and source.name != target.name:
+                raise self._failed(
+                    "restore",
+                    proc.pid,
+                    INVALID_VALUE,
+                    f"{new} is a {target.name}, not a {source.name}",
+                )
+            memory[new] = memory.get(new, 0) + used
+        return memory
+
+    def _check_fits(self, pid: int, memory: dict[str, int]) -> None:
+        live = self._live_uses()
+        for gpu in self.gpus:
+            need = memory.get(gpu.uuid, 0)
+            if need and need > gpu.memory_total - self._held(gpu.uuid, live):
+                raise self._failed("restore", pid, OUT_OF_MEMORY, f"{gpu.uuid} lacks memory")
+
+    def _live_uses(self) -> tuple[GpuUse, ...]:
+        """Device memory held now: by live CUDA processes that are not CHECKPOINTED."""
+        return tuple(
+            GpuUse(proc.pid, uuid, memory)
+            for proc in sorted(self.cuda.values(), key=lambda p: p.pid)
+            if proc.state is not CudaState.CHECKPOINTED and self._alive(proc.pid)
+            for uuid, memory in sorted(proc.memory.items())
+        )
+
+if TYPE_CHECKING:
+
+    def _is_an_inventory(gpu: FakeGpu) -> GpuInventoryPort:
+        return gpu
+
+    def _is_a_checkpointer(gpu: FakeGpu) -> GpuCheckpointer:
+        return gpu
