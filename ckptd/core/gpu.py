@@ -149,9 +149,12 @@ class GpuSteps:
 
     # ---- restore ------------------------------------------------------------------------
 
-    def plan_restore(self, facts: GpuFacts) -> dict[str, str] | None:
+    def plan_restore(
+        self, facts: GpuFacts, wanted: Mapping[str, str] | None = None
+    ) -> dict[str, str] | None:
         """Check that this node can take ``facts``' GPUs; the UUID map to use (None: same
-        GPUs). Raises GpuMismatch / GpuUnavailable listing every blocking difference."""
+        GPUs). ``wanted`` is the caller's choice (old UUID -> new UUID). Raises GpuMismatch /
+        GpuUnavailable listing every blocking difference."""
         if self._gpu is None:
             raise GpuUnavailable(
                 f"the checkpoint holds CUDA processes {list(facts.cuda_pids)} but this daemon "
@@ -166,7 +169,10 @@ class GpuSteps:
             problems.append(
                 f"driver CUDA {_ver(inv.cuda_version)} lacks the checkpoint API (needs 12.8)"
             )
-        mapping = match_gpus(facts.gpus, inv.gpus, facts.uses, problems)
+        if wanted:
+            mapping = check_gpu_map(wanted, facts, inv.gpus, problems)
+        else:
+            mapping = match_gpus(facts.gpus, inv.gpus, facts.uses, problems)
         remap = {old: new for old, new in mapping.items() if old != new}
         if remap and inv.cuda_version and inv.cuda_version < MIN_CUDA_REMAP:
             problems.append(
@@ -221,6 +227,44 @@ def match_gpus(
                 f"checkpoint needs {need.get(old, 0) >> 20} MiB"
             )
     return mapping
+
+
+def check_gpu_map(
+    wanted: Mapping[str, str],
+    facts: GpuFacts,
+    have: Sequence[GpuInfo],
+    problems: list[str],
+) -> dict[str, str]:
+    """A caller's map, checked: it names every checkpointed GPU, each onto a distinct GPU of
+    this node of the same model with enough free memory."""
+    by_uuid = {g.uuid: g for g in have}
+    old = {g.uuid: g for g in facts.gpus}
+    need: dict[str, int] = {}
+    for u in facts.uses:
+        need[u.uuid] = need.get(u.uuid, 0) + u.memory
+    for uuid in old:
+        if uuid not in wanted:
+            problems.append(f"--gpu-map does not name checkpointed GPU {uuid}")
+    for src, dst in wanted.items():
+        if src not in old:
+            problems.append(f"--gpu-map names {src}, which the checkpoint did not use")
+            continue
+        target = by_uuid.get(dst)
+        if target is None:
+            problems.append(f"--gpu-map target {dst} is not a GPU of this node")
+            continue
+        if target.name != old[src].name:
+            problems.append(
+                f"--gpu-map puts {old[src].name} ({src}) onto {target.name} ({dst}): models differ"
+            )
+        if target.memory_free and target.memory_free < need.get(src, 0):
+            problems.append(
+                f"GPU {target.index} ({target.name}) has {target.memory_free >> 20} MiB free, "
+                f"the checkpoint needs {need.get(src, 0) >> 20} MiB"
+            )
+    if len(set(wanted.values())) != len(wanted):
+        problems.append("--gpu-map puts two GPUs onto one")
+    return dict(wanted)
 
 
 def _models(gpus: Sequence[GpuInfo]) -> str:

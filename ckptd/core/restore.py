@@ -42,6 +42,7 @@ from ckptd.errors import (
     CheckpointNotFound,
     CkptdError,
     CriuUnavailable,
+    GpuMismatch,
     PermissionDenied,
     PidInUse,
 )
@@ -170,7 +171,12 @@ class RestoreRecipe:
     def _gpu_plan(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
         if ctx.record.gpu is not None:
-            ctx.gpu_map = self._gpu.plan_restore(ctx.record.gpu)
+            ctx.gpu_map = self._gpu.plan_restore(ctx.record.gpu, dict(ctx.request.gpu_map))
+        elif ctx.request.gpu_map:
+            raise GpuMismatch(
+                f"--gpu-map given but checkpoint {ctx.record.id} holds no CUDA process",
+                hint="leave --gpu-map out",
+            )
 
     def _gpu_restore(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None

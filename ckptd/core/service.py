@@ -34,7 +34,7 @@ from ckptd.domain import (
     RestoreRequest,
     VerifyReport,
 )
-from ckptd.errors import CkptdError, PermissionDenied
+from ckptd.errors import CkptdError, CorruptCheckpoint, PermissionDenied
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +123,16 @@ class CheckpointService:
         return self._probe()
 
     def verify(self, caller: Caller, checkpoint_id: str = "") -> VerifyReport:
-        """One checkpoint (its owner or root), or the whole store (root only)."""
+        """One checkpoint (its owner or root), or the whole store (root only). Root gets a
+        report also for a checkpoint whose manifest is damaged (its owner is unknown then)."""
         if checkpoint_id:
-            self._check_owner(caller, self._store.get(checkpoint_id))
+            try:
+                record = self._store.get(checkpoint_id)
+            except CorruptCheckpoint:
+                if not caller.is_root:
+                    raise
+            else:
+                self._check_owner(caller, record)
         elif not caller.is_root:
             raise PermissionDenied(
                 "only root may verify the whole store", hint="name one of your checkpoints"

@@ -207,6 +207,9 @@ class RestoreRequest:
     pid: int = 0
     name: str = ""
     output_path: str = ""
+    gpu_map: Mapping[str, str] = field(default_factory=dict)
+    """Old GPU UUID -> this node's GPU UUID, to choose the GPUs (default: the same GPUs when
+    present, else free ones of the same model)."""
 
 
 @dataclass(frozen=True)

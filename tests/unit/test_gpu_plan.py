@@ -108,3 +108,23 @@ def test_no_gpu_support_at_all_is_refused() -> None:
     plain = GpuSteps(None, None, FakeClock(), 1000)
     with pytest.raises(GpuUnavailable, match="no GPU support"):
         plain.plan_restore(facts(gpu(0)))
+
+
+def test_an_explicit_map_is_checked_and_used() -> None:
+    old = gpu(0)
+    plan = steps(gpu(0), gpu(1)).plan_restore(facts(old), {old.uuid: gpu(1).uuid})
+    assert plan == {old.uuid: gpu(1).uuid}
+
+
+def test_an_explicit_map_must_name_every_gpu_and_real_targets() -> None:
+    a, b = gpu(0), gpu(1)
+    with pytest.raises(GpuMismatch) as info:
+        steps(gpu(0), gpu(1)).plan_restore(facts(a, b), {a.uuid: "GPU-nope"})
+    text = str(info.value)
+    assert f"does not name checkpointed GPU {b.uuid}" in text
+    assert "GPU-nope is not a GPU of this node" in text
+
+
+def test_an_explicit_map_onto_another_model_is_refused() -> None:
+    with pytest.raises(GpuMismatch, match="models differ"):
+        steps(gpu(0), gpu(1, A100)).plan_restore(facts(gpu(0)), {gpu(0).uuid: gpu(1, A100).uuid})

@@ -12,9 +12,15 @@ from ckptd.adapters.storage.fsutil import fsync_dir, write_atomic
 
 
 class FileJournal:
+    """Opened by the one daemon that holds the state directory: a temporary file a crash left
+    in the middle of ``begin`` (``.<op>.json.tmp.<pid>``, never a record) is removed then."""
+
     def __init__(self, root: Path) -> None:
         self._root = root
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for stale in root.glob(".*.json.tmp.*"):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
 
     def begin(self, op_id: str, facts: dict[str, Any]) -> None:
         write_atomic(self._root / f"{op_id}.json", json.dumps(facts).encode())

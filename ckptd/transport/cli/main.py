@@ -220,6 +220,7 @@ def cmd_restore(ctx: Context, args: argparse.Namespace) -> int:
     if target is None and not args.name:
         args.subparser.error("give a checkpoint id or pid, or --name NAME")
     output = args.output or ""
+    gpu_map = dict(args.gpu_map or [])
     if target is None:
         request = pb.RestoreRequest(name=args.name, output_path=output)
         what = f"the latest checkpoint named {args.name!r}"
@@ -229,6 +230,7 @@ def cmd_restore(ctx: Context, args: argparse.Namespace) -> int:
     else:
         request = pb.RestoreRequest(checkpoint_id=target, output_path=output)
         what = target
+    request.gpu_map.update(gpu_map)
     result = _stream_result(ctx.client.Restore(request, timeout=ctx.timeout), "result")
     if result is None:
         raise CliError(f"ckptd ended the restore of {what} without a result; check its log")
@@ -409,6 +411,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="where the restored tree's stdout/stderr go when they cannot be restored "
         "(default: a file ckptd chooses)",
+    )
+    restore.add_argument(
+        "--gpu-map",
+        metavar="OLD=NEW",
+        action="append",
+        type=_label_type,
+        help="restore the checkpoint's GPU OLD (UUID) onto this node's GPU NEW (repeat for "
+        "every checkpointed GPU; default: the same GPUs, else free ones of the same model)",
     )
 
     list_ = command("list", cmd_list, "list checkpoints")

@@ -53,6 +53,7 @@ def restore_request(msg: pb.RestoreRequest) -> RestoreRequest:
         pid=msg.pid if which == "pid" else 0,
         name=msg.name if which == "name" else "",
         output_path=msg.output_path,
+        gpu_map=dict(msg.gpu_map),
     )
 
 

@@ -810,3 +810,11 @@ def test_show_human_prints_gpu_facts() -> None:
 def test_show_human_has_no_gpu_part_without_cuda() -> None:
     text = render.checkpoint_details(convert.checkpoint_to_dict(pb.Checkpoint(id="ck-x")))
     assert "gpu:" not in text
+
+
+def test_restore_sends_the_gpu_map(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
+    code, _, _ = run(
+        capsys, daemon, "restore", CK_ID, "--gpu-map", "GPU-a=GPU-b", "--gpu-map", "GPU-c=GPU-d"
+    )
+    assert code == 0
+    assert dict(daemon.last("Restore").gpu_map) == {"GPU-a": "GPU-b", "GPU-c": "GPU-d"}

@@ -137,10 +137,31 @@ Global___DumpEvent: _TypeAlias = DumpEvent  # noqa: Y015
 class RestoreRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class GpuMapEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     PID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     OUTPUT_PATH_FIELD_NUMBER: _builtins.int
+    GPU_MAP_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     pid: _builtins.int
     """the latest checkpoint of this pid"""
@@ -150,6 +171,10 @@ class RestoreRequest(_message.Message):
     """Where the restored tree's stdout/stderr go when they were a pipe or a terminal that
     cannot be restored. Empty: a file the daemon chooses (reported in RestoreResult).
     """
+    @_builtins.property
+    def gpu_map(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Checkpoint GPU UUID -> this node's GPU UUID (every checkpointed GPU, or none)."""
+
     def __init__(
         self,
         *,
@@ -157,10 +182,11 @@ class RestoreRequest(_message.Message):
         pid: _builtins.int = ...,
         name: _builtins.str = ...,
         output_path: _builtins.str = ...,
+        gpu_map: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "name", b"name", "pid", b"pid", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "name", b"name", "output_path", b"output_path", "pid", b"pid", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "gpu_map", b"gpu_map", "name", b"name", "output_path", b"output_path", "pid", b"pid", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["checkpoint_id", "pid", "name"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
