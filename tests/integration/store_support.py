@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import select
 import signal
@@ -45,6 +46,14 @@ def largest_pack(store: Path) -> Path:
     packs = store_files(store, "packs")
     assert packs, f"no pack under {store / 'packs'}"
     return max(packs, key=lambda p: p.stat().st_size)
+
+
+def manifest_refs(store: Path, checkpoint_id: str) -> tuple[set[str], set[str]]:
+    """The packs and blobs the manifest of a checkpoint names, read from disk (the JSON line
+    before its checksum line: see ckptd/core/store/manifest.py)."""
+    data = (store / "manifests" / checkpoint_id).read_bytes()
+    body = json.loads(data.rstrip(b"\n").rpartition(b"\n")[0])
+    return set(body["packs"]), set(body["blobs"])
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -179,7 +188,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str
 def assert_verify_clean(d: Daemon, expect_ids: list[str] | None = None) -> dict[str, Any]:
     res = d.ctl("verify")
     assert res.rc == 0, f"ckptctl verify exit {res.rc}: {res.out!r} {res.err.strip()}"
-    report = assert_ok(res, "verify")
+    report: dict[str, Any] = assert_ok(res, "verify")
     assert report["ok"] is True and report["problems"] == [], report
     if expect_ids is not None:
         assert sorted(report["checked"]) == sorted(expect_ids), (
@@ -283,3 +292,30 @@ def kill_on(
         return False
     finally:
         ino.close()
+
+
+def tracer_of(pid: int) -> int:
+    """The pid tracing ``pid`` (CRIU while it dumps it), 0 if none or no such process."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1])
+    return 0
+
+
+def kill_when(
+    d: Daemon, predicate: Callable[[], bool], timeout: float,
+    also_stop: Callable[[], bool] = lambda: False,
+) -> bool:
+    """SIGKILL ``d`` as soon as ``predicate()`` holds (polled every millisecond): True; or
+    after ``timeout`` seconds or once ``also_stop()`` says so: False."""
+    deadline = time.monotonic() + timeout
+    fired = False
+    while time.monotonic() < deadline and not also_stop():
+        if predicate():
+            fired = True
+            break
+        time.sleep(0.001)
+    d.proc.kill()
+    d.proc.wait(timeout=10)
+    return fired
