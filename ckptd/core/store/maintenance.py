@@ -96,8 +96,7 @@ def verify(store: ContentStore, blobs: BlobStore, checkpoint_id: str = "") -> Ve
                 manifest = store.manifest(cid, fresh=True)
                 reader = store.reader(cid)
                 for entry in manifest.files:
-                    for _chunk in reader.chunks(entry):
-                        del _chunk
+                    reader.check(entry)
                 for pack_id in manifest.packs:
                     if pack_id not in store.index.packs:
                         problems.append(f"checkpoint {cid}: pack {pack_id} is missing")

@@ -7,9 +7,11 @@ frames, without copying pages one by one.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future
+from pathlib import Path
 
 from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagelist
@@ -52,6 +54,12 @@ def _runs(locs: Sequence[Location | None]) -> Iterator[tuple[FrameKey | None, in
 
 
 _ZEROS = bytes(CHUNK_PAGES * PAGE_SIZE)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 def _zeros(pages: int) -> bytes | memoryview:
@@ -144,6 +152,75 @@ class CheckpointReader:
             yield out
         for _, future in ahead:
             future.cancel()
+
+    def materialize(self, entry: FileEntry, path: Path) -> None:
+        """Write ``entry``'s file at ``path``: every needed frame is fetched, decompressed and
+        verified exactly once (in parallel), and its pages copied to where they belong; zero
+        pages are never written (the file is created sparse)."""
+        if entry.blob:
+            for chunk in self.chunks(entry):
+                path.write_bytes(b"".join(chunk))
+            return
+        refs = self.refs(entry)
+        if len(refs) * PAGE_SIZE != entry.size:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._id}: page list of {entry.name} does not match its size",
+                checkpoint_id=self._id,
+            )
+        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
+        out = 0
+        for key, first, count in _runs([None if r == ZERO_REF else self._locate(r) for r in refs]):
+            if key is not None:
+                runs.setdefault(key, []).append((out, first, count))
+            out += count
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, entry.size)
+            if entry.size == 0 or not runs:
+                return
+            for key, frame in self._frames_once(list(runs)):
+                view = memoryview(frame)
+                for dst, src, count in runs[key]:
+                    _pwrite_all(fd, view[src * PAGE_SIZE : (src + count) * PAGE_SIZE],
+                                dst * PAGE_SIZE)
+                view.release()
+        finally:
+            os.close(fd)
+
+    def check(self, entry: FileEntry) -> None:
+        """Read back and verify ``entry`` without writing it anywhere."""
+        if entry.blob:
+            for _ in self.chunks(entry):
+                pass
+            return
+        refs = self.refs(entry)
+        if len(refs) * PAGE_SIZE != entry.size:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._id}: page list of {entry.name} does not match its size",
+                checkpoint_id=self._id,
+            )
+        keys = dict.fromkeys(
+            (loc.pack_id, loc.frame) for loc in (self._locate(r) for r in refs if r != ZERO_REF)
+        )
+        for _ in self._frames_once(list(keys)):
+            pass
+
+    def _frames_once(self, keys: list[FrameKey]) -> Iterator[tuple[FrameKey, bytes]]:
+        """Each frame of ``keys`` loaded and verified, a bounded number at a time in flight."""
+        ahead: deque[tuple[FrameKey, Future[bytes]]] = deque()
+        pending = iter(keys)
+        try:
+            for key in pending:
+                ahead.append((key, self._executor.submit(self._load_frame, *key)))
+                if len(ahead) >= PREFETCH:
+                    k, future = ahead.popleft()
+                    yield k, future.result()
+            while ahead:
+                k, future = ahead.popleft()
+                yield k, future.result()
+        finally:
+            for _, future in ahead:
+                future.cancel()
 
     def _take(self, key: FrameKey, ahead: deque[tuple[FrameKey, Future[bytes]]]) -> bytes:
         while ahead:
