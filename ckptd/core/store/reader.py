@@ -104,6 +104,16 @@ class CheckpointReader:
                 checkpoint_id=self._id,
             ) from exc
 
+    def sized_refs(self, entry: FileEntry) -> list[bytes]:
+        """``refs``, checked against the file's size."""
+        refs = self.refs(entry)
+        if len(refs) * PAGE_SIZE != entry.size:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._id}: page list of {entry.name} does not match its size",
+                checkpoint_id=self._id,
+            )
+        return refs
+
     def chunks(self, entry: FileEntry) -> Iterator[list[bytes | memoryview]]:
         """The file's content, as lists of buffers (about CHUNK_PAGES pages each)."""
         if entry.blob:
@@ -116,12 +126,7 @@ class CheckpointReader:
                 )
             yield [data]
             return
-        refs = self.refs(entry)
-        if len(refs) * PAGE_SIZE != entry.size:
-            raise CorruptCheckpoint(
-                f"checkpoint {self._id}: page list of {entry.name} does not match its size",
-                checkpoint_id=self._id,
-            )
+        refs = self.sized_refs(entry)
         locs = [None if r == ZERO_REF else self._locate(r) for r in refs]
         order: list[FrameKey] = []
         for loc in locs:
@@ -161,12 +166,7 @@ class CheckpointReader:
             for chunk in self.chunks(entry):
                 path.write_bytes(b"".join(chunk))
             return
-        refs = self.refs(entry)
-        if len(refs) * PAGE_SIZE != entry.size:
-            raise CorruptCheckpoint(
-                f"checkpoint {self._id}: page list of {entry.name} does not match its size",
-                checkpoint_id=self._id,
-            )
+        refs = self.sized_refs(entry)
         runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
         out = 0
         for key, first, count in _runs([None if r == ZERO_REF else self._locate(r) for r in refs]):
@@ -193,12 +193,7 @@ class CheckpointReader:
             for _ in self.chunks(entry):
                 pass
             return
-        refs = self.refs(entry)
-        if len(refs) * PAGE_SIZE != entry.size:
-            raise CorruptCheckpoint(
-                f"checkpoint {self._id}: page list of {entry.name} does not match its size",
-                checkpoint_id=self._id,
-            )
+        refs = self.sized_refs(entry)
         keys = dict.fromkeys(
             (loc.pack_id, loc.frame) for loc in (self._locate(r) for r in refs if r != ZERO_REF)
         )
