@@ -35,9 +35,6 @@ FRAME_ENTRY = struct.Struct("<QII")
 FRAME_PAGES = 1024
 TARGET_PACK_BYTES = 64 << 20
 
-RAW_SAMPLE = 64 << 10
-RAW_IF_RATIO_ABOVE = 0.97  # a sample that shrinks less than 3%: store the frame as it is
-
 DigestFn = Callable[[bytes | memoryview], bytes]
 SealedPack = tuple[str, bytes, "PackIndex"]
 
@@ -109,8 +106,6 @@ def read_frame_data(
     pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], digest: DigestFn
 ) -> bytes:
     """Decompress one frame and verify every page against its hash; the pages, concatenated."""
-    if len(raw) == len(hashes) * PAGE_SIZE:  # stored as is (see PackBuilder._compress)
-        return _verified(pack_id, frame_no, bytes(raw), hashes, digest)
     try:
         declared = zstandard.frame_content_size(raw)
         if declared not in (-1, len(hashes) * PAGE_SIZE):
@@ -126,12 +121,6 @@ def read_frame_data(
         ) from exc
     if len(data) != len(hashes) * PAGE_SIZE:
         raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: wrong size")
-    return _verified(pack_id, frame_no, data, hashes, digest)
-
-
-def _verified(
-    pack_id: str, frame_no: int, data: bytes, hashes: tuple[bytes, ...], digest: DigestFn
-) -> bytes:
     view = memoryview(data)
     for i, expected in enumerate(hashes):
         if digest(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]) != expected:
@@ -205,16 +194,7 @@ class PackBuilder:
                 self.cut_frame()
 
     def _compress(self, data: bytes | memoryview) -> bytes:
-        """zstd, or the pages as they are when a sample says they will not compress (random
-        data: the CPU is better spent elsewhere). A stored frame is recognisable by its
-        length — exactly its pages' — which a zstd frame never has (it adds a header)."""
-        compressor = zstandard.ZstdCompressor(level=self._level)
-        if len(data) > RAW_SAMPLE * 4:
-            sample = data[:RAW_SAMPLE]
-            if len(compressor.compress(sample)) > len(sample) * RAW_IF_RATIO_ABOVE:
-                return bytes(data)
-        out = compressor.compress(data)
-        return out if len(out) < len(data) else bytes(data)
+        return zstandard.ZstdCompressor(level=self._level).compress(data)
 
     def cut_frame(self) -> None:
         if not self._pending:

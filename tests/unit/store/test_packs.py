@@ -271,24 +271,3 @@ def test_pages_are_verified_with_random_access(
         )[i]
         assert HASHER.digest(got) == h
         assert got == pages[sum(len(f.hashes) for f in index.frames[:f_no]) + i]
-
-
-def test_incompressible_frames_are_stored_as_they_are_and_read_back(
-    executor: ThreadPoolExecutor,
-) -> None:
-    rng = random.Random(7)
-    noise = [rng.randbytes(PAGE_SIZE) for _ in range(packs.FRAME_PAGES)]
-    text = [(b"step 1 value 0.5\n" * 300)[:PAGE_SIZE] for _ in range(packs.FRAME_PAGES)]
-    (pack_id, blob, index), = build(executor, noise + text)
-    stored = [f for f in index.frames if f.length == len(f.hashes) * PAGE_SIZE]
-    compressed = [f for f in index.frames if f.length < len(f.hashes) * PAGE_SIZE]
-    assert len(stored) == 1 and len(compressed) == 1  # the noise as is, the text in zstd
-    for frame_no, frame in enumerate(index.frames):
-        raw = blob[frame.offset : frame.offset + frame.length]
-        pages = read_frame(pack_id, frame_no, raw, frame.hashes, HASHER.digest)
-        assert pages == (noise if frame is stored[0] else text)
-    frame = stored[0]
-    damaged = bytearray(blob[frame.offset : frame.offset + frame.length])
-    damaged[12345] ^= 1
-    with pytest.raises(CorruptCheckpoint, match="does not match its hash"):
-        read_frame(pack_id, 0, bytes(damaged), frame.hashes, HASHER.digest)
