@@ -9,6 +9,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ckptd.adapters.storage.url import local_path
+
 DEFAULT_CRIU_PATHS = ("/usr/local/sbin/criu", "/usr/sbin/criu", "/usr/bin/criu")
 
 
@@ -19,7 +21,15 @@ class DaemonConfig:
     socket_mode: int = 0o660
     socket_group: str = "ckptd"
     """Group allowed to use the socket; root only when the group does not exist."""
-    store: Path = Path("/var/lib/ckptd")
+    store: str = "/var/lib/ckptd"
+    """Where checkpoints live: a directory (or ``file:///dir``), or an object store URL
+    (``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``)."""
+    store_endpoint: str = ""
+    """Object store endpoint instead of the cloud's own (an S3-compatible server); empty: none."""
+    store_region: str = ""
+    """S3 region; empty: from the environment."""
+    store_allow_http: bool = False
+    """Allow a plain-HTTP ``store_endpoint``."""
     state_dir: Path = Path("/var/lib/ckptd/state")
     """Journal of operations in flight, CRIU logs, restored jobs' output."""
     fast_staging_dir: str = "/dev/shm/ckptd"
@@ -59,12 +69,16 @@ class DaemonConfig:
         return DEFAULT_CRIU_PATHS[0]
 
 
-_PATHS = {"socket", "store", "state_dir"}
+_PATHS = {"socket", "state_dir"}
+DEFAULT_URL_STATE_DIR = Path("/var/lib/ckptd/state")
+"""The state directory when the store is an object store URL and none is given."""
 
 
 def _coerce(name: str, value: Any) -> Any:
     if name in _PATHS:
         return Path(value)
+    if name == "store":
+        return str(value)
     if name == "socket_mode" and isinstance(value, str):
         return int(value, 8)
     return value
@@ -87,7 +101,9 @@ def load(args: argparse.Namespace) -> DaemonConfig:
     }
     config = replace(config, **overrides)
     if args.store is not None and args.state_dir is None and not _in_file(args, "state_dir"):
-        config = replace(config, state_dir=config.store / "state")
+        local = local_path(config.store)
+        state = DEFAULT_URL_STATE_DIR if local is None else local / "state"
+        config = replace(config, state_dir=state)
     return config
 
 

@@ -42,7 +42,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ckptd", description="ckptd checkpoint/restore daemon")
     p.add_argument("--config", help="TOML file with settings (keys as the long flags, '_')")
     p.add_argument("--socket", help="gRPC Unix socket (default /run/ckptd/ckptd.sock)")
-    p.add_argument("--store", help="checkpoint store directory (default /var/lib/ckptd)")
+    p.add_argument(
+        "--store",
+        help="checkpoint store: a directory or file:///path (local, NFS), s3://bucket/prefix, "
+        "gs://bucket/prefix, az://container/prefix (default /var/lib/ckptd)",
+    )
+    p.add_argument("--store-endpoint", dest="store_endpoint",
+                   help="object store endpoint URL (S3-compatible servers)")
+    p.add_argument("--store-region", dest="store_region", help="object store region")
+    p.add_argument("--store-allow-http", dest="store_allow_http", action="store_true",
+                   default=None, help="allow plain-HTTP endpoints (test servers only)")
     p.add_argument("--state-dir", dest="state_dir", help="journal, logs (default STORE/state)")
     p.add_argument("--criu", dest="criu_path", help="path of the criu binary")
     p.add_argument("--socket-group", dest="socket_group", help="group allowed on the socket")

@@ -60,3 +60,15 @@ def gpu(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuHarness]:
         yield harness
     finally:
         harness.close()
+
+
+# ---- S3 (appended section: see harness.py and moto_server.py) ------------------------------
+
+from . import moto_server  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_moto_server() -> Iterator[None]:
+    """The moto server starts on first use (the "s3" backend) and stops when the session ends."""
+    yield
+    moto_server.stop_shared()

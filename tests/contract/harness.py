@@ -496,3 +496,50 @@ GPUS: dict[str, Callable[[Path], GpuHarness]] = {
     "fake": FakeGpuHarness,
     "real": RealGpuHarness,
 }
+
+
+# ---- BlobStore on S3 (appended section: a real S3 API, moto's server on 127.0.0.1) ----------
+
+import pytest  # noqa: E402
+
+from ckptd.adapters.storage import ObjectBlobStore  # noqa: E402
+
+from . import moto_server  # noqa: E402
+
+
+def _s3_blobs(tmp: Path) -> BlobStoreHarness:
+    """``ObjectBlobStore`` on a fresh bucket of the session's moto server. Failed puts: the
+    store's requests go to a loopback port that reads part of each request and hangs up."""
+    del tmp
+    missing = moto_server.moto_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    server = moto_server.shared()
+    url = f"s3://{server.new_bucket()}/ckptd"
+
+    def open_store(endpoint: str = server.endpoint, **opts: Any) -> ObjectBlobStore:
+        return ObjectBlobStore.from_url(
+            url, endpoint=endpoint, region=moto_server.REGION, allow_http=True,
+            config=moto_server.STORE_CREDENTIALS, **opts,
+        )
+
+    blobs = open_store()
+
+    @contextlib.contextmanager
+    def failing_puts() -> Iterator[None]:
+        with moto_server.dropping_server() as dead:
+            broken = open_store(
+                dead.endpoint, connect_timeout=2.0, timeout=5.0, max_retries=1,
+                retry_timeout=5.0, init_backoff=0.01, max_backoff=0.05,
+            )
+            healthy, blobs._store = blobs._store, broken._store
+            try:
+                yield
+            finally:
+                blobs._store = healthy
+            assert dead.connections > 0, "no request reached the failing endpoint"
+
+    return BlobStoreHarness(blobs, open_store, failing_puts, lambda key: None)
+
+
+BLOBSTORES["s3"] = _s3_blobs

@@ -2,5 +2,7 @@
 
 from ckptd.adapters.storage.journal import FileJournal
 from ckptd.adapters.storage.localfs import LocalBlobStore
+from ckptd.adapters.storage.objstore import ObjectBlobStore
+from ckptd.adapters.storage.url import open_blob_store
 
-__all__ = ["FileJournal", "LocalBlobStore"]
+__all__ = ["FileJournal", "LocalBlobStore", "ObjectBlobStore", "open_blob_store"]
