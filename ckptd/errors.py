@@ -13,7 +13,9 @@
     │   ├── PidInUse                restore: a pid of the tree is taken (running or zombie)
     │   ├── CriuUnavailable         CRIU missing, too old, or failing ``criu check``
     │   ├── GpuUnavailable          no usable NVIDIA driver / CUDA checkpoint API
-    │   └── GpuMismatch             this node's GPUs cannot take the checkpoint
+    │   ├── GpuMismatch             this node's GPUs cannot take the checkpoint
+    │   └── Incompatible            restore: this node differs from the checkpoint's (CPU,
+    │                               files, kernel, ...): lists every difference
     ├── GpuFailed                   a CUDA checkpoint call failed (call, error code)
     ├── CriuFailed                  CRIU ran and failed (errno, message, log tail)
     ├── StoreError                  the checkpoint store failed (I/O, format)
@@ -100,7 +102,29 @@ class GpuUnavailable(PreconditionFailed):
 
 
 class GpuMismatch(PreconditionFailed):
-    """This node's GPUs cannot take the checkpoint (model, count, memory, driver)."""
+    """This node's GPUs cannot take the checkpoint (model, count, memory, driver).
+    ``problems`` lists every blocking difference, one per item."""
+
+    def __init__(self, message: str, *, problems: tuple[str, ...] = (), **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.problems = problems or (message,)
+
+
+class Incompatible(PreconditionFailed):
+    """This node cannot take the checkpoint as it is: ``blocking`` differences (never
+    overridable) and ``warnings`` (a restore may be told to ignore them)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        blocking: tuple[str, ...] = (),
+        warnings: tuple[str, ...] = (),
+        **kwargs: object,
+    ) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.blocking = blocking
+        self.warnings = warnings
 
 
 class GpuFailed(CkptdError):

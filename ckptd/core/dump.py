@@ -2,7 +2,8 @@
 
 Order, and what undoes each step if a later one fails:
 
-    inspect         the tree, its stdio, stopped processes, CUDA processes     -
+    inspect         the tree, its stdio, stopped processes, CUDA processes,    -
+                    the node fingerprint (node facts, files the tree uses)
     journal         durable "dump in flight" record (a restarted daemon undoes it)  end the record
     stage           an empty image directory in the store                     abort it
     gpu-lock        lock every CUDA process (before CRIU seizes any)           restore + unlock
@@ -35,6 +36,7 @@ from ckptd.core.ports import (
     CriuDumpResult,
     CriuHooks,
     Journal,
+    NodeInspector,
     ProcessTable,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
@@ -43,6 +45,7 @@ from ckptd.domain import (
     Caller,
     CheckpointRecord,
     DumpRequest,
+    NodeFingerprint,
     PidState,
     ProcessFact,
     StdioFact,
@@ -67,6 +70,7 @@ class DumpContext:
     criu_result: CriuDumpResult | None = None
     record: CheckpointRecord | None = None
     gpu: GpuSession = field(default_factory=GpuSession)
+    fingerprint: NodeFingerprint | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -83,9 +87,11 @@ class DumpRecipe:
         clock: Clock,
         config: CoreConfig,
         gpu: GpuSteps,
+        node: NodeInspector,
         hooks: CriuHooks | None = None,
     ) -> None:
         self._gpu = gpu
+        self._node = node
         self._criu = criu
         self._processes = processes
         self._store = store
@@ -133,6 +139,7 @@ class DumpRecipe:
             p.pid for p in ctx.tree if self._processes.status(p.pid).state is PidState.STOPPED
         )
         self._gpu.inspect(ctx.gpu, ctx.tree)
+        ctx.fingerprint = replace(self._node.fingerprint(ctx.tree), criu_version=status.version)
 
     def _journal_begin(self, ctx: DumpContext) -> None:
         self._journal.begin(
@@ -235,6 +242,7 @@ class DumpRecipe:
             parent_id=self._parent_of(ctx),
             duration_s=self._clock.time() - ctx.started,
             gpu=ctx.gpu.facts(),
+            fingerprint=ctx.fingerprint,
         )
         ctx.record = self._store.commit(record)
 

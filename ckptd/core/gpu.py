@@ -180,8 +180,10 @@ class GpuSteps:
                 "(needs r580 / CUDA 13.0)"
             )
         if problems:
-            raise GpuMismatch("this node cannot restore the checkpoint's GPUs: "
-                              + "; ".join(problems))
+            raise GpuMismatch(
+                "this node cannot restore the checkpoint's GPUs: " + "; ".join(problems),
+                problems=tuple(problems),
+            )
         return mapping if remap else None
 
 

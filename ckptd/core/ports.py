@@ -16,8 +16,11 @@ from ckptd.domain import (
     CheckpointRecord,
     CriuStatus,
     CudaState,
+    FileKind,
+    FileNeed,
     GcReport,
     GpuInventory,
+    NodeFingerprint,
     PidStatus,
     ProcessFact,
     StdioFact,
@@ -56,6 +59,28 @@ class ProcessTable(Protocol):
 
     def signal(self, pid: int, signo: int) -> bool:
         """Send ``signo``; False when the process no longer exists."""
+        ...
+
+
+class NodeInspector(Protocol):
+    """This node's facts (CPU, kernel, libc) and the files a process tree uses.
+
+    Paths are as this daemon sees them (its mount namespace). Never raises for a process that
+    went away or a file that cannot be read: those are left out."""
+
+    def here(self) -> NodeFingerprint:
+        """This node's facts; ``files`` empty, ``criu_version`` empty (the core knows CRIU)."""
+        ...
+
+    def fingerprint(self, tree: Sequence[ProcessFact]) -> NodeFingerprint:
+        """``here()`` plus every path ``tree`` uses (executables, file-backed mappings, open
+        regular files, working directories, and the mount points they live on), one entry
+        per path, content-hashed when at most ``HASH_LIMIT`` bytes."""
+        ...
+
+    def file(self, path: str, kind: FileKind, with_hash: bool) -> FileNeed | None:
+        """``path`` as it is on this node now (None: missing). For EXE/MAP/FILE a regular
+        file (hashed when ``with_hash`` and small); CWD a directory; MOUNT a mount point."""
         ...
 
 

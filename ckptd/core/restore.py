@@ -3,7 +3,10 @@
 Order, and what undoes each step if a later one fails:
 
     resolve       find the checkpoint (id, or latest of a pid / name); check the caller   -
-    gpu-plan      CUDA trees: this node's GPUs can take them (model, count, memory, driver)
+    compat        this node fits the checkpoint (``core.compat``: architecture, CPU flags,  -
+                  files, kernel, CRIU, libc; CUDA trees: GPU model, count, memory, driver);
+                  refuses with every blocking difference, and with every warning unless
+                  the request says ``ignore_warnings``
     pids          every pid of the tree must be free (a zombie is waited for, bounded)     -
     checkout      CRIU's image directory from the store                                   release it
     stdio         replacements for stdio whose other end was outside the tree             close ours
@@ -11,7 +14,8 @@ Order, and what undoes each step if a later one fails:
     gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock;          -
                   if that fails the restored tree is killed (it could never run)
 
-Invariants: nothing on the node changes before ``pids`` passed; a failed CRIU restore leaves
+Invariants: nothing on the node changes before ``pids`` passed (and CRIU is never called
+for a checkpoint that does not fit the node); a failed CRIU restore leaves
 no part of the tree behind (CRIU kills what it created); the restored tree is not a child of
 the daemon (CRIU's process forks it and exits), so stopping the daemon never touches it.
 """
@@ -21,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ckptd.core.compat import check_restore, gpu_problems, refuse_unless_compatible
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.ports import (
@@ -33,11 +39,19 @@ from ckptd.core.ports import (
     CriuHooks,
     CriuRestoreJob,
     InheritFd,
+    NodeInspector,
     ProcessTable,
     StdioProvider,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
-from ckptd.domain import Caller, CheckpointRecord, PidState, RestoreOutcome, RestoreRequest
+from ckptd.domain import (
+    Caller,
+    CheckpointRecord,
+    CompatReport,
+    PidState,
+    RestoreOutcome,
+    RestoreRequest,
+)
 from ckptd.errors import (
     CheckpointNotFound,
     CkptdError,
@@ -96,9 +110,11 @@ class RestoreRecipe:
         clock: Clock,
         config: CoreConfig,
         gpu: GpuSteps,
+        node: NodeInspector,
         hooks: CriuHooks | None = None,
     ) -> None:
         self._gpu = gpu
+        self._node = node
         self._criu = criu
         self._processes = processes
         self._store = store
@@ -108,7 +124,7 @@ class RestoreRecipe:
         self._hooks = hooks or CriuHooks()
         self.steps: tuple[Step[RestoreContext], ...] = (
             Step("resolve", self._resolve, None, "finding the checkpoint"),
-            Step("gpu-plan", self._gpu_plan, None, "checking this node's GPUs"),
+            Step("compat", self._compat, None, "checking that this node fits the checkpoint"),
             Step("pids", self._wait_pids_free, None, "checking that the tree's pids are free"),
             Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
             Step("stdio", self._stdio_replacements, None, "preparing stdio"),
@@ -168,15 +184,38 @@ class RestoreRecipe:
             raise CriuUnavailable(f"cannot restore: {status.message}", checkpoint_id=record.id)
         ctx.record = record
 
-    def _gpu_plan(self, ctx: RestoreContext) -> None:
-        assert ctx.record is not None
-        if ctx.record.gpu is not None:
-            ctx.gpu_map = self._gpu.plan_restore(ctx.record.gpu, dict(ctx.request.gpu_map))
-        elif ctx.request.gpu_map:
+    def check(
+        self, record: CheckpointRecord, gpu_map: Mapping[str, str] | None = None
+    ) -> CompatReport:
+        """Every blocking difference and warning between ``record`` and this node."""
+        return check_restore(
+            record,
+            self._node,
+            criu_version=self._criu.status().version,
+            gpu=self._gpu,
+            gpu_map=gpu_map,
+        )
+
+    def _compat(self, ctx: RestoreContext) -> None:
+        """Refuse a checkpoint that does not fit this node. When only the GPUs do not fit,
+        the GPU plan's own error (GpuMismatch / GpuUnavailable, every GPU problem in it)."""
+        record = ctx.record
+        assert record is not None
+        if record.gpu is None and ctx.request.gpu_map:
             raise GpuMismatch(
-                f"--gpu-map given but checkpoint {ctx.record.id} holds no CUDA process",
+                f"--gpu-map given but checkpoint {record.id} holds no CUDA process",
                 hint="leave --gpu-map out",
             )
+        report = check_restore(
+            record, self._node, criu_version=self._criu.status().version, include_gpu=False
+        )
+        if record.gpu is not None:
+            if report.blocking:
+                more = gpu_problems(record, self._gpu, ctx.request.gpu_map)
+                report = replace(report, blocking=report.blocking + tuple(more))
+            else:
+                ctx.gpu_map = self._gpu.plan_restore(record.gpu, dict(ctx.request.gpu_map))
+        refuse_unless_compatible(record, report, ignore_warnings=ctx.request.ignore_warnings)
 
     def _gpu_restore(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None

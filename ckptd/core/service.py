@@ -26,6 +26,7 @@ from ckptd.core.restore import RestoreRecipe
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
+    CompatReport,
     DumpRequest,
     GcReport,
     NodeReport,
@@ -112,6 +113,12 @@ class CheckpointService:
         record = self._store.get(checkpoint_id)
         self._check_owner(caller, record)
         return record
+
+    def check_restore(self, caller: Caller, checkpoint_id: str) -> CompatReport:
+        """Whether this node can restore ``checkpoint_id``: every blocking difference and
+        every warning (what a restore would refuse with)."""
+        record = self.get(caller, checkpoint_id)
+        return self._restore.check(record)
 
     def delete(self, caller: Caller, checkpoint_id: str) -> None:
         record = self._store.get(checkpoint_id)

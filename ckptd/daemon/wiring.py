@@ -11,8 +11,8 @@ from pathlib import Path
 from ckptd.adapters.clock import SystemClock
 from ckptd.adapters.criu import CriuSwrk
 from ckptd.adapters.criu.images import is_pages_image
-from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable
-from ckptd.adapters.storage import FileJournal, LocalBlobStore
+from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable, ProcNodeInspector
+from ckptd.adapters.storage import FileJournal, LocalBlobStore, ObjectBlobStore, open_blob_store
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
@@ -28,7 +28,7 @@ from ckptd.daemon.probe import NodeProbe
 class Wired:
     service: CheckpointService
     store: ContentStore
-    blobs: LocalBlobStore
+    blobs: LocalBlobStore | ObjectBlobStore
     criu: CriuSwrk
 
 
@@ -66,7 +66,14 @@ def wire(config: DaemonConfig) -> Wired:
         plugin_dir=state / "criu-plugins",
         log_level=config.criu_log_level,
     )
-    blobs = LocalBlobStore(config.store)
+    blobs = open_blob_store(
+        config.store,
+        endpoint=config.store_endpoint or None,
+        region=config.store_region or None,
+        allow_http=config.store_allow_http or None,
+    )
+    if not isinstance(blobs, LocalBlobStore | ObjectBlobStore):  # pragma: no cover
+        raise TypeError(f"unexpected blob store {type(blobs).__name__} for {config.store}")
     # One daemon's staging must never be another's (each cleans its own at start-up).
     tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
     fast = Path(config.fast_staging_dir) / tag if config.fast_staging_dir else None
@@ -89,6 +96,7 @@ def wire(config: DaemonConfig) -> Wired:
         clock=clock,
         config=core,
         gpu=gpu,
+        node=ProcNodeInspector(),
     )
     restore = RestoreRecipe(
         criu=criu,
@@ -98,6 +106,7 @@ def wire(config: DaemonConfig) -> Wired:
         clock=clock,
         config=core,
         gpu=gpu,
+        node=ProcNodeInspector(),
     )
     service = CheckpointService(
         dump=dump,

@@ -189,6 +189,99 @@ class GpuFacts:
         )
 
 
+class FileKind(enum.StrEnum):
+    """Why a checkpoint needs a path of the node."""
+
+    EXE = "exe"  # the executable of a process
+    MAP = "map"  # a file-backed memory mapping (shared libraries, mapped data)
+    FILE = "file"  # an open regular file (/proc/PID/fd)
+    CWD = "cwd"  # a process's working directory
+    MOUNT = "mount"  # the mount point a needed path lives on
+
+
+HASH_LIMIT = 1 << 20
+"""Files up to this size get a content hash in the fingerprint."""
+
+
+@dataclass(frozen=True)
+class FileNeed:
+    """A path the checkpointed tree used, as it was at dump (or as it is now on a node).
+
+    ``size``/``mtime_ns`` are 0 for directories and mount points; ``hash`` (xxh3-128 hex) is
+    set only for regular files of at most ``HASH_LIMIT`` bytes that are not ``writable``."""
+
+    path: str
+    kind: FileKind
+    size: int = 0
+    mtime_ns: int = 0
+    hash: str = ""
+    writable: bool = False
+    """A file the tree may write to (open for writing, or mapped shared and writable): it may
+    grow and change after the dump (only its presence and its size at dump, the least CRIU
+    needs, are checked)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": self.kind.value}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FileNeed:
+        return cls(
+            path=str(data["path"]),
+            kind=FileKind(data["kind"]),
+            size=int(data.get("size", 0)),
+            mtime_ns=int(data.get("mtime_ns", 0)),
+            hash=str(data.get("hash", "")),
+            writable=bool(data.get("writable", False)),
+        )
+
+
+@dataclass(frozen=True)
+class NodeFingerprint:
+    """What a checkpoint needs of the node it is restored on: the node's facts at dump, and
+    every file the tree used (``files``, one entry per path). On a node's own fingerprint
+    (``NodeInspector.here``) ``files`` is empty."""
+
+    arch: str
+    cpu_model: str
+    cpu_flags: tuple[str, ...]
+    kernel: str
+    libc: str
+    """e.g. ``glibc 2.36``; empty when unknown."""
+    criu_version: str = ""
+    files: tuple[FileNeed, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["cpu_flags"] = list(self.cpu_flags)
+        data["files"] = [f.to_json() for f in self.files]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeFingerprint:
+        return cls(
+            arch=str(data["arch"]),
+            cpu_model=str(data.get("cpu_model", "")),
+            cpu_flags=tuple(str(f) for f in data.get("cpu_flags", ())),
+            kernel=str(data.get("kernel", "")),
+            libc=str(data.get("libc", "")),
+            criu_version=str(data.get("criu_version", "")),
+            files=tuple(FileNeed.from_json(f) for f in data.get("files", ())),
+        )
+
+
+@dataclass(frozen=True)
+class CompatReport:
+    """Whether a checkpoint can be restored on this node: every ``blocking`` difference
+    (restore refuses) and every ``warning`` (restore refuses unless told to ignore them)."""
+
+    blocking: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def compatible(self) -> bool:
+        return not self.blocking and not self.warnings
+
+
 @dataclass(frozen=True)
 class DumpRequest:
     pid: int
@@ -210,6 +303,8 @@ class RestoreRequest:
     gpu_map: Mapping[str, str] = field(default_factory=dict)
     """Old GPU UUID -> this node's GPU UUID, to choose the GPUs (default: the same GPUs when
     present, else free ones of the same model)."""
+    ignore_warnings: bool = False
+    """Restore despite compatibility warnings (never despite blocking differences)."""
 
 
 @dataclass(frozen=True)
@@ -245,12 +340,15 @@ class CheckpointRecord:
     parent_id: str = ""
     gpu: GpuFacts | None = None
     """Set when the tree used CUDA: what a restore needs of the node's GPUs."""
+    fingerprint: NodeFingerprint | None = None
+    """The node's facts and the files the tree used, at dump (None: an older checkpoint)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["labels"] = dict(self.labels)
         data["stdio"] = [{**asdict(s), "kind": s.kind.value} for s in self.stdio]
         data["gpu"] = self.gpu.to_json() if self.gpu else None
+        data["fingerprint"] = self.fingerprint.to_json() if self.fingerprint else None
         return data
 
     @classmethod
@@ -266,6 +364,8 @@ class CheckpointRecord:
         )
         gpu = data.get("gpu")
         values["gpu"] = GpuFacts.from_json(gpu) if gpu else None
+        fingerprint = data.get("fingerprint")
+        values["fingerprint"] = NodeFingerprint.from_json(fingerprint) if fingerprint else None
         return cls(**values)
 
 

@@ -13,6 +13,7 @@ suites (``tests/contract``) as the real adapters.
   failure injection.
 - ``MemoryJournal``: ``Journal`` in memory.
 - ``FakeStdioProvider``: ``StdioProvider`` handing out /dev/null descriptors.
+- ``FakeNodeInspector`` / ``FakeFile``: ``NodeInspector`` over facts and files in memory.
 
 Most fakes accept ``events``, a list shared between them, to which they append what
 happened, so a test can check the order of effects across ports.
@@ -23,6 +24,7 @@ from ckptd.testing._clock import FakeClock
 from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
 from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
 from ckptd.testing._journal import MemoryJournal
+from ckptd.testing._node import FakeFile, FakeNodeInspector
 from ckptd.testing._processes import FakeProcess, FakeProcessTable, KillMode
 from ckptd.testing._stdio import FakeStdioProvider
 from ckptd.testing._store import MemoryStore
@@ -34,7 +36,9 @@ __all__ = [
     "FakeClock",
     "FakeCriu",
     "FakeCudaProcess",
+    "FakeFile",
     "FakeGpu",
+    "FakeNodeInspector",
     "FakeProcess",
     "FakeProcessTable",
     "FakeStdioProvider",

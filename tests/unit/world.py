@@ -38,6 +38,7 @@ from ckptd.testing import (
     FakeClock,
     FakeCriu,
     FakeGpu,
+    FakeNodeInspector,
     FakeProcessTable,
     FakeStdioProvider,
     MemoryJournal,
@@ -110,6 +111,7 @@ class World:
     service: CheckpointService
     progress: list[tuple[str, float]] = field(default_factory=list)
     gpu: FakeGpu | None = None
+    node: FakeNodeInspector = field(default_factory=FakeNodeInspector)
 
     def dump(
         self, pid: int = JOB, caller: Caller = ROOT, *, leave_running: bool = False,
@@ -125,13 +127,13 @@ class World:
 
     def restore(
         self, caller: Caller = ROOT, *, checkpoint_id: str = "", pid: int = 0, name: str = "",
-        output_path: str = "",
+        output_path: str = "", ignore_warnings: bool = False,
     ) -> RestoreOutcome:
         self.clock.advance(1.0)
         return self.service.restore(
             caller,
             RestoreRequest(checkpoint_id=checkpoint_id, pid=pid, name=name,
-                           output_path=output_path),
+                           output_path=output_path, ignore_warnings=ignore_warnings),
             lambda p: self.progress.append((p.stage, p.fraction)),
         )
 
@@ -199,19 +201,20 @@ def make_world(
     )
     fake_gpu = FakeGpu(processes=processes, clock=clock, events=events) if gpu else None
     gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000)
+    node = FakeNodeInspector(events=events)
     dump_recipe = DumpRecipe(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,
-        config=config, hooks=hooks, gpu=gpu_steps,
+        config=config, hooks=hooks, gpu=gpu_steps, node=node,
     )
     restore_recipe = RestoreRecipe(
         criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,
-        hooks=hooks, gpu=gpu_steps,
+        hooks=hooks, gpu=gpu_steps, node=node,
     )
     world = World(
         tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,
         journal=journal, stdio=stdio, hooks=hooks, config=config, dump_recipe=dump_recipe,
         restore_recipe=restore_recipe, service=None,  # type: ignore[arg-type]
-        gpu=fake_gpu,
+        gpu=fake_gpu, node=node,
     )
     world.service = make_service(world)
     return world

@@ -1,6 +1,7 @@
 """The host's processes, read from /proc."""
 
+from ckptd.adapters.procfs.node import ProcNodeInspector
 from ckptd.adapters.procfs.proctable import ProcFsTable
 from ckptd.adapters.procfs.stdio import LocalStdioProvider
 
-__all__ = ["LocalStdioProvider", "ProcFsTable"]
+__all__ = ["LocalStdioProvider", "ProcFsTable", "ProcNodeInspector"]

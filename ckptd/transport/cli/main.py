@@ -6,7 +6,8 @@ line on stderr, ``ckptctl: <what went wrong; what to do>``, and a non-zero exit 
 
 ====  =====================================================================================
 0     success (``check`` exits 0 even when CRIU is unusable: it is a report)
-1     other failures (the daemon failed, an internal error, a timeout)
+1     other failures (the daemon failed, an internal error, a timeout); ``verify`` found
+      damage; ``check-restore`` found differences
 2     bad input: usage error, invalid pid, no such process / checkpoint, permission denied,
       the node cannot do it now (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED,
       FAILED_PRECONDITION)
@@ -105,6 +106,10 @@ class CheckpointerClient(Protocol):
     ) -> pb.VerifyResponse: ...
 
     def Gc(self, request: pb.GcRequest, timeout: float | None = None) -> pb.GcResponse: ...
+
+    def CheckRestore(
+        self, request: pb.CheckRestoreRequest, timeout: float | None = None
+    ) -> pb.CheckRestoreResponse: ...
 
 
 def _stub(channel: grpc.Channel) -> CheckpointerClient:
@@ -231,6 +236,7 @@ def cmd_restore(ctx: Context, args: argparse.Namespace) -> int:
         request = pb.RestoreRequest(checkpoint_id=target, output_path=output)
         what = target
     request.gpu_map.update(gpu_map)
+    request.ignore_warnings = bool(args.ignore_warnings)
     result = _stream_result(ctx.client.Restore(request, timeout=ctx.timeout), "result")
     if result is None:
         raise CliError(f"ckptd ended the restore of {what} without a result; check its log")
@@ -261,6 +267,18 @@ def cmd_show(ctx: Context, args: argparse.Namespace) -> int:
     else:
         _out(render.checkpoint_details(ck))
     return EXIT_OK
+
+
+def cmd_check_restore(ctx: Context, args: argparse.Namespace) -> int:
+    response = ctx.client.CheckRestore(
+        pb.CheckRestoreRequest(id=args.id), timeout=ctx.timeout
+    )
+    report = convert.message_to_dict(response)
+    if ctx.json:
+        _print_json(report)
+    else:
+        _out(render.compat_report(report))
+    return EXIT_OK if report["compatible"] else EXIT_FAILURE
 
 
 def cmd_delete(ctx: Context, args: argparse.Namespace) -> int:
@@ -420,6 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="restore the checkpoint's GPU OLD (UUID) onto this node's GPU NEW (repeat for "
         "every checkpointed GPU; default: the same GPUs, else free ones of the same model)",
     )
+    restore.add_argument(
+        "--ignore-warnings",
+        action="store_true",
+        help="restore despite compatibility warnings (other kernel, CRIU or libc; see "
+        f"'{PROG} check-restore'); blocking differences are never overridden",
+    )
 
     list_ = command("list", cmd_list, "list checkpoints")
     list_.add_argument("--pid", metavar="PID", type=_pid_type, help="only this pid's")
@@ -427,6 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = command("show", cmd_show, "show a checkpoint in detail")
     show.add_argument("id", metavar="CHECKPOINT-ID")
+
+    check_restore = command(
+        "check-restore",
+        cmd_check_restore,
+        "say whether this node can restore a checkpoint (exit 0 when compatible, else 1)",
+    )
+    check_restore.add_argument("id", metavar="CHECKPOINT-ID")
 
     delete = command("delete", cmd_delete, "delete a checkpoint")
     delete.add_argument("id", metavar="CHECKPOINT-ID")
@@ -497,7 +528,7 @@ __CASES__
     fi
     case "$cmd" in
         dump) COMPREPLY=($(compgen -W "$(ps -eo pid= 2>/dev/null)" -- "$cur")) ;;
-        restore|show|delete) COMPREPLY=($(compgen -W "$(___FUNC___ids)" -- "$cur")) ;;
+        restore|show|delete|check-restore) COMPREPLY=($(compgen -W "$(___FUNC___ids)" -- "$cur")) ;;
         completion) COMPREPLY=($(compgen -W "bash" -- "$cur")) ;;
     esac
     return 0

@@ -237,7 +237,44 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
         )
     else:
         out.append("stdio: -")
+    out.extend(_fingerprint(ck.get("fingerprint")))
     out.extend(_gpu_facts(ck.get("gpu")))
+    return "\n".join(out)
+
+
+def _fingerprint(fp: Mapping[str, Any] | None) -> list[str]:
+    """The node a checkpoint was made on, and how many paths it needs of a node."""
+    if not fp:
+        return []  # made before fingerprints were recorded
+    dirs, mounts = fp["directories"], fp["mounts"]
+    pairs = [
+        ("arch", dash(fp["arch"])),
+        ("cpu model", f"{dash(fp['cpu_model'])} ({fp['cpu_flags']} flags)"),
+        ("kernel", dash(fp["kernel"])),
+        ("libc", dash(fp["libc"])),
+        (
+            "files needed",
+            f"{fp['files']} (+ {dirs} working director{'y' if dirs == 1 else 'ies'}, "
+            f"{mounts} mount point{'' if mounts == 1 else 's'})",
+        ),
+    ]
+    return ["node fingerprint:", *("  " + line for line in key_values(pairs).splitlines())]
+
+
+def compat_report(report: Mapping[str, Any]) -> str:
+    """``ckptctl check-restore``: "compatible", or every blocking difference and warning."""
+    if report["compatible"]:
+        return "compatible"
+    out = []
+    if report["blocking"]:
+        out.append(f"blocking ({len(report['blocking'])}): a restore is refused")
+        out.extend(f"  - {line}" for line in report["blocking"])
+    if report["warnings"]:
+        out.append(
+            f"warnings ({len(report['warnings'])}): a restore is refused unless "
+            "--ignore-warnings"
+        )
+        out.extend(f"  - {line}" for line in report["warnings"])
     return "\n".join(out)
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.domain import (
     CheckpointRecord,
+    CompatReport,
     DumpRequest,
+    FileKind,
     GcReport,
     GpuFacts,
     GpuInfo,
     GpuUse,
+    NodeFingerprint,
     NodeReport,
     Progress,
     RestoreOutcome,
@@ -54,6 +57,7 @@ def restore_request(msg: pb.RestoreRequest) -> RestoreRequest:
         name=msg.name if which == "name" else "",
         output_path=msg.output_path,
         gpu_map=dict(msg.gpu_map),
+        ignore_warnings=msg.ignore_warnings,
     )
 
 
@@ -116,7 +120,27 @@ def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
     msg.created.FromNanoseconds(int(r.created * 1e9))
     if r.gpu is not None:
         msg.gpu.CopyFrom(gpu_facts(r.gpu))
+    if r.fingerprint is not None:
+        msg.fingerprint.CopyFrom(fingerprint(r.fingerprint))
     return msg
+
+
+def fingerprint(f: NodeFingerprint) -> pb.NodeFingerprint:
+    def count(*kinds: FileKind) -> int:
+        return sum(1 for n in f.files if n.kind in kinds)
+
+    return pb.NodeFingerprint(
+        arch=f.arch, cpu_model=f.cpu_model, cpu_flags=len(f.cpu_flags), kernel=f.kernel,
+        libc=f.libc, criu_version=f.criu_version,
+        files=count(FileKind.EXE, FileKind.MAP, FileKind.FILE),
+        directories=count(FileKind.CWD), mounts=count(FileKind.MOUNT),
+    )
+
+
+def check_restore_response(r: CompatReport) -> pb.CheckRestoreResponse:
+    return pb.CheckRestoreResponse(
+        compatible=r.compatible, blocking=list(r.blocking), warnings=list(r.warnings)
+    )
 
 
 def restore_result(o: RestoreOutcome) -> pb.RestoreResult:

@@ -135,6 +135,10 @@ class CheckpointerServicer(pb_grpc.CheckpointerServicer):
         report = self._unary(context, lambda c: self._service.verify(c, request.id))
         return convert.verify_response(report)
 
+    def CheckRestore(self, request: pb.CheckRestoreRequest, context: grpc.ServicerContext) -> Any:
+        report = self._unary(context, lambda c: self._service.check_restore(c, request.id))
+        return convert.check_restore_response(report)
+
     def Gc(self, request: pb.GcRequest, context: grpc.ServicerContext) -> Any:
         report = self._unary(
             context, lambda c: self._service.gc(c, keep_last=request.keep_last, name=request.name)

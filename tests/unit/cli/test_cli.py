@@ -109,6 +109,9 @@ class FakeCheckpointer(ckptd_pb2_grpc.CheckpointerServicer):
         ]
     )
     check: pb.CheckResponse = field(default_factory=sample_check)
+    compat: pb.CheckRestoreResponse = field(
+        default_factory=lambda: pb.CheckRestoreResponse(compatible=True)
+    )
 
     def _enter(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
         self.requests.append((method, request))
@@ -160,6 +163,12 @@ class FakeCheckpointer(ckptd_pb2_grpc.CheckpointerServicer):
     def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
         self._enter("Check", request, context)
         return self.check
+
+    def CheckRestore(
+        self, request: pb.CheckRestoreRequest, context: grpc.ServicerContext
+    ) -> pb.CheckRestoreResponse:
+        self._enter("CheckRestore", request, context)
+        return self.compat
 
 
 @dataclass
@@ -818,3 +827,111 @@ def test_restore_sends_the_gpu_map(capsys: pytest.CaptureFixture[str], daemon: D
     )
     assert code == 0
     assert dict(daemon.last("Restore").gpu_map) == {"GPU-a": "GPU-b", "GPU-c": "GPU-d"}
+
+
+# --------------------------------------------------------------------------------------------
+# check-restore, restore --ignore-warnings, the fingerprint in show
+
+INCOMPATIBLE = pb.CheckRestoreResponse(
+    compatible=False,
+    blocking=["file /data/tokenizer.json changed (mtime/content differs)",
+              "CPU lacks avx512f used at dump"],
+    warnings=["kernel differs: 6.8.0 -> 6.1.0"],
+)
+
+
+def test_check_restore_compatible(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
+    code, out, err = run(capsys, daemon, "check-restore", CK_ID)
+    assert (code, out, err) == (0, "compatible\n", "")
+    assert daemon.last("CheckRestore").id == CK_ID
+
+
+def test_check_restore_lists_every_difference(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    daemon.servicer.compat = INCOMPATIBLE
+    code, out, _ = run(capsys, daemon, "check-restore", CK_ID)
+    assert code == 1
+    assert out.splitlines() == [
+        "blocking (2): a restore is refused",
+        "  - file /data/tokenizer.json changed (mtime/content differs)",
+        "  - CPU lacks avx512f used at dump",
+        "warnings (1): a restore is refused unless --ignore-warnings",
+        "  - kernel differs: 6.8.0 -> 6.1.0",
+    ]
+
+
+def test_check_restore_warnings_only(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
+    daemon.servicer.compat = pb.CheckRestoreResponse(warnings=["libc differs: a -> b"])
+    code, out, _ = run(capsys, daemon, "check-restore", CK_ID)
+    assert code == 1
+    assert "blocking" not in out and "  - libc differs: a -> b" in out
+
+
+def test_check_restore_json(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
+    daemon.servicer.compat = INCOMPATIBLE
+    code, out, _ = run(capsys, daemon, "check-restore", CK_ID, "--json")
+    assert code == 1
+    assert json.loads(out) == {
+        "compatible": False,
+        "blocking": list(INCOMPATIBLE.blocking),
+        "warnings": list(INCOMPATIBLE.warnings),
+    }
+
+
+def test_check_restore_needs_an_id(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
+    code, _, err = run(capsys, daemon, "check-restore")
+    assert code == 2 and "usage:" in err
+
+
+def test_check_restore_refusal_is_one_line(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    daemon.servicer.fail = (grpc.StatusCode.NOT_FOUND, "no checkpoint ck-x")
+    code, _, err = run(capsys, daemon, "check-restore", "ck-x")
+    assert code == 2
+    assert_one_error_line(err)
+
+
+def test_restore_sends_ignore_warnings(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
+    assert run(capsys, daemon, "restore", CK_ID)[0] == 0
+    assert daemon.last("Restore").ignore_warnings is False
+    assert run(capsys, daemon, "restore", CK_ID, "--ignore-warnings")[0] == 0
+    assert daemon.last("Restore").ignore_warnings is True
+
+
+def test_restore_refused_as_incompatible_is_one_line(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    daemon.servicer.fail = (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"checkpoint {CK_ID} does not fit this node: blocking: file /d/x changed (content "
+        "differs); restore it on a node that matches, or put the files back as they were",
+    )
+    code, _, err = run(capsys, daemon, "restore", CK_ID)
+    assert code == 2
+    assert_one_error_line(err)
+    assert "file /d/x changed" in err
+
+
+def test_show_human_prints_the_fingerprint_summary() -> None:
+    ck_msg = pb.Checkpoint(id="ck-x")
+    ck_msg.fingerprint.CopyFrom(
+        pb.NodeFingerprint(arch="x86_64", cpu_model="AMD EPYC 9654", cpu_flags=120,
+                           kernel="6.8.0", libc="glibc 2.39", criu_version="4.1", files=42,
+                           directories=1, mounts=2)
+    )
+    text = render.checkpoint_details(convert.checkpoint_to_dict(ck_msg))
+    assert text.splitlines()[-6:] == [
+        "node fingerprint:",
+        "  arch:         x86_64",
+        "  cpu model:    AMD EPYC 9654 (120 flags)",
+        "  kernel:       6.8.0",
+        "  libc:         glibc 2.39",
+        "  files needed: 42 (+ 1 working directory, 2 mount points)",
+    ]
+
+
+def test_bash_completion_knows_check_restore() -> None:
+    script = cli.bash_completion(cli.build_parser())
+    assert "check-restore" in script and "--ignore-warnings" in script

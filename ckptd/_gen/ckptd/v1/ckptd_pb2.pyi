@@ -162,6 +162,7 @@ class RestoreRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     OUTPUT_PATH_FIELD_NUMBER: _builtins.int
     GPU_MAP_FIELD_NUMBER: _builtins.int
+    IGNORE_WARNINGS_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     pid: _builtins.int
     """the latest checkpoint of this pid"""
@@ -171,6 +172,8 @@ class RestoreRequest(_message.Message):
     """Where the restored tree's stdout/stderr go when they were a pipe or a terminal that
     cannot be restored. Empty: a file the daemon chooses (reported in RestoreResult).
     """
+    ignore_warnings: _builtins.bool
+    """Restore despite compatibility warnings (never despite blocking differences)."""
     @_builtins.property
     def gpu_map(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Checkpoint GPU UUID -> this node's GPU UUID (every checkpointed GPU, or none)."""
@@ -183,10 +186,11 @@ class RestoreRequest(_message.Message):
         name: _builtins.str = ...,
         output_path: _builtins.str = ...,
         gpu_map: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        ignore_warnings: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "name", b"name", "pid", b"pid", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "gpu_map", b"gpu_map", "name", b"name", "output_path", b"output_path", "pid", b"pid", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "gpu_map", b"gpu_map", "ignore_warnings", b"ignore_warnings", "name", b"name", "output_path", b"output_path", "pid", b"pid", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["checkpoint_id", "pid", "name"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
@@ -369,6 +373,7 @@ class Checkpoint(_message.Message):
     CRIU_VERSION_FIELD_NUMBER: _builtins.int
     PARENT_ID_FIELD_NUMBER: _builtins.int
     GPU_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     pid: _builtins.int
     name: _builtins.str
@@ -397,6 +402,10 @@ class Checkpoint(_message.Message):
     def gpu(self) -> Global___GpuFacts:
         """set when the tree used CUDA"""
 
+    @_builtins.property
+    def fingerprint(self) -> Global___NodeFingerprint:
+        """unset for checkpoints made before fingerprints"""
+
     def __init__(
         self,
         *,
@@ -418,14 +427,66 @@ class Checkpoint(_message.Message):
         criu_version: _builtins.str = ...,
         parent_id: _builtins.str = ...,
         gpu: Global___GpuFacts | None = ...,
+        fingerprint: Global___NodeFingerprint | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "gpu", b"gpu"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "fingerprint", b"fingerprint", "gpu", b"gpu"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "fingerprint", b"fingerprint", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Checkpoint: _TypeAlias = Checkpoint  # noqa: Y015
+
+@_typing.final
+class NodeFingerprint(_message.Message):
+    """A summary of the node a checkpoint was made on and what it needs of a node to restore on
+    (the per-file details stay in the daemon: see CheckRestore).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARCH_FIELD_NUMBER: _builtins.int
+    CPU_MODEL_FIELD_NUMBER: _builtins.int
+    CPU_FLAGS_FIELD_NUMBER: _builtins.int
+    KERNEL_FIELD_NUMBER: _builtins.int
+    LIBC_FIELD_NUMBER: _builtins.int
+    CRIU_VERSION_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    DIRECTORIES_FIELD_NUMBER: _builtins.int
+    MOUNTS_FIELD_NUMBER: _builtins.int
+    arch: _builtins.str
+    cpu_model: _builtins.str
+    cpu_flags: _builtins.int
+    """how many CPU feature flags were recorded"""
+    kernel: _builtins.str
+    libc: _builtins.str
+    criu_version: _builtins.str
+    files: _builtins.int
+    """files the tree needs (executables, mappings, open files)"""
+    directories: _builtins.int
+    """working directories"""
+    mounts: _builtins.int
+    """mount points those live on"""
+    def __init__(
+        self,
+        *,
+        arch: _builtins.str = ...,
+        cpu_model: _builtins.str = ...,
+        cpu_flags: _builtins.int = ...,
+        kernel: _builtins.str = ...,
+        libc: _builtins.str = ...,
+        criu_version: _builtins.str = ...,
+        files: _builtins.int = ...,
+        directories: _builtins.int = ...,
+        mounts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "criu_version", b"criu_version", "directories", b"directories", "files", b"files", "kernel", b"kernel", "libc", b"libc", "mounts", b"mounts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeFingerprint: _TypeAlias = NodeFingerprint  # noqa: Y015
 
 @_typing.final
 class GpuUse(_message.Message):
@@ -790,6 +851,57 @@ class VerifyResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___VerifyResponse: _TypeAlias = VerifyResponse  # noqa: Y015
+
+@_typing.final
+class CheckRestoreRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckRestoreRequest: _TypeAlias = CheckRestoreRequest  # noqa: Y015
+
+@_typing.final
+class CheckRestoreResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMPATIBLE_FIELD_NUMBER: _builtins.int
+    BLOCKING_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
+    compatible: _builtins.bool
+    """no blocking difference and no warning"""
+    @_builtins.property
+    def blocking(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """a restore refuses"""
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """a restore refuses unless ignore_warnings"""
+
+    def __init__(
+        self,
+        *,
+        compatible: _builtins.bool = ...,
+        blocking: _abc.Iterable[_builtins.str] | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocking", b"blocking", "compatible", b"compatible", "warnings", b"warnings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckRestoreResponse: _TypeAlias = CheckRestoreResponse  # noqa: Y015
 
 @_typing.final
 class GcRequest(_message.Message):

@@ -75,6 +75,11 @@ class CheckpointerStub:
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GcRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GcResponse.FromString,
                 _registered_method=True)
+        self.CheckRestore = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/CheckRestore',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointerServicer:
@@ -134,6 +139,14 @@ class CheckpointerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckRestore(self, request, context):
+        """Whether this node can restore a checkpoint: every blocking difference (a restore refuses)
+        and every warning (a restore refuses unless told to ignore warnings), in plain words.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +189,11 @@ def add_CheckpointerServicer_to_server(servicer, server):
                     servicer.Gc,
                     request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GcRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GcResponse.SerializeToString,
+            ),
+            'CheckRestore': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckRestore,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +412,33 @@ class Checkpointer:
             '/ckptd.v1.Checkpointer/Gc',
             ckptd_dot_v1_dot_ckptd__pb2.GcRequest.SerializeToString,
             ckptd_dot_v1_dot_ckptd__pb2.GcResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckRestore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/CheckRestore',
+            ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

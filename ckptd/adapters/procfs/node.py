@@ -1,0 +1,186 @@
+"""``NodeInspector`` over /proc and the file system: CPU, kernel, libc, and the files a tree uses.
+
+Cheap by design: each path is stat'ed once (deduplicated across processes), and only regular
+files of at most ``HASH_LIMIT`` bytes are read to hash them (xxh3-128).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import xxhash
+
+from ckptd.domain import HASH_LIMIT, FileKind, FileNeed, NodeFingerprint, ProcessFact
+
+_PSEUDO = ("/proc/", "/sys/", "/dev/")
+_PRIORITY = {FileKind.EXE: 0, FileKind.MAP: 1, FileKind.FILE: 2, FileKind.CWD: 3}
+
+
+def parse_cpuinfo(text: str) -> tuple[str, tuple[str, ...]]:
+    """CPU model and feature flags of the first CPU in /proc/cpuinfo (x86 ``model name`` /
+    ``flags``; arm64 ``CPU part`` / ``Features``)."""
+    model = ""
+    flags: tuple[str, ...] = ()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip()
+        if key in ("model name", "Model", "cpu model") and not model:
+            model = value.strip()
+        elif key == "CPU part" and not model:
+            model = f"CPU part {value.strip()}"
+        elif key in ("flags", "Features") and not flags:
+            flags = tuple(sorted(set(value.split())))
+    return model, flags
+
+
+def parse_maps(text: str) -> list[tuple[str, bool]]:
+    """``(path, shared writable)`` of each file-backed mapping of /proc/PID/maps (no pseudo
+    or deleted files). A shared writable mapping writes to its file: expected to change."""
+    paths: list[tuple[str, bool]] = []
+    for line in text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 6:
+            continue
+        path = fields[5]
+        if not path.startswith("/") or path.endswith(" (deleted)"):
+            continue
+        if path.startswith(("/dev/", "/memfd:", "/SYSV")):
+            continue
+        perms = fields[1]
+        paths.append((path, perms[1:2] == "w" and perms[3:4] == "s"))
+    return paths
+
+
+def parse_mount_points(text: str) -> list[str]:
+    """Mount points of /proc/PID/mountinfo (octal escapes decoded)."""
+    points = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            points.append(_unescape(fields[4]))
+    return points
+
+
+def _unescape(text: str) -> str:
+    return text.encode().decode("unicode_escape") if "\\" in text else text
+
+
+def _open_for_writing(fdinfo: Path) -> bool:
+    """Whether /proc/PID/fdinfo/FD says the descriptor was opened O_WRONLY or O_RDWR."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in fdinfo.read_text().splitlines():
+            if line.startswith("flags:"):
+                return int(line.split()[1], 8) & os.O_ACCMODE != os.O_RDONLY
+    return False
+
+
+def file_hash(path: str) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class ProcNodeInspector:
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self._proc = proc
+
+    def here(self) -> NodeFingerprint:
+        uname = os.uname()
+        try:
+            model, flags = parse_cpuinfo((self._proc / "cpuinfo").read_text())
+        except OSError:
+            model, flags = "", ()
+        libc = ""
+        with contextlib.suppress(ValueError, OSError):
+            libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+        return NodeFingerprint(
+            arch=uname.machine, cpu_model=model, cpu_flags=flags, kernel=uname.release, libc=libc
+        )
+
+    def fingerprint(self, tree: Sequence[ProcessFact]) -> NodeFingerprint:
+        wanted: dict[str, FileKind] = {}
+        writable: set[str] = set()
+
+        def want(path: str, kind: FileKind) -> None:
+            if path.startswith(_PSEUDO):
+                return
+            old = wanted.get(path)
+            if old is None or _PRIORITY[kind] < _PRIORITY[old]:
+                wanted[path] = kind
+
+        for proc in tree:
+            base = self._proc / str(proc.pid)
+            with contextlib.suppress(OSError):
+                want(os.readlink(base / "exe"), FileKind.EXE)
+            with contextlib.suppress(OSError):
+                for path, shared_writable in parse_maps((base / "maps").read_text()):
+                    want(path, FileKind.MAP)
+                    if shared_writable:
+                        writable.add(path)
+            with contextlib.suppress(OSError):
+                want(os.readlink(base / "cwd"), FileKind.CWD)
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(base / "fd"):
+                    with contextlib.suppress(OSError):
+                        target = os.readlink(base / "fd" / fd)
+                        if target.startswith("/") and not target.endswith(" (deleted)") and (
+                            stat.S_ISREG(os.stat(base / "fd" / fd).st_mode)
+                        ):
+                            want(target, FileKind.FILE)
+                            if _open_for_writing(base / "fdinfo" / fd):
+                                writable.add(target)
+        files: list[FileNeed] = []
+        for path, kind in sorted(wanted.items()):
+            written = kind in (FileKind.MAP, FileKind.FILE) and path in writable
+            need = self.file(path, kind, not written)
+            if need is not None:
+                files.append(replace(need, writable=True) if written else need)
+        mounts = self._mount_points()
+        used = sorted({_mount_of(f.path, mounts) for f in files})
+        files.extend(FileNeed(m, FileKind.MOUNT) for m in used)
+        node = self.here()
+        return NodeFingerprint(
+            arch=node.arch, cpu_model=node.cpu_model, cpu_flags=node.cpu_flags,
+            kernel=node.kernel, libc=node.libc, files=tuple(files),
+        )
+
+    def file(self, path: str, kind: FileKind, with_hash: bool) -> FileNeed | None:
+        if kind is FileKind.MOUNT:
+            return FileNeed(path, kind) if path in self._mount_points() else None
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if kind is FileKind.CWD:
+            return FileNeed(path, kind) if stat.S_ISDIR(st.st_mode) else None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        digest = ""
+        if with_hash and st.st_size <= HASH_LIMIT:
+            with contextlib.suppress(OSError):
+                digest = file_hash(path)
+        return FileNeed(path, kind, size=st.st_size, mtime_ns=st.st_mtime_ns, hash=digest)
+
+    def _mount_points(self) -> set[str]:
+        try:
+            return set(parse_mount_points((self._proc / "self" / "mountinfo").read_text()))
+        except OSError:
+            return {"/"}
+
+
+def _mount_of(path: str, mounts: set[str]) -> str:
+    """The mount point ``path`` lives on: its longest prefix among ``mounts``."""
+    best = "/"
+    for m in mounts:
+        if (path == m or path.startswith(m.rstrip("/") + "/")) and len(m) > len(best):
+            best = m
+    return best

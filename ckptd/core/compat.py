@@ -1,0 +1,174 @@
+"""Can this node restore a checkpoint? The checkpoint's node fingerprint against this node.
+
+Every difference is one plain-words line, either *blocking* (a restore would fail or run a
+different program: other architecture, missing CPU features, a changed library or data file,
+a missing file or working directory, GPUs that cannot take the CUDA state) or a *warning* (the
+restore is likely to work but the node is not the one dumped on: other kernel, CRIU or libc,
+a file touched but with the same content). ``check_restore`` lists every one of them; it never
+stops at the first.
+
+Checkpoints made before fingerprints existed (``record.fingerprint`` None) are only checked
+for their GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ckptd.core.gpu import GpuSteps
+from ckptd.core.ports import NodeInspector
+from ckptd.domain import CheckpointRecord, CompatReport, FileKind, FileNeed, NodeFingerprint
+from ckptd.errors import GpuMismatch, GpuUnavailable, Incompatible
+
+_EXECUTABLE = (FileKind.EXE, FileKind.MAP)
+
+
+def check_restore(
+    record: CheckpointRecord,
+    here: NodeInspector,
+    *,
+    criu_version: str = "",
+    gpu: GpuSteps | None = None,
+    gpu_map: Mapping[str, str] | None = None,
+    include_gpu: bool = True,
+) -> CompatReport:
+    """Every blocking difference and every warning between ``record``'s needs and this node
+    (``here``; ``criu_version``: this node's CRIU; ``gpu``: its GPU steps, for CUDA trees,
+    whose problems are left out when not ``include_gpu``)."""
+    blocking: list[str] = []
+    warnings: list[str] = []
+    if record.fingerprint is not None:
+        node = here.here()
+        _node(record.fingerprint, node, criu_version, blocking, warnings)
+        changed = _files(record.fingerprint.files, here, blocking, warnings)
+        _libc(record.fingerprint, node, changed, warnings)
+    if include_gpu and record.gpu is not None:
+        blocking.extend(gpu_problems(record, gpu, gpu_map))
+    return CompatReport(blocking=tuple(blocking), warnings=tuple(warnings))
+
+
+def gpu_problems(
+    record: CheckpointRecord, gpu: GpuSteps | None, gpu_map: Mapping[str, str] | None
+) -> list[str]:
+    """The GPU plan's problems (``GpuSteps.plan_restore``), one line each."""
+    if record.gpu is None:
+        return []
+    if gpu is None:
+        return [f"the checkpoint holds CUDA processes {list(record.gpu.cuda_pids)} but this "
+                "daemon has no GPU support"]
+    try:
+        gpu.plan_restore(record.gpu, dict(gpu_map or {}))
+    except GpuMismatch as exc:
+        return list(exc.problems)
+    except GpuUnavailable as exc:
+        return [exc.message]
+    return []
+
+
+def refuse_unless_compatible(
+    record: CheckpointRecord, report: CompatReport, *, ignore_warnings: bool
+) -> None:
+    """Raise ``Incompatible`` listing every difference, unless there is none (or only
+    warnings and ``ignore_warnings``)."""
+    if not report.blocking and (ignore_warnings or not report.warnings):
+        return
+    parts = [f"blocking: {b}" for b in report.blocking]
+    parts += [f"warning: {w}" for w in report.warnings]
+    if report.blocking:
+        hint = "restore it on a node that matches, or put the files back as they were"
+    else:
+        hint = "restore with --ignore-warnings to accept these differences"
+    raise Incompatible(
+        f"checkpoint {record.id} does not fit this node: " + "; ".join(parts),
+        hint=hint,
+        blocking=report.blocking,
+        warnings=report.warnings,
+        checkpoint_id=record.id,
+    )
+
+
+# ---- the parts -------------------------------------------------------------------------------
+
+
+def _node(
+    then: NodeFingerprint,
+    now: NodeFingerprint,
+    criu_version: str,
+    blocking: list[str],
+    warnings: list[str],
+) -> None:
+    if then.arch != now.arch:
+        blocking.append(f"architecture differs: checkpoint {then.arch}, this node {now.arch}")
+    else:
+        lacking = [f for f in then.cpu_flags if f not in set(now.cpu_flags)]
+        if lacking:
+            blocking.append(f"CPU lacks {', '.join(lacking)} used at dump")
+    if then.kernel and now.kernel and then.kernel != now.kernel:
+        warnings.append(f"kernel differs: {then.kernel} -> {now.kernel}")
+    if then.criu_version and criu_version and then.criu_version != criu_version:
+        warnings.append(f"CRIU version differs: {then.criu_version} -> {criu_version}")
+
+
+def _libc(
+    then: NodeFingerprint, now: NodeFingerprint, changed: set[str], warnings: list[str]
+) -> None:
+    if not then.libc or not now.libc or then.libc == now.libc:
+        return
+    if any(_is_libc(path) for path in changed):
+        return  # the changed libc file is already blocking
+    warnings.append(f"libc differs: {then.libc} -> {now.libc}")
+
+
+def _is_libc(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.startswith("libc.so") or (name.startswith("libc-") and ".so" in name)
+
+
+def _files(
+    needs: tuple[FileNeed, ...],
+    here: NodeInspector,
+    blocking: list[str],
+    warnings: list[str],
+) -> set[str]:
+    """Checks every needed path; returns the paths found changed (blocking)."""
+    changed: set[str] = set()
+    for need in needs:
+        if need.kind is FileKind.CWD:
+            if here.file(need.path, need.kind, False) is None:
+                blocking.append(f"working directory {need.path} missing")
+            continue
+        if need.kind is FileKind.MOUNT:
+            if here.file(need.path, need.kind, False) is None:
+                warnings.append(f"mount point {need.path} is not mounted on this node")
+            continue
+        now = here.file(need.path, need.kind, bool(need.hash))
+        if now is None:
+            blocking.append(f"file {need.path} missing")
+            continue
+        if need.writable:
+            if now.size < need.size:
+                changed.add(need.path)
+                blocking.append(
+                    f"file {need.path} shrank: {need.size} -> {now.size} bytes (the tree writes to "
+                    "it; CRIU needs at least its size at dump)"
+                )
+            continue
+        differs = []
+        if now.size != need.size:
+            differs.append("size")
+        if now.mtime_ns != need.mtime_ns:
+            differs.append("mtime")
+        if need.hash and now.size == need.size and now.hash != need.hash:
+            differs.append("content")
+        if not differs:
+            continue
+        content_same = bool(need.hash) and now.hash == need.hash and now.size == need.size
+        if differs == ["mtime"] and (content_same or need.kind not in _EXECUTABLE):
+            why = "content unchanged" if content_same else "content not checked: large file"
+            warnings.append(f"file {need.path} has a different mtime ({why})")
+            continue
+        changed.add(need.path)
+        blocking.append(f"file {need.path} changed ({'/'.join(differs)} differs)")
+    return changed
+
