@@ -156,20 +156,10 @@ class CriuSwrk:
     def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> CriuDumpResult:
         started = time.monotonic()
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
-            opts = rpc_pb2.criu_opts(
-                images_dir_fd=images_fd,
-                work_dir_fd=work_fd,
-                pid=job.pid,
-                leave_running=job.leave_running,
-                shell_job=job.shell_job,
-                tcp_established=job.tcp_established,
-                ext_unix_sk=job.ext_unix_sk,
-                log_level=self._log_level,
-                log_file="dump.log",
-                notify_scripts=True,
-                file_locks=True,
-                link_remap=True,
-            )
+            opts = self._opts(images_fd, work_fd, job, "dump.log")
+            opts.pid = job.pid
+            opts.leave_running = job.leave_running
+            opts.link_remap = True
             if job.leave_stopped:
                 opts.leave_stopped = True
             req = rpc_pb2.criu_req(type=rpc_pb2.DUMP, opts=opts)
@@ -186,23 +176,29 @@ class CriuSwrk:
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
-            opts = rpc_pb2.criu_opts(
-                images_dir_fd=images_fd,
-                work_dir_fd=work_fd,
-                shell_job=job.shell_job,
-                tcp_established=job.tcp_established,
-                ext_unix_sk=job.ext_unix_sk,
-                log_level=self._log_level,
-                log_file="restore.log",
-                notify_scripts=True,
-                file_locks=True,
-            )
+            opts = self._opts(images_fd, work_fd, job, "restore.log")
             for inherit in job.inherit_fds:
                 opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
             req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
             fds = (images_fd, work_fd, *(i.fd for i in job.inherit_fds))
             resp = self._call(req, hooks, fds, job.work_dir / "restore.log", "restore", None)
         return int(resp.restore.pid)
+
+    def _opts(
+        self, images_fd: int, work_fd: int, job: CriuDumpJob | CriuRestoreJob, log_file: str
+    ) -> rpc_pb2.criu_opts:
+        """What dumps and restores share: image and work directories, logs, notifications."""
+        return rpc_pb2.criu_opts(
+            images_dir_fd=images_fd,
+            work_dir_fd=work_fd,
+            shell_job=job.shell_job,
+            tcp_established=job.tcp_established,
+            ext_unix_sk=job.ext_unix_sk,
+            log_level=self._log_level,
+            log_file=log_file,
+            notify_scripts=True,
+            file_locks=True,
+        )
 
     # ---- the protocol ------------------------------------------------------------------
 
