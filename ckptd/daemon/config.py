@@ -42,6 +42,10 @@ class DaemonConfig:
     """Threads compressing frames; 0: one per CPU."""
     gc_interval_s: float = 3600.0
     """Collect unreferenced data this often (0: only on ``ckptctl gc``)."""
+    gc_grace_s: float = 6 * 3600.0
+    """How long GC keeps an unreferenced object after condemning it before deleting it (at
+    least as long as any dump on any daemon sharing the store takes; default the lease TTL).
+    0 deletes unreferenced data at once: only for a store no other daemon uses (tests)."""
     gpu: bool = True
     """Checkpoint CUDA processes through the driver (when NVML and cuda-python are present)."""
     gpu_lock_timeout_ms: int = 10000

@@ -85,6 +85,7 @@ def wire(config: DaemonConfig) -> Wired:
         node=core.node,
         workers=config.compress_workers or (os.cpu_count() or 2),
         level=config.compress_level,
+        gc_grace_s=config.gc_grace_s,
     )
     journal = FileJournal(state / "journal")
     gpu = GpuSteps(*gpu_adapters(config), clock, config.gpu_lock_timeout_ms)

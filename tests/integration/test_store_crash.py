@@ -294,6 +294,14 @@ def referenced(store: Path) -> tuple[set[str], set[str]]:
     return packs, blobs
 
 
+def gc_at_once(ds: Daemons) -> list[str]:
+    """Flags for a daemon whose GC deletes unreferenced data at once (``gc_grace_s`` 0):
+    what GC deletes is checked here, two-phase GC itself in tests/unit/store."""
+    conf = ds.root / "gc-at-once.toml"
+    conf.write_text("gc_grace_s = 0.0\n")
+    return ["--config", str(conf)]
+
+
 def test_daemon_killed_during_gc_recovers(daemons: Daemons, procs: Procs) -> None:
     ds = daemons
     seed = crash_seed()
@@ -304,7 +312,7 @@ def test_daemon_killed_during_gc_recovers(daemons: Daemons, procs: Procs) -> Non
     ref_big = reference(with_interval(big, 0))
     ref_small = reference(with_interval(small, 0))
 
-    d = ds.start()
+    d = ds.start(*gc_at_once(ds))
     keep1, job1, _, _ = dump_job(d, procs, big, "--name", "keep", interval_ms=interval)
     pre1 = job1.reader.read_to_eof()
     job1.kill()
@@ -342,7 +350,7 @@ def test_daemon_killed_during_gc_recovers(daemons: Daemons, procs: Procs) -> Non
         print(f"{where} gc killed after {len(deleted)} deletion(s) (k={k}, fired={fired}), "
               f"ckptctl gc rc {rc}")
 
-        d = ds.start()
+        d = ds.start(*gc_at_once(ds))
         ids = [c["id"] for c in assert_ok(d.ctl("list"), "list")]
         assert set(keepers) <= set(ids), f"{where} a kept checkpoint is gone: {ids}"
         assert junk[0] not in ids, f"{where} a deleted checkpoint came back"

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .conftest import criu_path
 from .store_support import kill_pid, manifest_refs, store_files
 from .support import (
     Daemon,
@@ -32,6 +34,25 @@ from .support import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, workloads: Path) -> Iterator[Daemon]:
+    """conftest's ``daemon``, with ``gc_grace_s`` 0: ``gc`` deletes unreferenced data at once
+    (what it deletes is checked here; two-phase GC itself in tests/unit/store)."""
+    del workloads
+    criu = criu_path()
+    d = Daemon(
+        tmp_path_factory.mktemp("ckptd"),
+        *(["--criu", criu] if criu else []),
+        config={"gc_grace_s": 0.0},
+    )
+    try:
+        yield d
+    finally:
+        rc = d.stop()
+        assert rc == 0, f"ckptd exited {rc} after SIGTERM; its log:\n{d.log()[-4000:]}"
+
 
 MIB = 64
 STEPS = 40

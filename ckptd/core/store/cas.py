@@ -5,7 +5,9 @@ Dump: ``begin`` gives CRIU a staging directory (RAM-backed when it fits) and wri
 durable (``flush``), then writes the manifest — the only thing that makes a checkpoint visible
 — and drops the staging and the lease. Restore: ``checkout`` rebuilds CRIU's image directory,
 verifying every byte. GC and the dumps/restores of this daemon exclude each other (``RWLock``);
-leases keep a crashed or foreign dump's fresh objects from being collected.
+leases keep a crashed or foreign dump's fresh objects from being collected, and GC condemns
+objects a grace period before deleting them (``maintenance``): a dump never reuses a condemned
+object, and re-checks before its manifest that nothing it names has become due.
 
 Invariants: a manifest is written only after everything it names is durable; a checkpoint is
 listed iff its manifest exists and is intact; nothing a live manifest names is ever deleted.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from ckptd.core.ports import BlobStore, Clock
 from ckptd.core.store import pagelist
+from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
 from ckptd.core.store.manifest import Manifest
@@ -91,6 +94,7 @@ class ContentStore:
         node: str = "",
         workers: int = 2,
         level: int = 1,
+        gc_grace_s: float = 6 * 3600.0,
     ) -> None:
         self._blobs = blobs
         self.location = blobs.location
@@ -99,6 +103,8 @@ class ContentStore:
         self._is_pages_file = is_pages_file
         self._node = node
         self._level = level
+        self.gc_grace_s = gc_grace_s
+        self._condemned = Condemned()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zstd")
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packs")
         self._secret = self._load_secret()
@@ -110,6 +116,7 @@ class ContentStore:
         self.rw = RWLock()
         self.index = PageIndex()
         self.index.refresh(blobs)
+        self.refresh_condemned()
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -122,6 +129,14 @@ class ContentStore:
         self._blobs.put(CONFIG_KEY, config, if_absent=True)
         self._blobs.flush()
         return bytes.fromhex(json.loads(self._blobs.get(CONFIG_KEY))["secret"])
+
+    def refresh_condemned(self) -> Condemned:
+        """Read the condemned lists again (GC on any node may have written them)."""
+        condemned = load_condemned(self._blobs)
+        with self._mutex:
+            self._condemned = condemned
+        self.index.set_condemned(frozenset(condemned.packs))
+        return condemned
 
     def hasher(self, uid: int) -> PageHasher:
         with self._mutex:
@@ -150,7 +165,8 @@ class ContentStore:
         root = self._staging_root(record.id)
         hasher = self.hasher(record.uid)
         with self.rw.shared():
-            for _attempt in range(2):
+            condemned = self.refresh_condemned()
+            for _attempt in range(3):
                 result = ingest(
                     root / "images",
                     blobs=self._blobs,
@@ -161,15 +177,23 @@ class ContentStore:
                     executor=self._executor,
                     writer=self._writer,
                     level=self._level,
+                    condemned_blobs=frozenset(condemned.blobs),
                 )
                 packs, stored = self._packs_and_footprint(result.refs, result.blobs)
                 gone = {p for p in packs if not self._blobs.exists(pack_key(p))}
-                if not gone:
+                # another node's GC may have condemned what this dump reuses since it began:
+                # what is due now (and was not just stored again) is stored again
+                condemned = self.refresh_condemned()
+                now = self._clock.time()
+                due = (condemned.due_packs(now) & set(packs)) - result.written_packs
+                due_blobs = (condemned.due_blobs(now) & result.blobs) - result.written_blobs
+                if not gone and not due and not due_blobs:
                     break
                 self.index.drop_packs(gone)  # another node's GC: store those pages again
             else:
                 raise StoreError(
-                    f"packs vanished during commit of {record.id}", checkpoint_id=record.id
+                    f"packs vanished or were condemned during commit of {record.id}",
+                    checkpoint_id=record.id,
                 )
             self._blobs.flush()
             record = replace(
@@ -361,10 +385,20 @@ class ContentStore:
 
         return verify(self, self._blobs, checkpoint_id)
 
-    def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
+    def collect_garbage(
+        self, delete_first: tuple[str, ...] = (), *, grace_s: float | None = None
+    ) -> GcReport:
+        """Delete ``delete_first``, condemn what no manifest names, and delete what was
+        condemned ``grace_s`` (default ``gc_grace_s``) ago and is still unreferenced."""
         from ckptd.core.store.maintenance import collect_garbage
 
-        return collect_garbage(self, self._blobs, self._clock, delete_first=delete_first)
+        return collect_garbage(
+            self,
+            self._blobs,
+            self._clock,
+            delete_first=delete_first,
+            grace_s=self.gc_grace_s if grace_s is None else grace_s,
+        )
 
     def clean(self) -> builtins.list[str]:
         """Remove staging and restore directories a crash left (call with no operation

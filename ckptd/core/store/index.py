@@ -52,31 +52,53 @@ class PageIndex:
         self._pages: dict[bytes, Location] = {}
         self.packs: dict[str, PackIndex] = {}
         self.damaged: dict[str, str] = {}
+        self.condemned: frozenset[str] = frozenset()
+        """Packs a GC has condemned: still readable, never deduplicated against."""
 
     def __len__(self) -> int:
         return len(self._pages)
 
     def get(self, page_hash: bytes) -> Location | None:
+        """Where the page lives: in a pack that is not condemned when one holds it."""
         return self._pages.get(page_hash)
 
     def contains(self, page_hash: bytes) -> bool:
-        return page_hash in self._pages
+        """Whether a dump may reference the page instead of storing it: it is in a pack no
+        GC has condemned."""
+        loc = self._pages.get(page_hash)
+        return loc is not None and loc.pack_id not in self.condemned
 
     def add_pack(self, pack: PackIndex) -> None:
         with self._lock:
             self.packs[pack.pack_id] = pack
+            live = pack.pack_id not in self.condemned
             for h, frame, i in pack.entries():
-                self._pages.setdefault(h, Location(pack.pack_id, frame, i))
+                old = self._pages.get(h)
+                if old is None or (live and old.pack_id in self.condemned):
+                    self._pages[h] = Location(pack.pack_id, frame, i)
 
     def drop_packs(self, pack_ids: set[str]) -> None:
         with self._lock:
             for pid in pack_ids:
                 self.packs.pop(pid, None)
-            self._pages = {h: loc for h, loc in self._pages.items() if loc.pack_id not in pack_ids}
-            # pages also present in a surviving pack get their other location back
-            for pack in self.packs.values():
-                for h, frame, i in pack.entries():
-                    self._pages.setdefault(h, Location(pack.pack_id, frame, i))
+            self._rebuild()
+
+    def set_condemned(self, pack_ids: frozenset[str]) -> None:
+        """Mark the packs GC has condemned: their pages are located elsewhere when another
+        pack holds them, and are never deduplicated against."""
+        with self._lock:
+            if pack_ids == self.condemned:
+                return
+            self.condemned = pack_ids
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        pages: dict[bytes, Location] = {}
+        ordered = sorted(self.packs.values(), key=lambda p: p.pack_id in self.condemned)
+        for pack in ordered:
+            for h, frame, i in pack.entries():
+                pages.setdefault(h, Location(pack.pack_id, frame, i))
+        self._pages = pages
 
     def refresh(self, blobs: BlobStore) -> int:
         """Load the trailers of packs the backend has and the index lacks. Returns how many."""

@@ -33,6 +33,10 @@ class IngestResult:
     bytes_logical: int = 0
     bytes_new: int = 0
     new_packs: list[str] = field(default_factory=list)
+    written_packs: set[str] = field(default_factory=set)
+    """Packs this ingest wrote (not found already there)."""
+    written_blobs: set[str] = field(default_factory=set)
+    """Blobs this ingest wrote, also condemned ones it stored again."""
 
 
 def ingest(
@@ -46,9 +50,11 @@ def ingest(
     executor: Executor,
     writer: Executor,
     level: int = 1,
+    condemned_blobs: frozenset[str] = frozenset(),
 ) -> IngestResult:
     """``executor`` compresses frames; ``writer`` (one thread) writes packs and makes them
-    durable while the next pages are hashed."""
+    durable while the next pages are hashed. Pages of packs the index has as condemned, and
+    ``condemned_blobs``, are stored again (not reused)."""
     result = IngestResult()
     builder = PackBuilder(executor, level)
     writes: list[Future[None]] = []
@@ -61,10 +67,16 @@ def ingest(
         if is_pages_file(path.name) and size % PAGE_SIZE == 0:
             refs = _split_pages(path, size, hasher, index, builder, fresh)
             result.refs.update(r for r in refs if r != ZERO_REF)
-            entry = _store_page_list(path.name, size, refs, blobs, hasher, base_for, result)
+            entry = _store_page_list(
+                path.name, size, refs, blobs, hasher, base_for, result, condemned_blobs
+            )
             result.files.append(entry)
         else:
-            blob_hash, written = put_blob(blobs, hasher, path.read_bytes())
+            blob_hash, written = put_blob(
+                blobs, hasher, path.read_bytes(), condemned=condemned_blobs
+            )
+            if written:
+                result.written_blobs.add(blob_hash)
             result.blobs.add(blob_hash)
             result.bytes_new += written
             result.files.append(FileEntry(name=path.name, size=size, blob=blob_hash))
@@ -85,8 +97,12 @@ def _put_pack(
     result: IngestResult,
 ) -> None:
     pack_id, data, pack_index = build_pack(frames)
-    if blobs.put(pack_key(pack_id), data, if_absent=True):
+    # a pack with the same content that GC condemned is written again (a fresh object,
+    # protected by this dump's lease), never reused
+    again = pack_id in index.condemned
+    if blobs.put(pack_key(pack_id), data, if_absent=not again):
         result.bytes_new += len(data)
+        result.written_packs.add(pack_id)
     blobs.flush()
     index.add_pack(pack_index)
     result.new_packs.append(pack_id)
@@ -144,16 +160,19 @@ def _store_page_list(
     hasher: PageHasher,
     base_for: BaseLookup,
     result: IngestResult,
+    condemned_blobs: frozenset[str],
 ) -> FileEntry:
     full = pagelist.encode_full(refs)
     encoded, base_hash = full, ""
     base = base_for(name)
-    if base is not None:
+    if base is not None and base[0] not in condemned_blobs:
         delta = pagelist.encode_delta(refs, base[1], bytes.fromhex(base[0]))
         if len(delta) * 2 < len(full):
             encoded, base_hash = delta, base[0]
-    list_hash, written = put_blob(blobs, hasher, encoded)
+    list_hash, written = put_blob(blobs, hasher, encoded, condemned=condemned_blobs)
     result.bytes_new += written
+    if written:
+        result.written_blobs.add(list_hash)
     result.blobs.add(list_hash)
     if base_hash:
         result.blobs.add(base_hash)

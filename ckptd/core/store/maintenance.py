@@ -1,19 +1,30 @@
-"""Store maintenance: garbage collection (mark and sweep), retention, verification.
+"""Store maintenance: garbage collection (mark, condemn, sweep), retention, verification.
 
-GC marks every pack and blob a manifest names, and sweeps the rest — except objects written
-since the oldest live lease started (a dump in progress, here or on another node, may be about
-to name them). It runs under the store's exclusive lock, so no dump of this daemon is between
-"found a page in the index" and "manifest written" while it sweeps.
+GC marks every pack and blob a manifest names. An unmarked object is a *candidate* unless it
+was written since the oldest live lease started (a dump in progress, here or on another node,
+may be about to name it). Candidates are not deleted at once: a run lists the new ones in a
+condemned list (``condemned.py``) and deletes only those an earlier run condemned at least
+``grace_s`` ago (by default the lease TTL) and that are still candidates now. Meanwhile dumps
+on every node store condemned objects again instead of reusing them, so an object that is due
+is named by no dump that began after it was condemned, and one that began before it ran for
+less than the lease TTL or finds the object due when it re-checks before its manifest.
+``grace_s`` 0 deletes candidates at once (one daemon alone on its store, tests).
+
+GC runs under the store's exclusive lock, so no dump of this daemon is between "found a page
+in the index" and "manifest written" while it sweeps.
 """
 
 from __future__ import annotations
 
 from ckptd.core.ports import BlobStore, Clock
 from ckptd.core.store.cas import ContentStore
+from ckptd.core.store.condemned import CondemnedList, condemned_key, load_condemned
 from ckptd.core.store.index import PACK_PREFIX, load_pack_index
 from ckptd.core.store.objects import BLOB_PREFIX, LEASE_PREFIX, MANIFEST_PREFIX
 from ckptd.domain import GcReport, VerifyReport
 from ckptd.errors import CkptdError, CorruptCheckpoint
+
+DEFAULT_LEASE_TTL_S = 6 * 3600.0
 
 
 def collect_garbage(
@@ -21,7 +32,8 @@ def collect_garbage(
     blobs: BlobStore,
     clock: Clock,
     *,
-    lease_ttl_s: float = 6 * 3600,
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    grace_s: float = DEFAULT_LEASE_TTL_S,
     delete_first: tuple[str, ...] = (),
 ) -> GcReport:
     for checkpoint_id in delete_first:
@@ -40,13 +52,23 @@ def collect_garbage(
             if now - mtime < lease_ttl_s:
                 lease_starts.append(mtime)
         keep_after = min(lease_starts) - 60.0 if lease_starts else None
+        condemned = load_condemned(blobs)
+        due_packs = condemned.due_packs(now)
+        due_blobs = condemned.due_blobs(now)
 
         packs_deleted = blobs_deleted = freed = kept = kept_bytes = 0
         gone_packs: set[str] = set()
+        pending_packs: set[str] = set()  # candidates not deleted this time
+        pending_blobs: set[str] = set()
         for key, mtime in list(blobs.list(PACK_PREFIX)):
             pack_id = key.rsplit("/", 1)[-1]
             size = blobs.size(key)
             if pack_id in live_packs or (keep_after is not None and mtime >= keep_after):
+                kept += 1
+                kept_bytes += size
+                continue
+            if grace_s > 0 and pack_id not in due_packs:
+                pending_packs.add(pack_id)
                 kept += 1
                 kept_bytes += size
                 continue
@@ -55,15 +77,24 @@ def collect_garbage(
             packs_deleted += 1
             freed += size
         for key, mtime in list(blobs.list(BLOB_PREFIX)):
-            if key.rsplit("/", 1)[-1] in live_blobs:
+            blob_hash = key.rsplit("/", 1)[-1]
+            if blob_hash in live_blobs:
                 continue
             if keep_after is not None and mtime >= keep_after:
+                continue
+            if grace_s > 0 and blob_hash not in due_blobs:
+                pending_blobs.add(blob_hash)
                 continue
             freed += blobs.size(key)
             blobs.delete(key)
             blobs_deleted += 1
         blobs.flush()
         store.index.drop_packs(gone_packs)
+        _update_condemned(blobs, condemned.lists, pending_packs, pending_blobs, now, grace_s)
+        for key in condemned.damaged:  # it condemned nothing; its objects are condemned anew
+            blobs.delete(key)
+        blobs.flush()
+        store.refresh_condemned()
     return GcReport(
         deleted_checkpoints=delete_first,
         packs_deleted=packs_deleted,
@@ -72,6 +103,35 @@ def collect_garbage(
         packs_kept=kept,
         bytes_kept=kept_bytes,
     )
+
+
+def _update_condemned(
+    blobs: BlobStore,
+    lists: list[CondemnedList],
+    pending_packs: set[str],
+    pending_blobs: set[str],
+    now: float,
+    grace_s: float,
+) -> None:
+    """Condemn the candidates no list names yet (a new list, written first), then shrink the
+    old lists to what is still a candidate: an object deleted, or named by a manifest again,
+    or stored again by a dump (lease-protected), is condemned no more."""
+    known_packs = set().union(*(c.packs for c in lists)) if lists else set()
+    known_blobs = set().union(*(c.blobs for c in lists)) if lists else set()
+    new_packs, new_blobs = pending_packs - known_packs, pending_blobs - known_blobs
+    if new_packs or new_blobs:
+        entry = CondemnedList(
+            condemned_key(now), now, now + grace_s, frozenset(new_packs), frozenset(new_blobs)
+        )
+        blobs.put(entry.key, entry.to_bytes())
+        blobs.flush()
+    for old in lists:
+        kept = old.with_only(old.packs & pending_packs, old.blobs & pending_blobs)
+        if not kept.packs and not kept.blobs:
+            blobs.delete(old.key)
+        elif kept != old:
+            blobs.put(old.key, kept.to_bytes())
+    blobs.flush()
 
 
 def verify(store: ContentStore, blobs: BlobStore, checkpoint_id: str = "") -> VerifyReport:

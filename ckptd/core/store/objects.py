@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 import zstandard
 
 from ckptd.core.ports import BlobStore
@@ -26,15 +28,23 @@ def lease_key(checkpoint_id: str) -> str:
     return f"{LEASE_PREFIX}{checkpoint_id}"
 
 
-def put_blob(blobs: BlobStore, hasher: PageHasher, data: bytes, level: int = 3) -> tuple[str, int]:
-    """Store ``data`` compressed under its hash (once). Returns (hash, bytes written: 0 when it
-    was already there)."""
+def put_blob(
+    blobs: BlobStore,
+    hasher: PageHasher,
+    data: bytes,
+    level: int = 3,
+    *,
+    condemned: Container[str] = (),
+) -> tuple[str, int]:
+    """Store ``data`` compressed under its hash (once; again when GC ``condemned`` it, so the
+    object is fresh). Returns (hash, bytes written: 0 when it was already there)."""
     blob_hash = hasher.digest(data).hex()
     key = blob_key(blob_hash)
-    if blobs.exists(key):
+    again = blob_hash in condemned
+    if not again and blobs.exists(key):
         return blob_hash, 0
     packed = zstandard.ZstdCompressor(level=level).compress(data)
-    return blob_hash, len(packed) if blobs.put(key, packed, if_absent=True) else 0
+    return blob_hash, len(packed) if blobs.put(key, packed, if_absent=not again) else 0
 
 
 def get_blob(blobs: BlobStore, hasher: PageHasher, blob_hash: str, checkpoint_id: str) -> bytes:

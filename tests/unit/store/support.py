@@ -59,14 +59,16 @@ class Backend:
     staging: Path
     root: Path | None = None
 
-    def store(self) -> ContentStore:
+    def store(self, gc_grace_s: float = 0.0) -> ContentStore:
         """A ContentStore on these objects (a second one is a daemon restart, or another
-        node sharing the storage)."""
+        node sharing the storage). GC deletes unreferenced objects at once unless given a
+        ``gc_grace_s`` (two-phase GC: condemn, delete a grace period later)."""
         return ContentStore(
             self.blobs,
             StagingPolicy(None, self.staging),
             clock=self.clock,
             is_pages_file=is_pages_image,
+            gc_grace_s=gc_grace_s,
         )
 
     def corrupt(self, key: str, offset: int, mask: int = 0xFF) -> None:

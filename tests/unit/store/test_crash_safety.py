@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ckptd.core.store.cas import ContentStore
+from ckptd.core.store.condemned import CONDEMNED_PREFIX
 from ckptd.core.store.index import pack_key
 from ckptd.core.store.objects import LEASE_PREFIX, MANIFEST_PREFIX
 from ckptd.domain import GcReport
@@ -160,29 +161,159 @@ def test_gc_from_another_node_keeps_a_dump_in_progress(mem: Backend) -> None:
     _assert_clean(mem.store(), [rec.id])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit: GC on one node may delete old unreferenced objects that a dump on "
-    "ANOTHER node of the same store has just deduplicated against (leases only protect objects "
-    "written after them). Needs two-phase GC (condemn, then delete a lease-TTL later) before "
-    "stores are shared between nodes.",
-)
+GRACE = 6 * 3600.0
+
+
 def test_gc_from_another_node_keeps_old_garbage_a_dump_dedups_against(mem: Backend) -> None:
-    node_a, node_b = mem.store(), mem.store()
+    """Node A deduplicates against a pack no manifest names any more; node B collects
+    garbage before A's manifest is written. Two-phase GC: B only condemns the pack, and once
+    A's manifest names it, a later GC (past the grace period) keeps it."""
+    node_a, node_b = mem.store(GRACE), mem.store(GRACE)
     files = _files(1)
     old = commit(node_a, mem.clock, files)
+    [old_pack] = node_a.manifest(old.id).packs
     node_a.delete(old.id)  # its pack is garbage now, but still in node A's index
     mem.clock.advance(3600)
+    reports: list[GcReport] = []
 
     def gc_before_the_manifest(key: str) -> None:
         if key.startswith(MANIFEST_PREFIX):
             _blobs(mem).on_put = None
-            node_b.collect_garbage()
+            reports.append(node_b.collect_garbage())
 
     _blobs(mem).on_put = gc_before_the_manifest
     rec = commit(node_a, mem.clock, files)
+    assert reports and reports[0].packs_deleted == 0  # condemned, not deleted
+    assert node_a.manifest(rec.id).packs == (old_pack,)  # A did reuse it
     assert node_a.verify(rec.id).ok
     assert checkout(node_a, rec.id) == files
+
+    mem.clock.advance(GRACE + 1)
+    report = node_b.collect_garbage()
+    assert report.packs_deleted == report.blobs_deleted == 0
+    assert not _condemned_keys(mem)  # named again: condemned no more
+    assert checkout(node_a, rec.id) == files
+    _assert_clean(mem.store(GRACE), [rec.id])
+
+
+def _condemned_keys(mem: Backend) -> list[str]:
+    return [k for k in _blobs(mem).keys() if k.startswith(CONDEMNED_PREFIX)]  # noqa: SIM118
+
+
+def test_two_phase_gc_deletes_garbage_only_after_the_grace_period(mem: Backend) -> None:
+    store = mem.store(GRACE)
+    kept, gone = commit(store, mem.clock, _files(1)), commit(store, mem.clock, _files(2))
+    gone_objects = {pack_key(p) for p in store.manifest(gone.id).packs}
+    store.delete(gone.id)
+    mem.clock.advance(3600)
+    first = store.collect_garbage()
+    assert first.packs_deleted == first.blobs_deleted == 0
+    assert len(_condemned_keys(mem)) == 1
+    assert gone_objects <= set(_blobs(mem).keys())
+    mem.clock.advance(GRACE / 2)
+    assert store.collect_garbage().packs_deleted == 0  # not due yet
+    mem.clock.advance(GRACE / 2 + 1)
+    second = store.collect_garbage()
+    assert second.packs_deleted == len(gone_objects)
+    assert second.blobs_deleted >= 1
+    assert not gone_objects & set(_blobs(mem).keys())
+    assert not _condemned_keys(mem)
+    _assert_clean(store, [kept.id])
+    assert checkout(store, kept.id) == _files(1)
+
+
+def test_a_dump_never_reuses_a_condemned_pack(mem: Backend) -> None:
+    """Node B condemned the pages of a deleted checkpoint; node A (whose index has them)
+    stores them again, and B's later GC deletes only the condemned objects."""
+    node_a, node_b = mem.store(GRACE), mem.store(GRACE)
+    files = _files(1)
+    old = commit(node_a, mem.clock, files)
+    [old_pack] = node_a.manifest(old.id).packs
+    node_a.delete(old.id)
+    mem.clock.advance(3600)
+    node_b.collect_garbage()
+    assert _condemned_keys(mem)
+    # the same pages and one more: a new pack, not references into the condemned one
+    pages = make_pages(["random"] * 40 + ["zero", "repeat", "pattern"] * 4, 1)
+    files = images([*pages, make_pages(["random"], 77)[0]], 1)
+    rec = commit(node_a, mem.clock, files)
+    if old_pack in node_a.manifest(rec.id).packs:  # the same pages again: the same pack,
+        mtimes = dict(_blobs(mem).list("packs/"))  # written again after it became due
+        assert mtimes[pack_key(old_pack)] > rec.created + GRACE
+    assert rec.bytes_new > 40 * 1000  # the pages were stored again
+    mem.clock.advance(GRACE + 1)
+    report = node_b.collect_garbage()
+    assert report.packs_deleted == 1
+    assert not _blobs(mem).exists(pack_key(old_pack))
+    assert checkout(node_a, rec.id) == files
+    _assert_clean(mem.store(GRACE), [rec.id])
+
+
+def test_a_commit_stores_again_what_became_due_while_it_ran(mem: Backend) -> None:
+    """Node A's dump deduplicates against a garbage pack before any GC condemned it; while A
+    ingests, node B condemns it and (a grace period later) it is due. A's re-check before its
+    manifest stores those objects again: B's next GC then deletes nothing A names."""
+    node_a, node_b = mem.store(GRACE), mem.store(GRACE)
+    old = commit(node_a, mem.clock, _files(1))
+    [old_pack] = node_a.manifest(old.id).packs
+    node_a.delete(old.id)
+    mem.clock.advance(3600)
+    # the same pages and one more (so that the commit writes something before its manifest)
+    pages = make_pages(["random"] * 40 + ["zero", "repeat", "pattern"] * 4, 1)
+    files = images([*pages, make_pages(["random"], 77)[0]], 1)
+    done: list[bool] = []
+
+    def condemn_during_ingest(key: str) -> None:
+        if not done and not key.startswith("leases/"):
+            done.append(True)
+            node_b.collect_garbage()
+            mem.clock.advance(GRACE + 1)  # a very long dump: the pack is due now
+
+    rec_ = record(mem.clock)
+    stage(node_a, rec_, files)
+    _blobs(mem).on_put = condemn_during_ingest
+    rec = node_a.commit(rec_)
+    _blobs(mem).on_put = None
+    assert done
+    assert rec.bytes_new > 40 * 1000  # the reused objects were stored again
+    report = node_b.collect_garbage()
+    assert report.packs_deleted == 0
+    assert checkout(node_a, rec.id) == files
+    if old_pack in node_a.manifest(rec.id).packs:  # the same pages again: the same pack,
+        mtimes = dict(_blobs(mem).list("packs/"))  # written again after it became due
+        assert mtimes[pack_key(old_pack)] > rec.created + GRACE
+    _assert_clean(mem.store(GRACE), [rec.id])
+
+
+def test_gc_with_no_grace_deletes_at_once_and_clears_condemned_lists(mem: Backend) -> None:
+    store = mem.store(GRACE)
+    gone = commit(store, mem.clock, _files(1))
+    store.delete(gone.id)
+    mem.clock.advance(3600)
+    assert store.collect_garbage().packs_deleted == 0
+    assert _condemned_keys(mem)
+    report = store.collect_garbage(grace_s=0)
+    assert report.packs_deleted == 1 and report.blobs_deleted >= 1
+    assert not _condemned_keys(mem)
+    assert not [k for k in _blobs(mem).keys() if k.startswith(("packs/", "blobs/"))]  # noqa: SIM118
+    _assert_clean(store, [])
+
+
+def test_a_damaged_condemned_list_condemns_nothing(mem: Backend) -> None:
+    store = mem.store(GRACE)
+    gone = commit(store, mem.clock, _files(1))
+    store.delete(gone.id)
+    mem.clock.advance(3600)
+    store.collect_garbage()
+    [key] = _condemned_keys(mem)
+    _blobs(mem).put(key, b"{not json")
+    mem.clock.advance(GRACE + 1)
+    report = store.collect_garbage()  # condemns again, deletes nothing yet
+    assert report.packs_deleted == report.blobs_deleted == 0
+    assert key not in _condemned_keys(mem) and len(_condemned_keys(mem)) == 1
+    mem.clock.advance(GRACE + 1)
+    assert store.collect_garbage().packs_deleted == 1
+    _assert_clean(store, [])
 
 
 def test_a_stale_index_after_another_nodes_gc_does_not_break_a_commit(mem: Backend) -> None:
