@@ -469,7 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("id", nargs="?", metavar="CHECKPOINT-ID", help="default: everything")
 
-    gc = command("gc", cmd_gc, "delete data no checkpoint needs (root)")
+    gc = command(
+        "gc",
+        cmd_gc,
+        "delete data no checkpoint needs (root): unreferenced data is condemned, and deleted "
+        "by a later run once the daemon's gc_grace_s has passed",
+    )
     gc.add_argument(
         "--keep-last",
         metavar="N",
