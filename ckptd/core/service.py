@@ -65,7 +65,7 @@ class CheckpointService:
         self._probe = probe
         self._locks = PidLocks()
         self._in_flight: set[str] = set()
-        self._in_flight_lock = threading.Lock()
+        self._in_flight_lock = threading.Condition()
 
     # ---- operations -------------------------------------------------------------------------
 
@@ -250,6 +250,15 @@ class CheckpointService:
         finally:
             with self._in_flight_lock:
                 self._in_flight.discard(op_id)
+                self._in_flight_lock.notify_all()
+
+    def wait_idle(self, timeout: float) -> builtins.list[str]:
+        """Wait until no dump or restore runs (a daemon stopping must not cut one short: a
+        dump left half-way would leave its tree stopped until the next start). Returns the
+        operations still running after ``timeout`` seconds."""
+        with self._in_flight_lock:
+            self._in_flight_lock.wait_for(lambda: not self._in_flight, timeout=timeout)
+            return sorted(self._in_flight)
 
     def _prune_work_dirs(self) -> None:
         """Keep the CRIU logs of the last few finished operations only."""

@@ -163,6 +163,11 @@ class Daemon:
         health_servicer.enter_graceful_shutdown()
         proxy.stop()
         server.stop(cfg.shutdown_grace_s).wait()
+        # An RPC cut by the grace period does not stop its operation: let it finish, so that
+        # no tree is left stopped or CUDA-checkpointed by a daemon that went away.
+        if left := wired.service.wait_idle(cfg.shutdown_grace_s):
+            log.error("stopping with operations still running: %s (the next start recovers "
+                      "them from the journal)", ", ".join(left))
         with contextlib.suppress(FileNotFoundError):
             inner.unlink()
         os.close(lock_fd)

@@ -226,3 +226,23 @@ def test_pruning_keeps_the_work_dir_of_an_operation_in_flight(tmp_path: Any) -> 
         release.set()
         thread.join(10)
     assert errors == []
+
+
+def test_wait_idle_waits_for_a_running_dump(world: World) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def block(_pid: int) -> None:
+        started.set()
+        release.wait(5)
+
+    world.hooks.on["post_dump"] = block
+    worker = threading.Thread(target=lambda: world.dump(JOB, leave_running=True))
+    worker.start()
+    assert started.wait(5)
+    assert len(world.service.wait_idle(0.05)) == 1  # still running after the timeout
+    threading.Timer(0.1, release.set).start()
+    t0 = time.monotonic()
+    assert world.service.wait_idle(5) == []
+    assert time.monotonic() - t0 < 4
+    worker.join(5)
+    assert len(world.store.list()) == 1
