@@ -1,14 +1,14 @@
 """Reading a checkpoint back: every byte verified against its hash on the way out.
 
-Frames are fetched and decompressed ahead of need on an executor (zstd releases the GIL), each
-verified page by page as it arrives; the output is assembled from views into the decompressed
-frames, without copying pages one by one.
+Each frame a file needs is fetched, decompressed and verified exactly once, a few ahead of
+need on an executor (zstd releases the GIL); runs of consecutive pages are written from views
+into the decompressed frame with ``pwrite``, into a sparse file (zero pages are never written).
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future
 from pathlib import Path
@@ -22,7 +22,6 @@ from ckptd.core.store.packs import read_frame_data
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.errors import BlobNotFound, CorruptCheckpoint
 
-CHUNK_PAGES = 2048
 PREFETCH = 6
 
 FrameKey = tuple[str, int]
@@ -53,19 +52,10 @@ def _runs(locs: Sequence[Location | None]) -> Iterator[tuple[FrameKey | None, in
         yield key, first, count
 
 
-_ZEROS = bytes(CHUNK_PAGES * PAGE_SIZE)
-
-
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
-
-
-def _zeros(pages: int) -> bytes | memoryview:
-    if pages <= CHUNK_PAGES:
-        return memoryview(_ZEROS)[: pages * PAGE_SIZE]
-    return bytes(pages * PAGE_SIZE)
 
 
 class CheckpointReader:
@@ -79,15 +69,12 @@ class CheckpointReader:
         manifest: Manifest,
         hasher: PageHasher,
         executor: Executor,
-        cache_frames: int = 16,
     ) -> None:
         self._blobs = blobs
         self._index = index
         self._m = manifest
         self._hasher = hasher
         self._executor = executor
-        self._cache: OrderedDict[FrameKey, bytes] = OrderedDict()
-        self._cache_frames = cache_frames
         self._id = manifest.record.id
 
     def refs(self, entry: FileEntry) -> list[bytes]:
@@ -114,70 +101,28 @@ class CheckpointReader:
             )
         return refs
 
-    def chunks(self, entry: FileEntry) -> Iterator[list[bytes | memoryview]]:
-        """The file's content, as lists of buffers (about CHUNK_PAGES pages each)."""
-        if entry.blob:
-            data = get_blob(self._blobs, self._hasher, entry.blob, self._id)
-            if len(data) != entry.size:
-                raise CorruptCheckpoint(
-                    f"checkpoint {self._id}: {entry.name} has {len(data)} bytes, "
-                    f"expected {entry.size}",
-                    checkpoint_id=self._id,
-                )
-            yield [data]
-            return
-        refs = self.sized_refs(entry)
-        locs = [None if r == ZERO_REF else self._locate(r) for r in refs]
-        order: list[FrameKey] = []
-        for loc in locs:
-            if loc is not None and (not order or order[-1] != (loc.pack_id, loc.frame)):
-                order.append((loc.pack_id, loc.frame))
-        ahead: deque[tuple[FrameKey, Future[bytes]]] = deque()
-        queued = 0
-        out: list[bytes | memoryview] = []
-        pages_out = 0
-        for run_key, first, count in _runs(locs):
-            if run_key is None:
-                out.append(_zeros(count))
-            else:
-                frame = self._cache.get(run_key)
-                if frame is None:
-                    while queued < len(order) and len(ahead) < PREFETCH:
-                        k = order[queued]
-                        queued += 1
-                        if k not in self._cache:
-                            ahead.append((k, self._executor.submit(self._load_frame, *k)))
-                    frame = self._take(run_key, ahead)
-                out.append(memoryview(frame)[first * PAGE_SIZE : (first + count) * PAGE_SIZE])
-            pages_out += count
-            if pages_out >= CHUNK_PAGES:
-                yield out
-                out, pages_out = [], 0
-        if out:
-            yield out
-        for _, future in ahead:
-            future.cancel()
+    def blob(self, entry: FileEntry) -> bytes:
+        """The content of an image stored whole, verified and checked against its size."""
+        data = get_blob(self._blobs, self._hasher, entry.blob, self._id)
+        if len(data) != entry.size:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._id}: {entry.name} has {len(data)} bytes, "
+                f"expected {entry.size}",
+                checkpoint_id=self._id,
+            )
+        return data
 
     def materialize(self, entry: FileEntry, path: Path) -> None:
         """Write ``entry``'s file at ``path``: every needed frame is fetched, decompressed and
         verified exactly once (in parallel), and its pages copied to where they belong; zero
         pages are never written (the file is created sparse)."""
         if entry.blob:
-            for chunk in self.chunks(entry):
-                path.write_bytes(b"".join(chunk))
+            path.write_bytes(self.blob(entry))
             return
-        refs = self.sized_refs(entry)
-        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
-        out = 0
-        for key, first, count in _runs([None if r == ZERO_REF else self._locate(r) for r in refs]):
-            if key is not None:
-                runs.setdefault(key, []).append((out, first, count))
-            out += count
+        runs = self._plan(entry)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, entry.size)
-            if entry.size == 0 or not runs:
-                return
             for key, frame in self._frames_once(list(runs)):
                 view = memoryview(frame)
                 for dst, src, count in runs[key]:
@@ -190,22 +135,28 @@ class CheckpointReader:
     def check(self, entry: FileEntry) -> None:
         """Read back and verify ``entry`` without writing it anywhere."""
         if entry.blob:
-            for _ in self.chunks(entry):
-                pass
+            self.blob(entry)
             return
-        refs = self.sized_refs(entry)
-        keys = dict.fromkeys(
-            (loc.pack_id, loc.frame) for loc in (self._locate(r) for r in refs if r != ZERO_REF)
-        )
-        for _ in self._frames_once(list(keys)):
+        for _ in self._frames_once(list(self._plan(entry))):
             pass
+
+    def _plan(self, entry: FileEntry) -> dict[FrameKey, list[tuple[int, int, int]]]:
+        """For each frame a pages image needs: (page in the file, index in the frame, count)
+        of every run of consecutive pages it supplies. Zero pages need no frame."""
+        refs = self.sized_refs(entry)
+        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
+        out = 0
+        for key, first, count in _runs([None if r == ZERO_REF else self._locate(r) for r in refs]):
+            if key is not None:
+                runs.setdefault(key, []).append((out, first, count))
+            out += count
+        return runs
 
     def _frames_once(self, keys: list[FrameKey]) -> Iterator[tuple[FrameKey, bytes]]:
         """Each frame of ``keys`` loaded and verified, a bounded number at a time in flight."""
         ahead: deque[tuple[FrameKey, Future[bytes]]] = deque()
-        pending = iter(keys)
         try:
-            for key in pending:
+            for key in keys:
                 ahead.append((key, self._executor.submit(self._load_frame, *key)))
                 if len(ahead) >= PREFETCH:
                     k, future = ahead.popleft()
@@ -216,24 +167,6 @@ class CheckpointReader:
         finally:
             for _, future in ahead:
                 future.cancel()
-
-    def _take(self, key: FrameKey, ahead: deque[tuple[FrameKey, Future[bytes]]]) -> bytes:
-        while ahead:
-            k, future = ahead.popleft()
-            self._remember(k, future.result())
-            if k == key:
-                break
-        frame = self._cache.get(key)
-        if frame is None:  # needed again after it left the cache
-            frame = self._load_frame(*key)
-            self._remember(key, frame)
-        return frame
-
-    def _remember(self, key: FrameKey, frame: bytes) -> None:
-        self._cache[key] = frame
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_frames:
-            self._cache.popitem(last=False)
 
     def _locate(self, ref: bytes) -> Location:
         loc = self._index.get(ref)
