@@ -28,11 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import CRIU, CRIU_FLAGS, dir_bytes, kill, timed, wait_gone
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "native" / "workloads" / "bin"
 VENV = Path(sys.executable).parent
-CRIU = os.environ.get("CKPTD_CRIU", "/usr/local/sbin/criu")
-CRIU_FLAGS = ["--shell-job", "--file-locks", "-v4"]
 
 
 def start_workload(mib: int, out: Path) -> int:
@@ -55,31 +55,12 @@ def start_workload(mib: int, out: Path) -> int:
     raise SystemExit("workload did not start")
 
 
-def wait_gone(pid: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
-def kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    wait_gone(pid)
 
 
-def timed(cmd: list[str], **kw: object) -> tuple[float, subprocess.CompletedProcess[str]]:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)  # type: ignore[call-overload]
-    dt = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
-    return dt, proc
 
 
-def image_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def run_raw(mib: int, work: Path, sync: bool) -> tuple[float, float, int]:
@@ -91,7 +72,7 @@ def run_raw(mib: int, work: Path, sync: bool) -> tuple[float, float, int]:
     if sync:
         dump_cmd = ["sh", "-c", " ".join(dump_cmd) + f" && sync -f {images}"]
     t_dump, _ = timed(dump_cmd)
-    size = image_bytes(images)
+    size = dir_bytes(images)
     wait_gone(pid)
     t_restore, _ = timed(
         [CRIU, "restore", "-D", str(images), "-d", "-o", "restore.log", *CRIU_FLAGS]
@@ -103,11 +84,11 @@ def run_raw(mib: int, work: Path, sync: bool) -> tuple[float, float, int]:
 def run_ckptd(mib: int, work: Path, sock: Path) -> tuple[float, float, int]:
     pid = start_workload(mib, work / "ckptd.out")
     ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
-    t_dump, proc = timed([*ctl, "dump", str(pid)])
-    record = json.loads(proc.stdout)
+    t_dump, out = timed([*ctl, "dump", str(pid)])
+    record = json.loads(out)
     wait_gone(pid)
-    t_restore, proc = timed([*ctl, "restore", record["id"]])
-    kill(json.loads(proc.stdout)["pid"])
+    t_restore, out = timed([*ctl, "restore", record["id"]])
+    kill(json.loads(out)["pid"])
     subprocess.run([*ctl, "delete", record["id"]], check=True, capture_output=True)
     return t_dump, t_restore, int(record["bytes"])
 

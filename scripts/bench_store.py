@@ -34,39 +34,16 @@ import zstandard
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchlib import CRIU, CRIU_FLAGS, dir_bytes, kill, timed  # noqa: E402
+
 from ckptd.adapters.criu.images import read_dump_stats  # noqa: E402
 
 BIN = ROOT / "native" / "workloads" / "bin"
 VENV = Path(sys.executable).parent
-CRIU = os.environ.get("CKPTD_CRIU", "/usr/local/sbin/criu")
-FLAGS = ["--shell-job", "--file-locks", "-v4"]
 
 
-def run(cmd: list[str], **kw: object) -> tuple[float, str]:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)  # type: ignore[call-overload]
-    dt = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(map(str, cmd))} failed:\n{proc.stderr[-3000:]}")
-    return dt, proc.stdout
 
 
-def du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def wait_gone(pid: int, timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < end:
-        time.sleep(0.02)
-
-
-def kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    wait_gone(pid)
 
 
 def main() -> int:
@@ -106,19 +83,19 @@ def main() -> int:
         # (a) raw criu dump
         raw = work / "raw"
         raw.mkdir()
-        t_a, _ = run([CRIU, "dump", "-t", str(pid), "-D", str(raw), "-o", "dump.log",
-                      "--leave-running", *FLAGS])
+        t_a, _ = timed([CRIU, "dump", "-t", str(pid), "-D", str(raw), "-o", "dump.log",
+                      "--leave-running", *CRIU_FLAGS])
         stats = read_dump_stats(raw)
         frozen_a = stats.frozen_time / 1e6 if stats else float("nan")
         (raw / "dump.log").unlink()
-        bytes_a = du(raw)
+        bytes_a = dir_bytes(raw)
 
         # (b) zstd -1 -T0 over the images
-        t_b, _ = run(["sh", "-c", f"tar -C {raw} -cf - . | zstd -1 -T0 -q -o {work}/raw.tar.zst"])
+        t_b, _ = timed(["sh", "-c", f"tar -C {raw} -cf - . | zstd -1 -T0 -q -o {work}/raw.tar.zst"])
         bytes_b = (work / "raw.tar.zst").stat().st_size
 
         # (c) ckptd full checkpoint into an empty store
-        t_c, text = run([*ctl, "dump", str(pid), "--leave-running", "--name", "bench"])
+        t_c, text = timed([*ctl, "dump", str(pid), "--leave-running", "--name", "bench"])
         c = json.loads(text)
 
         # (d) after a 5% rewrite
@@ -126,15 +103,17 @@ def main() -> int:
         # the rewrite happens at the next step: wait for two steps of 0.5 s.
         os.kill(pid, signal.SIGUSR1)
         time.sleep(1.5)
-        t_d, text = run([*ctl, "dump", str(pid), "--leave-running", "--name", "bench"])
+        t_d, text = timed([*ctl, "dump", str(pid), "--leave-running", "--name", "bench"])
         d = json.loads(text)
         changed, changed_zstd = changed_pages(work / "store", c["id"], d["id"])
 
         # (e) restores
         kill(pid)
-        t_e_raw, _ = run([CRIU, "restore", "-D", str(raw), "-d", "-o", "restore.log", *FLAGS])
+        t_e_raw, _ = timed(
+            [CRIU, "restore", "-D", str(raw), "-d", "-o", "restore.log", *CRIU_FLAGS]
+        )
         kill(pid)
-        t_e, text = run([*ctl, "restore", d["id"]])
+        t_e, text = timed([*ctl, "restore", d["id"]])
         restored = json.loads(text)["pid"]
         pids.append(restored)
         time.sleep(0.5)
@@ -184,16 +163,13 @@ def changed_pages(store_root: Path, first: str, second: str) -> tuple[int, int]:
                          clock=SystemClock(), is_pages_file=is_pages_image)
     old = {r for refs in store.page_refs(first).values() for r in refs}
     new_data: list[bytes] = []
-    reader = store.reader(second)
-    for entry in store.manifest(second).files:
-        if not entry.pagelist:
-            continue
-        refs = reader.refs(entry)
-        data = b"".join(b"".join(chunk) for chunk in reader.chunks(entry))
-        for i, ref in enumerate(refs):
-            if ref != ZERO_REF and ref not in old:
-                new_data.append(data[i * PAGE_SIZE:(i + 1) * PAGE_SIZE])
-                old.add(ref)
+    with store.checkout(second) as images:
+        for name, refs in store.page_refs(second).items():
+            data = (images / name).read_bytes()
+            for i, ref in enumerate(refs):
+                if ref != ZERO_REF and ref not in old:
+                    new_data.append(data[i * PAGE_SIZE:(i + 1) * PAGE_SIZE])
+                    old.add(ref)
     blob = b"".join(new_data)
     return len(new_data), len(zstandard.ZstdCompressor(level=1, threads=-1).compress(blob))
 
