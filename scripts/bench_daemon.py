@@ -39,7 +39,7 @@ def start_workload(mib: int, out: Path) -> int:
     """Start the workload as a scheduler's launcher would; return its pid once memory is full."""
     out.write_text("")
     subprocess.run(
-        ["sh", "-c", f"exec {BIN}/counter --steps 0 --interval-ms 200 --mem-mib {mib} "
+        ["setsid", "sh", "-c", f"exec {BIN}/counter --steps 0 --interval-ms 200 --mem-mib {mib} "
                      f"> {out} 2>&1 < /dev/null &"],
         check=True,
     )

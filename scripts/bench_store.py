@@ -70,7 +70,7 @@ def main() -> int:
             time.sleep(0.05)
         ready = work / "ready"
         subprocess.run(
-            ["sh", "-c", f"exec {BIN}/bigmem --mib {mib} --steps 0 --interval-ms 500 "
+            ["setsid", "sh", "-c", f"exec {BIN}/bigmem --mib {mib} --steps 0 --interval-ms 500 "
                          f"--ready-file {ready} > /dev/null 2>&1 < /dev/null &"], check=True,
         )
         while not ready.exists():

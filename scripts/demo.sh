@@ -24,8 +24,10 @@ for _ in $(seq 50); do [ -S "$CKPTD_SOCKET" ] && break; sleep 0.1; done
 .venv/bin/ckptctl check
 
 say "starting a workload: a numeric loop printing a checksum per step to $demo/job.out"
-# Started the way a scheduler's launcher does it: a shell that puts it in the background and exits.
-sh -c "exec native/workloads/bin/counter --steps 40 --interval-ms 150 --mem-mib 64 \
+# Started the way a scheduler's launcher does it: a shell, in a session of its own (CRIU cannot
+# checkpoint a task whose session leader is outside its pid namespace), that puts it in the
+# background and exits.
+setsid sh -c "exec native/workloads/bin/counter --steps 40 --interval-ms 150 --mem-mib 64 \
     > '$demo/job.out' 2>&1 < /dev/null &"
 sleep 0.3
 pid=$(pgrep -n -f "bin/counter --steps 40")

@@ -58,6 +58,9 @@ class PidStatus:
     kernel_thread: bool = False
     traced: bool = False
     """Under ptrace (CRIU holds it while it dumps or restores)."""
+    session: int = -1
+    """Session id as this pid namespace sees it; 0 when the session leader is outside the
+    namespace (a launcher that never called setsid), -1 when unknown."""
 
 
 @dataclass(frozen=True)

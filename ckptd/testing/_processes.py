@@ -45,6 +45,7 @@ class FakeProcess:
     cmdline: tuple[str, ...] = ()
     threads: int = 1
     stdio: tuple[StdioFact, ...] = ()
+    session: int = -1
 
     def fact(self) -> ProcessFact:
         """This process as ``ProcessTable.tree`` reports it."""
@@ -67,6 +68,7 @@ class FakeProcess:
             comm=self.comm,
             uid=self.uid,
             kernel_thread=self.kernel_thread,
+            session=self.session,
         )
 
 
@@ -114,6 +116,7 @@ class FakeProcessTable:
         cmdline: Sequence[str] | None = None,
         threads: int = 1,
         stdio: Sequence[StdioFact] = (),
+        session: int = -1,
     ) -> FakeProcess:
         """Add a process (``gid`` defaults to ``uid``, ``cmdline`` to ``(comm,)``). Raises
         ValueError if ``pid`` is taken or ``state`` is FREE."""
@@ -135,6 +138,7 @@ class FakeProcessTable:
                 cmdline=tuple(cmdline) if cmdline is not None else (comm,),
                 threads=threads,
                 stdio=tuple(stdio),
+                session=session,
             )
             self.processes[pid] = proc
             return proc

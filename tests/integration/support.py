@@ -156,7 +156,13 @@ class Procs:
         return pid
 
     def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
-        """``subprocess.Popen`` whose process (and descendants) are killed at teardown."""
+        """``subprocess.Popen`` whose process (and descendants) are killed at teardown.
+
+        The process starts in a session of its own unless told otherwise, as under a real
+        job launcher (a login shell, systemd, a container runtime): CI runs under an init
+        that never called setsid, and CRIU refuses a task in session 0 (that refusal has
+        its own test)."""
+        kwargs.setdefault("start_new_session", True)
         proc: subprocess.Popen[Any] = subprocess.Popen(*args, **kwargs)
         self._popens.append(proc)
         self.add(proc.pid)

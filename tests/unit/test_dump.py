@@ -106,6 +106,17 @@ def test_dump_of_a_zombie_is_refused_naming_its_parent(world: World) -> None:
     assert_nothing_happened(world)
 
 
+def test_a_job_in_session_zero_is_refused_before_criu_with_the_way_out(world: World) -> None:
+    """CRIU cannot dump a task whose session leader is outside its pid namespace (getsid
+    says 0): the job was started by a launcher that never called setsid."""
+    world.processes.add_process(4001, DAEMON_PARENT, comm="orphan-sid", session=0)
+    with pytest.raises(TargetRefused) as info:
+        world.dump(4001)
+    assert "pid 4001 (orphan-sid) is in session 0" in str(info.value)
+    assert "setsid" in str(info.value)
+    assert_nothing_happened(world)
+
+
 def test_a_user_may_dump_its_own_tree(world: World) -> None:
     record = world.dump(JOB, USER, leave_running=True)
     assert record.uid == USER.uid

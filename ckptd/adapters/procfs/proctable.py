@@ -42,7 +42,9 @@ class ProcFsTable:
         fields = _read_stat(pid, self._proc) if pid > 0 else None
         if fields is None:
             return PidStatus(pid, PidState.FREE)
-        state_char, ppid, flags = fields[2], int(fields[3]), int(fields[8])
+        state_char, ppid, session, flags = (
+            fields[2], int(fields[3]), int(fields[5]), int(fields[8])
+        )
         if state_char in ("Z", "X"):
             state = PidState.ZOMBIE
         elif state_char in _STOPPED:
@@ -59,7 +61,7 @@ class ProcFsTable:
             for line in status_text.splitlines()
         )
         return PidStatus(
-            pid, state, ppid=ppid, comm=fields[1], uid=uid, traced=traced,
+            pid, state, ppid=ppid, comm=fields[1], uid=uid, traced=traced, session=session,
             kernel_thread=bool(flags & PF_KTHREAD) or pid == 2 or ppid == 2,
         )
 
