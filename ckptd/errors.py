@@ -18,6 +18,7 @@
     │                               files, kernel, ...): lists every difference
     ├── GpuFailed                   a CUDA checkpoint call failed (call, error code)
     ├── CriuFailed                  CRIU ran and failed (errno, message, log tail)
+    ├── PeerError                   another daemon (migration target) unreachable or failing
     ├── StoreError                  the checkpoint store failed (I/O, format)
     │   ├── CorruptCheckpoint       data does not match its hash / manifest unreadable
     │   └── BlobNotFound            an object the store expected is missing
@@ -161,6 +162,19 @@ class CriuFailed(CkptdError):
         if last:
             base = f"{base} (criu: {last})"
         return base
+
+
+class PeerError(CkptdError):
+    """Another daemon could not be reached (address, TLS) or failed part-way. ``address`` is
+    the peer's host:port; ``in_doubt``: the link broke while the peer was acting, so whether
+    it acted is unknown."""
+
+    def __init__(
+        self, message: str, *, address: str = "", in_doubt: bool = False, **kwargs: object
+    ) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.address = address
+        self.in_doubt = in_doubt
 
 
 class StoreError(CkptdError):

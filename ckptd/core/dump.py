@@ -224,9 +224,19 @@ class DumpRecipe:
             pids |= {p.pid for p in self._processes.tree(ctx.request.pid)}
         resume_tree(self._processes, sorted(pids), ctx.stopped_before)
 
+    def preview(self, caller: Caller, request: DumpRequest) -> CheckpointRecord:
+        """The record a dump of ``request`` would make now, without touching the tree (for a
+        target node to check it can restore it): same refusals as a dump's first step."""
+        ctx = self.new_context(caller, request)
+        self._inspect(ctx)
+        return self._record(ctx)
+
     def _commit(self, ctx: DumpContext) -> None:
         assert ctx.criu_result is not None
-        record = CheckpointRecord(
+        ctx.record = self._store.commit(self._record(ctx))
+
+    def _record(self, ctx: DumpContext) -> CheckpointRecord:
+        return CheckpointRecord(
             id=ctx.checkpoint_id,
             pid=ctx.request.pid,
             created=ctx.started,
@@ -237,14 +247,13 @@ class DumpRecipe:
             leave_running=ctx.request.leave_running,
             processes=ctx.tree,
             stdio=ctx.stdio,
-            frozen_s=ctx.criu_result.frozen_s,
+            frozen_s=ctx.criu_result.frozen_s if ctx.criu_result else 0.0,
             criu_version=self._criu.status().version,
             parent_id=self._parent_of(ctx),
             duration_s=self._clock.time() - ctx.started,
             gpu=ctx.gpu.facts(),
             fingerprint=ctx.fingerprint,
         )
-        ctx.record = self._store.commit(record)
 
     def _parent_of(self, ctx: DumpContext) -> str:
         earlier = [r for r in self._store.list() if r.pid == ctx.request.pid]

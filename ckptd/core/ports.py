@@ -21,8 +21,10 @@ from ckptd.domain import (
     GcReport,
     GpuInventory,
     NodeFingerprint,
+    PeerProbe,
     PidStatus,
     ProcessFact,
+    RemoteRestore,
     StdioFact,
     VerifyReport,
 )
@@ -313,3 +315,81 @@ class BlobStore(Protocol):
     def delete(self, key: str) -> None: ...
 
     def flush(self) -> None: ...
+
+
+# ---- migration ---------------------------------------------------------------------------------
+
+
+class PageExchange(Protocol):
+    """The page-level side of a store that a migration needs (both ends); the content store
+    (``ckptd.core.store.ContentStore``) is the one implementation, tested on real backends.
+
+    A page reference is the store's keyed hash of a page for one uid (``ZERO_REF`` for a page
+    of zeros). Two daemons compare pages in the *target's* hash space: the target tells its
+    seed for the uid (``page_seed``), the source hashes its pages with it."""
+
+    @property
+    def store_id(self) -> str:
+        """Equal on two daemons iff they use one store (a hash of its secret, never the
+        secret)."""
+        ...
+
+    def page_seed(self, uid: int) -> int: ...
+
+    def lacks(self, uid: int, refs: Sequence[bytes]) -> list[int]:
+        """Indices of ``refs`` (non-zero) whose pages the store does not hold (or holds only
+        in condemned packs)."""
+        ...
+
+    def fill_pages(
+        self, uid: int, path: Path, refs: Sequence[bytes], skip: frozenset[int]
+    ) -> None:
+        """Write at ``path`` (created, ``len(refs)`` pages, sparse) every page of ``refs`` held
+        by the store except those at indices ``skip`` (written by someone else), verified."""
+        ...
+
+    def checkout(self, checkpoint_id: str) -> AbstractContextManager[Path]:
+        """CRIU's image directory of a committed checkpoint, verified, removed on exit."""
+        ...
+
+
+class PeerSession(Protocol):
+    """One transfer to a target daemon (``PeerLink.open``)."""
+
+    page_seed: int
+
+    def offer_pages(self, name: str, size: int, refs: bytes) -> list[int]:
+        """The indices of the pages of image ``name`` the target lacks."""
+        ...
+
+    def offer_file(self, name: str, data: bytes) -> None: ...
+
+    def send(self, batches: Iterator[tuple[str, int, int, bytes]]) -> int:
+        """Send ``(image, first page, count, zstd data)`` batches; returns pages received."""
+        ...
+
+    def finish(self, output_path: str) -> RemoteRestore:
+        """The target commits the checkpoint and restores it."""
+        ...
+
+    def abort(self) -> None: ...
+
+
+class PeerLink(Protocol):
+    """A connection to another node's daemon (its Peer service). Errors: ``PeerError`` when it
+    cannot be reached or fails; the target's own refusals as the matching ckptd errors."""
+
+    address: str
+
+    def probe(self, record: CheckpointRecord) -> PeerProbe: ...
+
+    def open(self, record: CheckpointRecord, ignore_warnings: bool) -> PeerSession: ...
+
+    def close(self) -> None: ...
+
+
+class PeerConnector(Protocol):
+    def connect(self, address: str) -> PeerLink:
+        """A link to the daemon at ``host:port`` (mutual TLS); raises PeerError when TCP
+        migration is not configured here."""
+        ...

@@ -187,14 +187,22 @@ class RestoreRecipe:
     def check(
         self, record: CheckpointRecord, gpu_map: Mapping[str, str] | None = None
     ) -> CompatReport:
-        """Every blocking difference and warning between ``record`` and this node."""
-        return check_restore(
+        """Every blocking difference and warning between ``record`` and this node (a CRIU
+        that cannot run here is one)."""
+        criu = self._criu.status()
+        report = check_restore(
             record,
             self._node,
-            criu_version=self._criu.status().version,
+            criu_version=criu.version,
             gpu=self._gpu,
             gpu_map=gpu_map,
         )
+        if not criu.ok:
+            report = replace(
+                report, blocking=(f"CRIU cannot run on this node: {criu.message}",
+                                  *report.blocking)
+            )
+        return report
 
     def _compat(self, ctx: RestoreContext) -> None:
         """Refuse a checkpoint that does not fit this node. When only the GPUs do not fit,

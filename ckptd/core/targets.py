@@ -33,18 +33,18 @@ def check_dump_target(
             hint="there is nothing left to checkpoint",
             pid=pid,
         )
+    if pid == daemon_pid or pid in processes.ancestors(daemon_pid):
+        raise TargetRefused(
+            f"pid {pid} is the ckptd daemon or one of its ancestors",
+            hint="ckptd cannot checkpoint itself; name the job's own process",
+            pid=pid,
+        )
     if status.session == 0:
         raise TargetRefused(
             f"pid {pid} ({status.comm}) is in session 0: its session leader is outside its pid "
             "namespace (it was started by a launcher that never called setsid), and CRIU "
             "cannot checkpoint such a process",
             hint="start the job in a session of its own, e.g. `setsid CMD ...`",
-            pid=pid,
-        )
-    if pid == daemon_pid or pid in processes.ancestors(daemon_pid):
-        raise TargetRefused(
-            f"pid {pid} is the ckptd daemon or one of its ancestors",
-            hint="ckptd cannot checkpoint itself; name the job's own process",
             pid=pid,
         )
     if not caller.is_root and status.uid != caller.uid:

@@ -59,6 +59,18 @@ class DaemonConfig:
     log_level: str = "INFO"
     node: str = ""
     """Empty: the host name."""
+    peer_listen: str = ""
+    """``host:port`` where other daemons reach this one (gRPC, mutual TLS) to migrate jobs
+    here. Empty (default): no TCP listener at all."""
+    tls_cert: str = ""
+    """This node's certificate (PEM), used as server and as client between daemons; its
+    subject alternative names must hold the address other daemons dial."""
+    tls_key: str = ""
+    tls_ca: str = ""
+    """The CA certificate (PEM) that signs every daemon's certificate; nothing else is
+    accepted, in either direction."""
+    peer_session_ttl_s: float = 600.0
+    """A migration into this node idle this long (its sender gone) is dropped."""
 
     @property
     def run_dir(self) -> Path:

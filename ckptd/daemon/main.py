@@ -29,8 +29,10 @@ from ckptd import __version__
 from ckptd._gen.ckptd.v1 import ckptd_pb2, ckptd_pb2_grpc
 from ckptd.daemon import logs, sdnotify
 from ckptd.daemon.config import DaemonConfig, load
-from ckptd.daemon.wiring import Wired, wire
+from ckptd.daemon.wiring import Wired, tls_files, wire
 from ckptd.domain.model import ROOT
+from ckptd.errors import CkptdError
+from ckptd.transport.grpc.peer import CHANNEL_OPTIONS, serve_peer
 from ckptd.transport.grpc.peercred import PeerCredProxy
 from ckptd.transport.grpc.servicer import CheckpointerServicer
 
@@ -56,6 +58,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--criu", dest="criu_path", help="path of the criu binary")
     p.add_argument("--socket-group", dest="socket_group", help="group allowed on the socket")
     p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument("--peer-listen", dest="peer_listen",
+                   help="host:port for other daemons (migration; mutual TLS; default off)")
+    p.add_argument("--tls-cert", dest="tls_cert", help="this node's certificate (PEM)")
+    p.add_argument("--tls-key", dest="tls_key", help="this node's private key (PEM)")
+    p.add_argument("--tls-ca", dest="tls_ca", help="CA certificate every daemon's is signed by")
     p.add_argument("--version", action="version", version=f"ckptd {__version__}")
     return p.parse_args(argv)
 
@@ -64,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = load(args)
+        tls_files(config)
     except (OSError, ValueError) as exc:
         print(f"ckptd: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -95,6 +103,21 @@ class Daemon:
         """Collect garbage every ``gc_interval_s`` until the daemon stops."""
         while not self._stop.wait(self.config.gc_interval_s):
             _gc_loop_body(wired)
+
+    def _serve_peers(self, wired: Wired) -> grpc.Server | None:
+        """The TCP listener for other daemons (Peer service only, mutual TLS), if configured."""
+        cfg = self.config
+        if not cfg.peer_listen:
+            return None
+        assert wired.tls is not None  # tls_files() refused the configuration otherwise
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="peer"),
+            options=CHANNEL_OPTIONS,
+        )
+        port = serve_peer(server, wired.receiver, cfg.peer_listen, wired.tls)
+        server.start()
+        log.info("peer listener (mutual TLS) on %s, port %d", cfg.peer_listen, port)
+        return server
 
     def run(self) -> int:
         cfg = self.config
@@ -133,7 +156,7 @@ class Daemon:
             futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="rpc"),
         )
         ckptd_pb2_grpc.add_CheckpointerServicer_to_server(  # type: ignore[no-untyped-call]
-            CheckpointerServicer(wired.service, peers), server
+            CheckpointerServicer(wired.service, peers, wired.migrate), server
         )
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -146,6 +169,14 @@ class Daemon:
         proxy.start()
         for name in ("", SERVICE_NAME):
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        try:
+            peer_server = self._serve_peers(wired)
+        except CkptdError as exc:
+            print(f"ckptd: peer listener: {exc}", file=sys.stderr)
+            proxy.stop()
+            server.stop(0)
+            os.close(lock_fd)
+            return 2
 
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
@@ -162,6 +193,8 @@ class Daemon:
         sdnotify.notify("STOPPING=1")
         health_servicer.enter_graceful_shutdown()
         proxy.stop()
+        if peer_server is not None:
+            peer_server.stop(cfg.shutdown_grace_s)
         server.stop(cfg.shutdown_grace_s).wait()
         # An RPC cut by the grace period does not stop its operation: let it finish, so that
         # no tree is left stopped or CUDA-checkpointed by a daemon that went away.

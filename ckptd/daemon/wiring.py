@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +17,16 @@ from ckptd.adapters.storage import FileJournal, LocalBlobStore, ObjectBlobStore,
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
+from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort
+from ckptd.core.receive import Receiver
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.service import CheckpointService
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.daemon.config import DaemonConfig
 from ckptd.daemon.probe import NodeProbe
+from ckptd.domain.model import ROOT
+from ckptd.transport.grpc.peer import GrpcPeerConnector, TlsFiles
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,23 @@ class Wired:
     store: ContentStore
     blobs: LocalBlobStore | ObjectBlobStore
     criu: CriuSwrk
+    receiver: Receiver
+    migrate: MigrateRecipe
+    tls: TlsFiles | None
+
+
+def tls_files(config: DaemonConfig) -> TlsFiles | None:
+    """The TLS files between daemons, or None when none is configured. Raises ValueError
+    when only some are."""
+    given = {"tls_cert": config.tls_cert, "tls_key": config.tls_key, "tls_ca": config.tls_ca}
+    if not any(given.values()):
+        if config.peer_listen:
+            raise ValueError("peer_listen needs tls_cert, tls_key and tls_ca")
+        return None
+    if missing := [k for k, v in given.items() if not v]:
+        raise ValueError(f"{', '.join(missing)} not set (tls_cert, tls_key and tls_ca go "
+                         "together)")
+    return TlsFiles(Path(config.tls_cert), Path(config.tls_key), Path(config.tls_ca))
 
 
 def gpu_adapters(
@@ -120,4 +142,28 @@ def wire(config: DaemonConfig) -> Wired:
         probe=NodeProbe(criu, core.node, store.location, gpu),
         gpu=gpu,
     )
-    return Wired(service=service, store=store, blobs=blobs, criu=criu)
+    receiver = Receiver(
+        store=store,
+        pages=store,
+        check=restore.check,
+        restore=lambda request: service.restore(ROOT, request),
+        clock=clock,
+        node=core.node,
+        session_ttl_s=config.peer_session_ttl_s,
+    )
+    tls = tls_files(config)
+    migrate = MigrateRecipe(
+        dump_recipe=dump,
+        dump=service.dump,
+        restore_here=service.restore,
+        pages=store,
+        connector=GrpcPeerConnector(tls),
+        clock=clock,
+        executor=ThreadPoolExecutor(max_workers=2, thread_name_prefix="send"),
+        is_pages_file=is_pages_image,
+        level=config.compress_level,
+    )
+    return Wired(
+        service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
+        migrate=migrate, tls=tls,
+    )

@@ -1,5 +1,6 @@
 """Pure data of ckptd: immutable values, no I/O, no knowledge of CRIU, gRPC or GPUs."""
 
+from ckptd.domain.migration import MigrateOutcome, MigrateRequest, PeerProbe, RemoteRestore
 from ckptd.domain.model import (
     HASH_LIMIT,
     Caller,
@@ -46,12 +47,16 @@ __all__ = [
     "GpuInfo",
     "GpuInventory",
     "GpuUse",
+    "MigrateOutcome",
+    "MigrateRequest",
     "NodeFingerprint",
     "NodeReport",
+    "PeerProbe",
     "PidState",
     "PidStatus",
     "ProcessFact",
     "Progress",
+    "RemoteRestore",
     "RestoreOutcome",
     "RestoreRequest",
     "StdioFact",

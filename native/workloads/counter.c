@@ -3,8 +3,16 @@
  *
  * State: a xorshift64 PRNG, a double accumulator and (with --mem-mib K) a
  * K MiB heap buffer of which one 4 KiB page is rewritten per step.
+ *
+ * With --port P it also listens on 0.0.0.0:P (TCP).  After each step every
+ * pending connection is accepted, sent "counter step <i> <checksum>\n" and
+ * closed.  The socket is not part of the checksums: stdout is the same with
+ * and without --port.
  */
 #include "common.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #define PROG "counter"
 #define INNER 1000 /* PRNG/accumulator iterations per step */
@@ -15,21 +23,72 @@ struct state {
     double acc;
     unsigned char *mem;
     size_t npages;
+    int listen_fd; /* -1 without --port */
 };
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: " PROG " [--steps N] [--interval-ms M] [--mem-mib K]\n"
+            "usage: " PROG " [--steps N] [--interval-ms M] [--mem-mib K] [--port P]\n"
             WL_COMMON_USAGE
             "  --mem-mib K        also allocate K MiB, modify one page per step\n"
-            "                     (default 0)\n",
+            "                     (default 0)\n"
+            "  --port P           listen on TCP 0.0.0.0:P; after each step, send each\n"
+            "                     pending connection \"" PROG " step <i> <checksum>\" and\n"
+            "                     close it (default 0 = off; stdout is unchanged)\n",
             "100");
 }
 
 static uint64_t page_hash(const struct state *s, size_t pg)
 {
     return wl_hash(s->mem + pg * WL_PAGE, WL_PAGE, pg);
+}
+
+/* Non-blocking TCP listener on 0.0.0.0:port (SO_REUSEADDR, backlog 8). */
+static int listen_on(uint16_t port)
+{
+    struct sockaddr_in sa;
+    int one = 1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+    if (fd < 0)
+        wl_die(PROG, "socket:");
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
+        wl_die(PROG, "setsockopt(SO_REUSEADDR):");
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_port = htons(port);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+        wl_die(PROG, "bind to 0.0.0.0:%u:", (unsigned)port);
+    if (listen(fd, 8) != 0)
+        wl_die(PROG, "listen:");
+    return fd;
+}
+
+/*
+ * Accept every pending connection without blocking, send each the state line
+ * and close it.  Errors on one client are ignored (the client may be gone);
+ * none of this touches the deterministic state.
+ */
+static void serve_pending(int lfd, uint64_t i, uint64_t sum)
+{
+    char line[96];
+    int n = snprintf(line, sizeof line, PROG " step %" PRIu64 " %016" PRIx64 "\n", i, sum);
+
+    for (;;) {
+        int cfd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+        if (cfd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+                continue;
+            return; /* EAGAIN: nothing pending; anything else: try next step */
+        }
+        /* A fresh socket's send buffer takes the short line in one go. */
+        while (send(cfd, line, (size_t)n, MSG_NOSIGNAL) < 0 && errno == EINTR)
+            ;
+        close(cfd);
+    }
 }
 
 static uint64_t step(uint64_t i, void *ctx)
@@ -65,6 +124,8 @@ static uint64_t step(uint64_t i, void *ctx)
             h = wl_mix(h, page_hash(s, q));
         }
     }
+    if (s->listen_fd >= 0)
+        serve_pending(s->listen_fd, i, h);
     return h;
 }
 
@@ -72,8 +133,8 @@ int main(int argc, char **argv)
 {
     struct wl_common o = { .steps = 100, .interval_ms = 100 };
     struct wl_cli c = { .argc = argc, .argv = argv, .prog = PROG, .usage = usage };
-    struct state s = { .x = wl_seed(0xc0ffee), .acc = 0.0 };
-    uint64_t mem_mib = 0, last, extra = 0;
+    struct state s = { .x = wl_seed(0xc0ffee), .acc = 0.0, .listen_fd = -1 };
+    uint64_t mem_mib = 0, port = 0, last, extra = 0;
 
     for (c.i = 1; c.i < argc; c.i++) {
         const char *v;
@@ -81,6 +142,8 @@ int main(int argc, char **argv)
             continue;
         if ((v = wl_match(&c, "--mem-mib")))
             mem_mib = wl_u64(&c, "--mem-mib", v, 0, 1ULL << 20);
+        else if ((v = wl_match(&c, "--port")))
+            port = wl_u64(&c, "--port", v, 0, 65535);
         else
             wl_bad_arg(&c);
     }
@@ -100,6 +163,9 @@ int main(int argc, char **argv)
         }
     }
 
+    if (port)
+        s.listen_fd = listen_on((uint16_t)port);
+
     last = wl_loop(PROG, &o, step, &s);
 
     /* Final line also covers every page of the buffer. */
@@ -107,5 +173,7 @@ int main(int argc, char **argv)
         extra = wl_mix(extra, page_hash(&s, pg));
     wl_print_done(PROG, wl_done_sum(o.steps, last, wl_mix(extra, wl_dbits(s.acc))));
     free(s.mem);
+    if (s.listen_fd >= 0)
+        close(s.listen_fd);
     return 0;
 }

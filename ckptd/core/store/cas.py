@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -41,8 +42,8 @@ from ckptd.core.store.objects import (
     lease_key,
     manifest_key,
 )
-from ckptd.core.store.pagehash import PageHasher
-from ckptd.core.store.reader import CheckpointReader
+from ckptd.core.store.pagehash import ZERO_REF, PageHasher
+from ckptd.core.store.reader import CheckpointReader, PageSource
 from ckptd.core.store.rwlock import RWLock
 from ckptd.domain import CheckpointRecord, GcReport, VerifyReport
 from ckptd.domain.model import is_checkpoint_id
@@ -374,6 +375,30 @@ class ContentStore:
             yield images
         finally:
             _remove_soon(root)  # off the restore's critical path
+
+    # ---- page exchange (migration) ----------------------------------------------------------
+
+    @property
+    def store_id(self) -> str:
+        """Equal for two daemons iff they share this store: a hash of its secret."""
+        return hashlib.sha256(b"ckptd-store-id\0" + self._secret).hexdigest()[:32]
+
+    def page_seed(self, uid: int) -> int:
+        return self.hasher(uid).seed
+
+    def lacks(self, uid: int, refs: Sequence[bytes]) -> builtins.list[int]:
+        del uid  # references are already in the uid's hash space
+        self.index.refresh(self._blobs)  # packs another daemon sharing the store wrote
+        contains = self.index.contains
+        return [i for i, r in enumerate(refs) if r != ZERO_REF and not contains(r)]
+
+    def fill_pages(
+        self, uid: int, path: Path, refs: Sequence[bytes], skip: frozenset[int]
+    ) -> None:
+        with self.rw.shared():
+            PageSource(
+                self._blobs, self.index, self.hasher(uid), self._executor, path.name
+            ).write_pages(refs, path, skip)
 
     def page_refs(self, checkpoint_id: str) -> dict[str, builtins.list[bytes]]:
         """Page references per pages image (for tests and tools)."""

@@ -25,6 +25,14 @@ class PageHasher:
         self.seed = xxhash.xxh3_64_intdigest(secret + uid.to_bytes(8, "little"))
         self.zero = self.digest(ZERO_PAGE)
 
+    @classmethod
+    def from_seed(cls, seed: int) -> PageHasher:
+        """The hasher of another store's uid hash space (its seed, told by its daemon)."""
+        hasher = cls.__new__(cls)
+        hasher.seed = seed
+        hasher.zero = hasher.digest(ZERO_PAGE)
+        return hasher
+
     def digest(self, data: bytes | memoryview) -> bytes:
         return xxhash.xxh3_128_digest(data, seed=self.seed)
 

@@ -58,9 +58,116 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[n:], offset + n
 
 
-class CheckpointReader:
-    """Streams the files of one checkpoint. Raises CorruptCheckpoint naming the checkpoint and
-    the damaged object on any mismatch; yields nothing unverified."""
+class PageSource:
+    """Pages of one store, located through its index: each frame fetched, decompressed and
+    verified once per request. Raises CorruptCheckpoint naming ``checkpoint_id`` and the
+    damaged object on any mismatch; writes nothing unverified."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        index: PageIndex,
+        hasher: PageHasher,
+        executor: Executor,
+        checkpoint_id: str,
+        packs: Sequence[str] = (),
+    ) -> None:
+        self._blobs = blobs
+        self._index = index
+        self._hasher = hasher
+        self._executor = executor
+        self._id = checkpoint_id
+        self._packs = packs
+
+    def write_pages(
+        self, refs: Sequence[bytes], path: Path, skip: frozenset[int] = frozenset()
+    ) -> None:
+        """Write the pages ``refs`` into ``path`` (created if missing, sized to ``refs``; zero
+        pages and the indices in ``skip`` are not written: the caller wrote those)."""
+        runs = self._plan([ZERO_REF if i in skip else r for i, r in enumerate(refs)])
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, len(refs) * PAGE_SIZE)
+            self._write_runs(fd, runs)
+        finally:
+            os.close(fd)
+
+    def _write_runs(self, fd: int, runs: dict[FrameKey, list[tuple[int, int, int]]]) -> None:
+        for key, frame in self._frames_once(list(runs)):
+            view = memoryview(frame)
+            for dst, src, count in runs[key]:
+                _pwrite_all(fd, view[src * PAGE_SIZE : (src + count) * PAGE_SIZE],
+                            dst * PAGE_SIZE)
+            view.release()
+
+    def _plan(self, refs: Sequence[bytes]) -> dict[FrameKey, list[tuple[int, int, int]]]:
+        """For each frame ``refs`` need: (page in the file, index in the frame, count) of
+        every run of consecutive pages it supplies. Zero pages need no frame."""
+        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
+        out = 0
+        for key, first, count in _runs([None if r == ZERO_REF else self._locate(r) for r in refs]):
+            if key is not None:
+                runs.setdefault(key, []).append((out, first, count))
+            out += count
+        return runs
+
+    def _frames_once(self, keys: list[FrameKey]) -> Iterator[tuple[FrameKey, bytes]]:
+        """Each frame of ``keys`` loaded and verified, a bounded number at a time in flight."""
+        ahead: deque[tuple[FrameKey, Future[bytes]]] = deque()
+        try:
+            for key in keys:
+                ahead.append((key, self._executor.submit(self._load_frame, *key)))
+                if len(ahead) >= PREFETCH:
+                    k, future = ahead.popleft()
+                    yield k, future.result()
+            while ahead:
+                k, future = ahead.popleft()
+                yield k, future.result()
+        finally:
+            for _, future in ahead:
+                future.cancel()
+
+    def _locate(self, ref: bytes) -> Location:
+        loc = self._index.get(ref)
+        if loc is None:
+            self._index.refresh(self._blobs)
+            loc = self._index.get(ref)
+        if loc is None:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._id}: page {ref.hex()} is in no pack ({self._lost_packs()})",
+                checkpoint_id=self._id,
+            )
+        return loc
+
+    def _lost_packs(self) -> str:
+        """Which of the checkpoint's packs the index lacks, and why: the damaged object to
+        name when a page cannot be found."""
+        lost = [
+            self._index.damaged.get(p) or f"pack {p} is missing"
+            for p in self._packs
+            if p not in self._index.packs
+        ]
+        return "; ".join(lost) or "a pack is missing"
+
+    def _load_frame(self, pack_id: str, frame_no: int) -> bytes:
+        pack = self._index.packs[pack_id]
+        frame = pack.frames[frame_no]
+        try:
+            raw = self._blobs.get(pack_key(pack_id), frame.offset, frame.offset + frame.length)
+        except BlobNotFound as exc:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._id}: pack {pack_id} is missing", checkpoint_id=self._id
+            ) from exc
+        try:
+            return read_frame_data(pack_id, frame_no, raw, frame.hashes, self._hasher.digest)
+        except CorruptCheckpoint as exc:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._id}: {exc.message}", checkpoint_id=self._id
+            ) from exc
+
+
+class CheckpointReader(PageSource):
+    """Streams the files of one checkpoint, every byte verified."""
 
     def __init__(
         self,
@@ -70,12 +177,8 @@ class CheckpointReader:
         hasher: PageHasher,
         executor: Executor,
     ) -> None:
-        self._blobs = blobs
-        self._index = index
+        super().__init__(blobs, index, hasher, executor, manifest.record.id, manifest.packs)
         self._m = manifest
-        self._hasher = hasher
-        self._executor = executor
-        self._id = manifest.record.id
 
     def refs(self, entry: FileEntry) -> list[bytes]:
         data = get_blob(self._blobs, self._hasher, entry.pagelist, self._id)
@@ -119,16 +222,11 @@ class CheckpointReader:
         if entry.blob:
             path.write_bytes(self.blob(entry))
             return
-        runs = self._plan(entry)
+        runs = self._plan(self.sized_refs(entry))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, entry.size)
-            for key, frame in self._frames_once(list(runs)):
-                view = memoryview(frame)
-                for dst, src, count in runs[key]:
-                    _pwrite_all(fd, view[src * PAGE_SIZE : (src + count) * PAGE_SIZE],
-                                dst * PAGE_SIZE)
-                view.release()
+            self._write_runs(fd, runs)
         finally:
             os.close(fd)
 
@@ -137,71 +235,5 @@ class CheckpointReader:
         if entry.blob:
             self.blob(entry)
             return
-        for _ in self._frames_once(list(self._plan(entry))):
+        for _ in self._frames_once(list(self._plan(self.sized_refs(entry)))):
             pass
-
-    def _plan(self, entry: FileEntry) -> dict[FrameKey, list[tuple[int, int, int]]]:
-        """For each frame a pages image needs: (page in the file, index in the frame, count)
-        of every run of consecutive pages it supplies. Zero pages need no frame."""
-        refs = self.sized_refs(entry)
-        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
-        out = 0
-        for key, first, count in _runs([None if r == ZERO_REF else self._locate(r) for r in refs]):
-            if key is not None:
-                runs.setdefault(key, []).append((out, first, count))
-            out += count
-        return runs
-
-    def _frames_once(self, keys: list[FrameKey]) -> Iterator[tuple[FrameKey, bytes]]:
-        """Each frame of ``keys`` loaded and verified, a bounded number at a time in flight."""
-        ahead: deque[tuple[FrameKey, Future[bytes]]] = deque()
-        try:
-            for key in keys:
-                ahead.append((key, self._executor.submit(self._load_frame, *key)))
-                if len(ahead) >= PREFETCH:
-                    k, future = ahead.popleft()
-                    yield k, future.result()
-            while ahead:
-                k, future = ahead.popleft()
-                yield k, future.result()
-        finally:
-            for _, future in ahead:
-                future.cancel()
-
-    def _locate(self, ref: bytes) -> Location:
-        loc = self._index.get(ref)
-        if loc is None:
-            self._index.refresh(self._blobs)
-            loc = self._index.get(ref)
-        if loc is None:
-            raise CorruptCheckpoint(
-                f"checkpoint {self._id}: page {ref.hex()} is in no pack ({self._lost_packs()})",
-                checkpoint_id=self._id,
-            )
-        return loc
-
-    def _lost_packs(self) -> str:
-        """Which of the manifest's packs the index lacks, and why: the damaged object to name
-        when a page cannot be found."""
-        lost = [
-            self._index.damaged.get(p) or f"pack {p} is missing"
-            for p in self._m.packs
-            if p not in self._index.packs
-        ]
-        return "; ".join(lost) or "a pack is missing"
-
-    def _load_frame(self, pack_id: str, frame_no: int) -> bytes:
-        pack = self._index.packs[pack_id]
-        frame = pack.frames[frame_no]
-        try:
-            raw = self._blobs.get(pack_key(pack_id), frame.offset, frame.offset + frame.length)
-        except BlobNotFound as exc:
-            raise CorruptCheckpoint(
-                f"checkpoint {self._id}: pack {pack_id} is missing", checkpoint_id=self._id
-            ) from exc
-        try:
-            return read_frame_data(pack_id, frame_no, raw, frame.hashes, self._hasher.digest)
-        except CorruptCheckpoint as exc:
-            raise CorruptCheckpoint(
-                f"checkpoint {self._id}: {exc.message}", checkpoint_id=self._id
-            ) from exc

@@ -33,6 +33,7 @@ import grpc
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc
 from ckptd.transport.cli import convert, render
+from ckptd.transport.grpc.status import ERROR_KIND_KEY
 
 PROG = "ckptctl"
 DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
@@ -90,6 +91,10 @@ class CheckpointerClient(Protocol):
     def Restore(
         self, request: pb.RestoreRequest, timeout: float | None = None
     ) -> _StreamCall[pb.RestoreEvent]: ...
+
+    def Migrate(
+        self, request: pb.MigrateRequest, timeout: float | None = None
+    ) -> _StreamCall[pb.MigrateEvent]: ...
 
     def List(self, request: pb.ListRequest, timeout: float | None = None) -> pb.ListResponse: ...
 
@@ -248,6 +253,27 @@ def cmd_restore(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_migrate(ctx: Context, args: argparse.Namespace) -> int:
+    pid = _parse_pid(args.pid)
+    request = pb.MigrateRequest(
+        pid=pid,
+        to=args.to,
+        name=args.name or "",
+        labels=dict(args.label or []),
+        output_path=args.output or "",
+        ignore_warnings=bool(args.ignore_warnings),
+    )
+    result = _stream_result(ctx.client.Migrate(request, timeout=ctx.timeout), "result")
+    if result is None:
+        raise CliError(f"ckptd ended the migration of pid {pid} without a result; see its log")
+    data = convert.message_to_dict(cast(pb.MigrateResult, result))
+    if ctx.json:
+        _print_json(data)
+    else:
+        _out(render.migrate_summary(data))
+    return EXIT_OK
+
+
 def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
     request = pb.ListRequest(pid=args.pid or 0, name=args.name or "")
     checkpoints = convert.checkpoints_to_list(ctx.client.List(request, timeout=ctx.timeout))
@@ -346,7 +372,7 @@ def _stream_result(call: _StreamCall[Any], result_field: str) -> Any:
 
 Handler = Callable[[Context, argparse.Namespace], int]
 
-_COMMANDS_TIMEOUT_NONE = frozenset({"dump", "restore"})
+_COMMANDS_TIMEOUT_NONE = frozenset({"dump", "restore", "migrate"})
 
 
 def _add_global_options(parser: argparse.ArgumentParser) -> None:
@@ -412,6 +438,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         type=_positive_int,
         help="with --name: then keep only the N newest checkpoints of that name",
+    )
+
+    migrate = command(
+        "migrate", cmd_migrate,
+        "move a running process tree to another node's ckptd (checkpoint here, send what it "
+        "lacks, restore there; restored here again if that fails)",
+    )
+    migrate.add_argument("pid", help="the root process of the tree to move")
+    migrate.add_argument(
+        "--to", metavar="HOST:PORT", required=True,
+        help="the target daemon's peer listener (its peer_listen setting)",
+    )
+    migrate.add_argument("--name", metavar="NAME", help="a name for the checkpoint")
+    migrate.add_argument(
+        "--label", metavar="K=V", action="append", type=_label_type,
+        help="attach a label (repeatable)",
+    )
+    migrate.add_argument(
+        "--output", metavar="PATH",
+        help="on the target: where stdout/stderr go when they cannot be restored",
+    )
+    migrate.add_argument(
+        "--ignore-warnings", action="store_true",
+        help="migrate despite compatibility warnings (never despite blocking differences)",
     )
 
     restore = command("restore", cmd_restore, "restore a checkpoint")
@@ -609,7 +659,13 @@ def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None) -> int:
     code = code_fn() if callable(code_fn) else None
     details = _one_line(str(details_fn() or "")) if callable(details_fn) else ""
     exit_code = _EXIT_BY_CODE.get(code, EXIT_FAILURE) if code is not None else EXIT_FAILURE
-    if code == grpc.StatusCode.UNAVAILABLE:
+    meta_fn = getattr(err, "trailing_metadata", None)
+    metadata = (meta_fn() or ()) if callable(meta_fn) else ()
+    from_daemon = any(key == ERROR_KIND_KEY for key, _ in metadata)
+    if code == grpc.StatusCode.UNAVAILABLE and from_daemon:
+        _err(details)  # the daemon could not reach another daemon (migration)
+        exit_code = EXIT_FAILURE
+    elif code == grpc.StatusCode.UNAVAILABLE:
         if os.path.exists(socket) and not os.access(socket, os.R_OK | os.W_OK):
             _err(
                 f"cannot reach ckptd at {socket}: permission denied on the socket "

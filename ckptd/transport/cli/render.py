@@ -149,6 +149,26 @@ def restore_summary(result: Mapping[str, Any]) -> str:
     return line
 
 
+def migrate_summary(result: Mapping[str, Any]) -> str:
+    node = result.get("node") or result.get("address")
+    line = (
+        f"migrated to {node} ({result.get('address')}) as pid {result.get('pid')} "
+        f"from {result.get('checkpoint_id')}: down {seconds(result.get('downtime_s', 0.0))}s "
+        f"(frozen {seconds(result.get('frozen_s', 0.0))}s)"
+    )
+    if result.get("shared_store"):
+        line += "\nshared store: no pages sent"
+    else:
+        line += (
+            f"\nsent {result.get('pages_sent', 0)} of {result.get('pages_total', 0)} pages, "
+            f"{human_bytes(int(result.get('bytes_sent', 0)))} in "
+            f"{seconds(result.get('transfer_s', 0.0))}s"
+        )
+    if result.get("output_path"):
+        line += f"\noutput on the target: {result['output_path']}"
+    return line
+
+
 def checkpoint_table(checkpoints: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [

@@ -12,6 +12,8 @@ from ckptd.domain import (
     GpuFacts,
     GpuInfo,
     GpuUse,
+    MigrateOutcome,
+    MigrateRequest,
     NodeFingerprint,
     NodeReport,
     Progress,
@@ -170,4 +172,32 @@ def check_response(n: NodeReport, daemon_version: str) -> pb.CheckResponse:
         gpu_driver=n.gpu.driver_version if n.gpu else "",
         cuda_version=n.gpu.cuda_version if n.gpu else 0,
         gpu_uses=[gpu_use(u) for u in n.gpu.uses] if n.gpu else [],
+    )
+
+
+def migrate_request(msg: pb.MigrateRequest) -> MigrateRequest:
+    return MigrateRequest(
+        pid=msg.pid,
+        to=msg.to,
+        name=msg.name,
+        labels=dict(msg.labels),
+        output_path=msg.output_path,
+        ignore_warnings=msg.ignore_warnings,
+    )
+
+
+def migrate_result(o: MigrateOutcome) -> pb.MigrateResult:
+    return pb.MigrateResult(
+        checkpoint_id=o.checkpoint_id,
+        node=o.node,
+        address=o.address,
+        pid=o.pid,
+        output_path=o.output_path,
+        pages_total=o.pages_total,
+        pages_sent=o.pages_sent,
+        bytes_sent=o.bytes_sent,
+        frozen_s=o.frozen_s,
+        downtime_s=o.downtime_s,
+        transfer_s=o.transfer_s,
+        shared_store=o.shared_store,
     )

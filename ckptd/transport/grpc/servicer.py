@@ -19,11 +19,12 @@ import grpc
 from ckptd import __version__
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.service import CheckpointService
 from ckptd.domain import Caller, Progress
 from ckptd.transport.grpc import convert
 from ckptd.transport.grpc.peercred import caller_from_peer
-from ckptd.transport.grpc.status import code_for, details_for
+from ckptd.transport.grpc.status import ERROR_KIND_KEY, code_for, details_for
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,9 +33,12 @@ _DONE = object()
 
 
 class CheckpointerServicer(pb_grpc.CheckpointerServicer):
-    def __init__(self, service: CheckpointService, peer_dir: Path) -> None:
+    def __init__(
+        self, service: CheckpointService, peer_dir: Path, migrate: MigrateRecipe | None = None
+    ) -> None:
         self._service = service
         self._peer_dir = peer_dir
+        self._migrate = migrate
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -60,6 +64,8 @@ class CheckpointerServicer(pb_grpc.CheckpointerServicer):
             log.error("request failed: %s", exc, exc_info=exc)
         else:
             log.info("request refused: %s", exc)
+        # marks the status as the daemon's own answer (not a transport failure)
+        context.set_trailing_metadata(((ERROR_KIND_KEY, type(exc).__name__),))
         context.abort(code, details_for(exc))
 
     def _stream(
@@ -111,6 +117,19 @@ class CheckpointerServicer(pb_grpc.CheckpointerServicer):
             lambda caller, sink: self._service.restore(caller, req, sink),
             lambda p: pb.RestoreEvent(progress=p),
             lambda o: pb.RestoreEvent(result=convert.restore_result(o)),
+        )
+
+    def Migrate(self, request: pb.MigrateRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        req = convert.migrate_request(request)
+        migrate = self._migrate
+        if migrate is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this daemon cannot migrate")
+        assert migrate is not None
+        return self._stream(
+            context,
+            lambda caller, sink: migrate.run(caller, req, sink),
+            lambda p: pb.MigrateEvent(progress=p),
+            lambda o: pb.MigrateEvent(result=convert.migrate_result(o)),
         )
 
     def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:

@@ -9,6 +9,7 @@
 | PreconditionFailed (PidInUse, CRIU) | FAILED_PRECONDITION  |
 | CorruptCheckpoint                   | DATA_LOSS            |
 | Cancelled                           | CANCELLED            |
+| PeerError                           | UNAVAILABLE          |
 | CriuFailed, StoreError, anything    | INTERNAL             |
 """
 
@@ -17,6 +18,11 @@ from __future__ import annotations
 import grpc
 
 from ckptd import errors
+
+ERROR_KIND_KEY = "ckptd-error"
+"""Trailing metadata key of a status the daemon chose (its value: the error's class name), so
+that a client tells the daemon's own UNAVAILABLE (a peer daemon unreachable) from not reaching
+the daemon at all."""
 
 _CODES: tuple[tuple[type[errors.CkptdError], grpc.StatusCode], ...] = (
     (errors.ProcessNotFound, grpc.StatusCode.NOT_FOUND),
@@ -27,6 +33,7 @@ _CODES: tuple[tuple[type[errors.CkptdError], grpc.StatusCode], ...] = (
     (errors.PreconditionFailed, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.CorruptCheckpoint, grpc.StatusCode.DATA_LOSS),
     (errors.Cancelled, grpc.StatusCode.CANCELLED),
+    (errors.PeerError, grpc.StatusCode.UNAVAILABLE),
 )
 
 
@@ -35,6 +42,15 @@ def code_for(exc: BaseException) -> grpc.StatusCode:
         if isinstance(exc, kind):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+def error_for(code: grpc.StatusCode, details: str) -> errors.CkptdError:
+    """The ckptd error a status from another daemon stands for (the table read backwards;
+    codes no ckptd error maps to become PeerError). ``details`` already carries its hint."""
+    for kind, mapped in _CODES:
+        if mapped is code:
+            return kind(details, hint="")
+    return errors.PeerError(details, hint="")
 
 
 def details_for(exc: BaseException) -> str:

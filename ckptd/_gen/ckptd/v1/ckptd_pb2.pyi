@@ -28,6 +28,151 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class MigrateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PID_FIELD_NUMBER: _builtins.int
+    TO_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    OUTPUT_PATH_FIELD_NUMBER: _builtins.int
+    IGNORE_WARNINGS_FIELD_NUMBER: _builtins.int
+    pid: _builtins.int
+    to: _builtins.str
+    """the target daemon's peer address, host:port"""
+    name: _builtins.str
+    output_path: _builtins.str
+    """On the target: where the tree's stdout/stderr go when they were a pipe or a terminal."""
+    ignore_warnings: _builtins.bool
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        pid: _builtins.int = ...,
+        to: _builtins.str = ...,
+        name: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        output_path: _builtins.str = ...,
+        ignore_warnings: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ignore_warnings", b"ignore_warnings", "labels", b"labels", "name", b"name", "output_path", b"output_path", "pid", b"pid", "to", b"to"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrateRequest: _TypeAlias = MigrateRequest  # noqa: Y015
+
+@_typing.final
+class MigrateResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    OUTPUT_PATH_FIELD_NUMBER: _builtins.int
+    PAGES_TOTAL_FIELD_NUMBER: _builtins.int
+    PAGES_SENT_FIELD_NUMBER: _builtins.int
+    BYTES_SENT_FIELD_NUMBER: _builtins.int
+    FROZEN_S_FIELD_NUMBER: _builtins.int
+    DOWNTIME_S_FIELD_NUMBER: _builtins.int
+    TRANSFER_S_FIELD_NUMBER: _builtins.int
+    SHARED_STORE_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    node: _builtins.str
+    """the target's node name"""
+    address: _builtins.str
+    """host:port it was sent to"""
+    pid: _builtins.int
+    """pid on the target"""
+    output_path: _builtins.str
+    """on the target"""
+    pages_total: _builtins.int
+    """non-zero pages of the checkpoint"""
+    pages_sent: _builtins.int
+    """pages the target lacked"""
+    bytes_sent: _builtins.int
+    """bytes on the wire for pages and images (compressed)"""
+    frozen_s: _builtins.float
+    """the tree was frozen by CRIU this long"""
+    downtime_s: _builtins.float
+    """from the dump's start until the tree ran on the target"""
+    transfer_s: _builtins.float
+    shared_store: _builtins.bool
+    """both daemons use the same store: nothing was sent"""
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        address: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        output_path: _builtins.str = ...,
+        pages_total: _builtins.int = ...,
+        pages_sent: _builtins.int = ...,
+        bytes_sent: _builtins.int = ...,
+        frozen_s: _builtins.float = ...,
+        downtime_s: _builtins.float = ...,
+        transfer_s: _builtins.float = ...,
+        shared_store: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_sent", b"bytes_sent", "checkpoint_id", b"checkpoint_id", "downtime_s", b"downtime_s", "frozen_s", b"frozen_s", "node", b"node", "output_path", b"output_path", "pages_sent", b"pages_sent", "pages_total", b"pages_total", "pid", b"pid", "shared_store", b"shared_store", "transfer_s", b"transfer_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrateResult: _TypeAlias = MigrateResult  # noqa: Y015
+
+@_typing.final
+class MigrateEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def progress(self) -> Global___Progress: ...
+    @_builtins.property
+    def result(self) -> Global___MigrateResult: ...
+    def __init__(
+        self,
+        *,
+        progress: Global___Progress | None = ...,
+        result: Global___MigrateResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "progress", b"progress", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "progress", b"progress", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["progress", "result"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___MigrateEvent: _TypeAlias = MigrateEvent  # noqa: Y015
+
+@_typing.final
 class DumpRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

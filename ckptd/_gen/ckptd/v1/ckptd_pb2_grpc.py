@@ -80,6 +80,11 @@ class CheckpointerStub:
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreResponse.FromString,
                 _registered_method=True)
+        self.Migrate = channel.unary_stream(
+                '/ckptd.v1.Checkpointer/Migrate',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.MigrateRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.MigrateEvent.FromString,
+                _registered_method=True)
 
 
 class CheckpointerServicer:
@@ -147,6 +152,15 @@ class CheckpointerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Migrate(self, request, context):
+        """Move a running process tree to another node's daemon (its Peer service, over TCP with
+        mutual TLS): checkpoint here, send what the target's store lacks, restore there. On any
+        failure after the checkpoint the tree is restored here. Streams progress, then one result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -194,6 +208,11 @@ def add_CheckpointerServicer_to_server(servicer, server):
                     servicer.CheckRestore,
                     request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreResponse.SerializeToString,
+            ),
+            'Migrate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Migrate,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.MigrateRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.MigrateEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -439,6 +458,33 @@ class Checkpointer:
             '/ckptd.v1.Checkpointer/CheckRestore',
             ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreRequest.SerializeToString,
             ckptd_dot_v1_dot_ckptd__pb2.CheckRestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Migrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/Migrate',
+            ckptd_dot_v1_dot_ckptd__pb2.MigrateRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.MigrateEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,299 @@
+"""The target side of a migration: another daemon hands this one a checkpoint, page by page.
+
+A session is: ``open`` (this node checks it can restore the record, before anything is sent;
+an empty image directory is staged in the store under a lease), ``offer`` each image (pages
+images as page references in this store's hash space: the answer is which pages it lacks;
+other images whole), ``receive`` the missing pages (each one verified against the reference
+it was offered with, then written in place), ``finish`` (the rest of every pages image is
+filled from this store, the checkpoint is committed like a local dump, then restored by the
+restore recipe). ``abort``, a failure, or ``session_ttl_s`` of silence drop the staging.
+
+Invariants: nothing is listed before ``finish`` commits; a page is written only if it hashes
+to the reference offered for its place, so a checkpoint assembled here restores exactly what
+was dumped there; when the record's id is already in this store (a shared store) nothing is
+sent and ``finish`` only restores it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zstandard
+
+from ckptd.core.compat import refuse_unless_compatible
+from ckptd.core.ports import CheckpointStore, Clock, PageExchange
+from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_REF, PageHasher
+from ckptd.domain import (
+    CheckpointRecord,
+    CompatReport,
+    PeerProbe,
+    RemoteRestore,
+    RestoreOutcome,
+    RestoreRequest,
+)
+from ckptd.errors import (
+    Busy,
+    CheckpointNotFound,
+    CorruptCheckpoint,
+    InvalidTarget,
+    StoreError,
+)
+
+_IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_BATCH_PAGES = 4096
+"""Largest page batch accepted in one message (16 MiB decompressed)."""
+
+Restorer = Callable[[RestoreRequest], RestoreOutcome]
+Checker = Callable[[CheckpointRecord], CompatReport]
+
+
+@dataclass
+class _Session:
+    record: CheckpointRecord
+    images: Path | None
+    """Staged image directory; None when the store holds the checkpoint already."""
+    hasher: PageHasher
+    touched: float
+    refs: dict[str, list[bytes]] = field(default_factory=dict)
+    missing: dict[str, set[int]] = field(default_factory=dict)
+    received: dict[str, set[int]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Receiver:
+    """Sessions of checkpoints coming from other daemons. Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        store: CheckpointStore,
+        pages: PageExchange,
+        check: Checker,
+        restore: Restorer,
+        clock: Clock,
+        node: str,
+        session_ttl_s: float = 600.0,
+    ) -> None:
+        self._store = store
+        self._pages = pages
+        self._check = check
+        self._restore = restore
+        self._clock = clock
+        self.node = node
+        self._ttl = session_ttl_s
+        self._sessions: dict[str, _Session] = {}
+        self._mutex = threading.Lock()
+
+    # ---- before anything is sent ------------------------------------------------------------
+
+    def probe(self, record: CheckpointRecord) -> PeerProbe:
+        return PeerProbe(
+            node=self.node,
+            store_id=self._pages.store_id,
+            report=self._check(record),
+            has_checkpoint=self._has(record.id),
+        )
+
+    def open(self, record: CheckpointRecord, *, ignore_warnings: bool) -> tuple[str, int]:
+        """A new session for ``record``: (session id, page seed of its uid). Raises
+        Incompatible (every difference) when this node cannot restore it."""
+        self.expire()
+        refuse_unless_compatible(record, self._check(record), ignore_warnings=ignore_warnings)
+        with self._mutex:
+            if any(s.record.id == record.id for s in self._sessions.values()):
+                raise Busy(
+                    f"checkpoint {record.id} is being received already",
+                    checkpoint_id=record.id,
+                )
+            session_id = f"s{secrets.token_hex(8)}"
+            self._sessions[session_id] = _Session(
+                record=record,
+                images=None,
+                hasher=PageHasher.from_seed(self._pages.page_seed(record.uid)),
+                touched=self._clock.monotonic(),
+            )
+        if not self._has(record.id):
+            try:
+                images = self._store.begin(record.id, sum(p.rss for p in record.processes))
+            except BaseException:
+                with self._mutex:
+                    self._sessions.pop(session_id, None)
+                raise
+            self._sessions[session_id].images = images
+        return session_id, self._sessions[session_id].hasher.seed
+
+    # ---- the images -------------------------------------------------------------------------
+
+    def offer_pages(self, session_id: str, name: str, size: int, refs: bytes) -> list[int]:
+        """Indices of the pages of image ``name`` this store lacks (to be sent)."""
+        s = self._session(session_id)
+        images = self._images(s)
+        if images is None:
+            return []
+        _check_name(name, s.record.id)
+        count, rest = divmod(len(refs), HASH_SIZE)
+        if rest or count * PAGE_SIZE != size:
+            raise InvalidTarget(
+                f"image {name}: {len(refs)} bytes of references for {size} bytes of pages",
+                checkpoint_id=s.record.id,
+            )
+        page_refs = [refs[i : i + HASH_SIZE] for i in range(0, len(refs), HASH_SIZE)]
+        missing = self._pages.lacks(s.record.uid, page_refs)
+        with s.lock:
+            s.refs[name] = page_refs
+            s.missing[name] = set(missing)
+            s.received[name] = set()
+        fd = os.open(images / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        return missing
+
+    def offer_file(self, session_id: str, name: str, data: bytes) -> None:
+        s = self._session(session_id)
+        images = self._images(s)
+        if images is None:
+            return
+        _check_name(name, s.record.id)
+        (images / name).write_bytes(data)
+
+    def receive(self, session_id: str, name: str, first: int, count: int, zdata: bytes) -> None:
+        """Pages ``first .. first+count-1`` of image ``name``; each must hash to the reference
+        offered for its place (else CorruptCheckpoint, and nothing of the batch is kept)."""
+        s = self._session(session_id)
+        images = self._images(s)
+        if images is None:
+            return
+        refs = s.refs.get(name)
+        if refs is None:
+            raise InvalidTarget(f"image {name} was not offered", checkpoint_id=s.record.id)
+        if count <= 0 or count > MAX_BATCH_PAGES or first < 0 or first + count > len(refs):
+            raise InvalidTarget(
+                f"image {name}: pages {first}..{first + count - 1} out of range",
+                checkpoint_id=s.record.id,
+            )
+        try:
+            data = zstandard.ZstdDecompressor().decompress(
+                zdata, max_output_size=count * PAGE_SIZE
+            )
+        except zstandard.ZstdError as exc:
+            raise CorruptCheckpoint(
+                f"image {name}: a page batch does not decompress: {exc}",
+                checkpoint_id=s.record.id,
+            ) from exc
+        if len(data) != count * PAGE_SIZE:
+            raise CorruptCheckpoint(
+                f"image {name}: batch of {count} pages holds {len(data)} bytes",
+                checkpoint_id=s.record.id,
+            )
+        view = memoryview(data)
+        digest = s.hasher.digest
+        for i in range(count):
+            want = refs[first + i]
+            got = digest(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
+            if want == ZERO_REF or got != want:
+                raise CorruptCheckpoint(
+                    f"image {name}: page {first + i} does not match its hash",
+                    checkpoint_id=s.record.id,
+                )
+        fd = os.open(images / name, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(fd, view[done:], first * PAGE_SIZE + done)
+        finally:
+            os.close(fd)
+        with s.lock:
+            s.received[name].update(range(first, first + count))
+
+    # ---- the end ----------------------------------------------------------------------------
+
+    def finish(self, session_id: str, output_path: str) -> RemoteRestore:
+        """Commit the received checkpoint (every page it lacked must have arrived), then
+        restore it here. The session ends whatever happens."""
+        s = self._session(session_id)
+        try:
+            images = self._images(s)
+            if images is not None:
+                for name, refs in s.refs.items():
+                    lost = s.missing[name] - s.received[name]
+                    if lost:
+                        raise StoreError(
+                            f"image {name}: {len(lost)} page(s) the sender was asked for never "
+                            "arrived",
+                            checkpoint_id=s.record.id,
+                        )
+                    self._pages.fill_pages(
+                        s.record.uid, images / name, refs, frozenset(s.received[name])
+                    )
+                self._store.commit(s.record)
+                s.images = None
+            started = self._clock.monotonic()
+            outcome = self._restore(
+                RestoreRequest(checkpoint_id=s.record.id, output_path=output_path,
+                               ignore_warnings=True)  # warnings were accepted at open
+            )
+            return RemoteRestore(
+                checkpoint_id=outcome.checkpoint_id,
+                pid=outcome.pid,
+                output_path=outcome.output_path,
+                node=self.node,
+                restore_s=self._clock.monotonic() - started,
+            )
+        finally:
+            self._drop(session_id)
+
+    def abort(self, session_id: str) -> None:
+        self._drop(session_id)
+
+    def expire(self) -> list[str]:
+        """Drop sessions idle longer than the TTL (a sender that went away). Returns them."""
+        now = self._clock.monotonic()
+        with self._mutex:
+            stale = [k for k, s in self._sessions.items() if now - s.touched > self._ttl]
+        for key in stale:
+            self._drop(key)
+        return stale
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _has(self, checkpoint_id: str) -> bool:
+        try:
+            self._store.get(checkpoint_id)
+        except CheckpointNotFound:
+            return False
+        return True
+
+    def _session(self, session_id: str) -> _Session:
+        with self._mutex:
+            s = self._sessions.get(session_id)
+        if s is None:
+            raise InvalidTarget(
+                f"no transfer session {session_id!r} (it ended, or expired after "
+                f"{self._ttl:.0f}s idle)",
+                hint="start the migration again",
+            )
+        s.touched = self._clock.monotonic()
+        return s
+
+    @staticmethod
+    def _images(s: _Session) -> Path | None:
+        return s.images
+
+    def _drop(self, session_id: str) -> None:
+        with self._mutex:
+            s = self._sessions.pop(session_id, None)
+        if s is not None and s.images is not None:
+            self._store.abort(s.record.id)
+
+
+def _check_name(name: str, checkpoint_id: str) -> None:
+    if not _IMAGE_NAME.match(name) or ".." in name:
+        raise InvalidTarget(f"bad image name {name!r}", checkpoint_id=checkpoint_id)

@@ -1,0 +1,298 @@
+"""The Peer service between daemons (gRPC over TCP, mutual TLS): its servicer, over the core's
+``Receiver``, and its client, the core's ``PeerConnector`` port.
+
+Only the Peer service is served on TCP; the Checkpointer API stays on the Unix socket. The
+server requires a client certificate signed by the configured CA (the TLS handshake refuses
+anyone else) and the client checks the server's certificate against the same CA and the
+address it dialled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from ckptd._gen.ckptd.v1 import peer_pb2 as pb
+from ckptd._gen.ckptd.v1 import peer_pb2_grpc as pb_grpc
+from ckptd.core.receive import Receiver
+from ckptd.domain import CheckpointRecord, CompatReport, PeerProbe, RemoteRestore
+from ckptd.errors import PeerError
+from ckptd.transport.grpc.status import code_for, details_for, error_for
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_MESSAGE = 64 << 20
+"""Largest message either side takes: an offer of a 16 GiB image's page hashes is 64 MiB."""
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.keepalive_time_ms", 30_000),
+)
+CONNECT_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 120.0
+FINISH_TIMEOUT_S = 1800.0
+"""Finish commits and restores on the target: as long as a big restore may take."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """This node's certificate and key (used as server and as client) and the CA that signs
+    every daemon's certificate."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        try:
+            return self.cert.read_bytes(), self.key.read_bytes(), self.ca.read_bytes()
+        except OSError as exc:
+            raise PeerError(
+                f"cannot read the TLS files ({exc.filename}): {exc.strerror}",
+                hint="set tls_cert, tls_key and tls_ca in the daemon's config",
+            ) from exc
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        cert, key, ca = self.read()
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=True
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        cert, key, ca = self.read()
+        return grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+
+
+def record_bytes(record: CheckpointRecord) -> bytes:
+    return json.dumps(record.to_json()).encode()
+
+
+def record_from(data: bytes) -> CheckpointRecord:
+    return CheckpointRecord.from_json(json.loads(data))
+
+
+# ---- server -------------------------------------------------------------------------------
+
+
+class PeerServicer(pb_grpc.PeerServicer):
+    def __init__(self, receiver: Receiver) -> None:
+        self._receiver = receiver
+
+    def _call(self, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except Exception as exc:
+            code = code_for(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.error("peer request from %s failed: %s", context.peer(), exc, exc_info=exc)
+            else:
+                log.info("peer request from %s refused: %s", context.peer(), exc)
+            context.abort(code, details_for(exc))
+            raise  # unreachable: abort raises
+
+    def Probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> Any:
+        probe = self._call(context, lambda: self._receiver.probe(record_from(request.record_json)))
+        return pb.ProbeResponse(
+            node=probe.node, store_id=probe.store_id, blocking=list(probe.report.blocking),
+            warnings=list(probe.report.warnings), has_checkpoint=probe.has_checkpoint,
+        )
+
+    def Open(self, request: pb.OpenRequest, context: grpc.ServicerContext) -> Any:
+        session, seed = self._call(
+            context,
+            lambda: self._receiver.open(
+                record_from(request.record_json), ignore_warnings=request.ignore_warnings
+            ),
+        )
+        log.info("receiving checkpoint from %s (session %s)", context.peer(), session)
+        return pb.OpenResponse(session=session, page_seed=seed)
+
+    def Offer(self, request: pb.OfferRequest, context: grpc.ServicerContext) -> Any:
+        if not request.pages:
+            self._call(
+                context,
+                lambda: self._receiver.offer_file(request.session, request.name, request.data),
+            )
+            return pb.OfferResponse()
+        missing = self._call(
+            context,
+            lambda: self._receiver.offer_pages(
+                request.session, request.name, request.size, request.refs
+            ),
+        )
+        return pb.OfferResponse(missing=struct.pack(f"<{len(missing)}I", *missing))
+
+    def Send(self, request_iterator: Iterator[pb.PageBatch], context: grpc.ServicerContext) -> Any:
+        def receive_all() -> int:
+            pages = 0
+            for batch in request_iterator:
+                self._receiver.receive(
+                    batch.session, batch.name, batch.first, batch.count, batch.zstd
+                )
+                pages += batch.count
+            return pages
+
+        return pb.SendResponse(pages=self._call(context, receive_all))
+
+    def Finish(self, request: pb.FinishRequest, context: grpc.ServicerContext) -> Any:
+        done = self._call(
+            context, lambda: self._receiver.finish(request.session, request.output_path)
+        )
+        log.info("restored migrated checkpoint %s as pid %d", done.checkpoint_id, done.pid)
+        return pb.FinishResponse(
+            checkpoint_id=done.checkpoint_id, pid=done.pid, output_path=done.output_path,
+            node=done.node, restore_s=done.restore_s,
+        )
+
+    def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> Any:
+        self._call(context, lambda: self._receiver.abort(request.session))
+        return pb.AbortResponse()
+
+
+def serve_peer(
+    server: grpc.Server, receiver: Receiver, listen: str, tls: TlsFiles
+) -> int:
+    """Add the Peer service and a mutual-TLS TCP port to ``server``; returns the port."""
+    pb_grpc.add_PeerServicer_to_server(PeerServicer(receiver), server)  # type: ignore[no-untyped-call]
+    port = server.add_secure_port(listen, tls.server_credentials())
+    if port == 0:
+        raise PeerError(f"cannot listen on {listen}", hint="check peer_listen (host:port)")
+    return int(port)
+
+
+# ---- client -------------------------------------------------------------------------------
+
+
+class GrpcPeerConnector:
+    """``PeerConnector`` over gRPC with mutual TLS (``tls`` None: migration not configured)."""
+
+    def __init__(self, tls: TlsFiles | None) -> None:
+        self._tls = tls
+
+    def connect(self, address: str) -> GrpcPeerLink:
+        if self._tls is None:
+            raise PeerError(
+                "this daemon has no TLS certificate for migration",
+                hint="set tls_cert, tls_key and tls_ca in its config (see README: migration)",
+                address=address,
+            )
+        channel = grpc.secure_channel(
+            address, self._tls.channel_credentials(), options=CHANNEL_OPTIONS
+        )
+        try:
+            grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_S)
+        except grpc.FutureTimeoutError as exc:
+            channel.close()
+            raise PeerError(
+                f"cannot reach the ckptd peer listener at {address} within "
+                f"{CONNECT_TIMEOUT_S:g}s (no listener, or the TLS handshake failed)",
+                hint="check the address, that its daemon has peer_listen set, and that both "
+                "certificates are signed by the same CA",
+                address=address,
+            ) from exc
+        return GrpcPeerLink(address, channel)
+
+
+class GrpcPeerLink:
+    def __init__(self, address: str, channel: grpc.Channel) -> None:
+        self.address = address
+        self._channel = channel
+        self._stub = pb_grpc.PeerStub(channel)  # type: ignore[no-untyped-call]
+
+    def probe(self, record: CheckpointRecord) -> PeerProbe:
+        r = self._rpc(lambda: self._stub.Probe(
+            pb.ProbeRequest(record_json=record_bytes(record)), timeout=CALL_TIMEOUT_S))
+        return PeerProbe(
+            node=r.node, store_id=r.store_id,
+            report=CompatReport(blocking=tuple(r.blocking), warnings=tuple(r.warnings)),
+            has_checkpoint=r.has_checkpoint,
+        )
+
+    def open(self, record: CheckpointRecord, ignore_warnings: bool) -> GrpcPeerSession:
+        r = self._rpc(lambda: self._stub.Open(
+            pb.OpenRequest(record_json=record_bytes(record), ignore_warnings=ignore_warnings),
+            timeout=CALL_TIMEOUT_S))
+        return GrpcPeerSession(self, r.session, r.page_seed)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _rpc(self, call: Callable[[], T], *, in_doubt: bool = False) -> T:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            _raise_from_rpc(exc, self.address, in_doubt=in_doubt)
+
+
+class GrpcPeerSession:
+    def __init__(self, link: GrpcPeerLink, session: str, page_seed: int) -> None:
+        self._link = link
+        self._stub = link._stub
+        self.session = session
+        self.page_seed = page_seed
+
+    def offer_pages(self, name: str, size: int, refs: bytes) -> list[int]:
+        r = self._link._rpc(lambda: self._stub.Offer(
+            pb.OfferRequest(session=self.session, name=name, size=size, refs=refs, pages=True),
+            timeout=CALL_TIMEOUT_S))
+        return list(struct.unpack(f"<{len(r.missing) // 4}I", r.missing))
+
+    def offer_file(self, name: str, data: bytes) -> None:
+        self._link._rpc(lambda: self._stub.Offer(
+            pb.OfferRequest(session=self.session, name=name, size=len(data), data=data),
+            timeout=CALL_TIMEOUT_S))
+
+    def send(self, batches: Iterator[tuple[str, int, int, bytes]]) -> int:
+        messages = (
+            pb.PageBatch(session=self.session, name=n, first=f, count=c, zstd=z)
+            for n, f, c, z in batches
+        )
+        r = self._link._rpc(lambda: self._stub.Send(messages, timeout=FINISH_TIMEOUT_S))
+        return int(r.pages)
+
+    def finish(self, output_path: str) -> RemoteRestore:
+        r = self._link._rpc(
+            lambda: self._stub.Finish(
+                pb.FinishRequest(session=self.session, output_path=output_path),
+                timeout=FINISH_TIMEOUT_S,
+            ),
+            in_doubt=True,
+        )
+        return RemoteRestore(
+            checkpoint_id=r.checkpoint_id, pid=r.pid, output_path=r.output_path, node=r.node,
+            restore_s=r.restore_s,
+        )
+
+    def abort(self) -> None:
+        try:
+            self._stub.Abort(pb.AbortRequest(session=self.session), timeout=CONNECT_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            log.warning("abort of session %s on %s failed: %s", self.session,
+                        self._link.address, exc.details() if hasattr(exc, "details") else exc)
+
+
+_LINK_BROKEN = {
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+}
+
+
+def _raise_from_rpc(exc: grpc.RpcError, address: str, *, in_doubt: bool) -> NoReturn:
+    code: grpc.StatusCode = exc.code()
+    details: str = exc.details() or code.name
+    if code in _LINK_BROKEN:
+        raise PeerError(
+            f"the daemon at {address} failed: {details}", address=address,
+            in_doubt=in_doubt, hint="",
+        ) from exc
+    raise error_for(code, f"{address}: {details}") from exc
