@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 HOST = "127.0.0.1"
@@ -47,19 +47,30 @@ def free_port() -> int:
 
 
 class MotoServer:
-    def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://{HOST}:{self.port}"
+    """``host``/``preexec_fn``: to serve inside a test's network namespace (its address
+    there); then only processes in that namespace (or routed to it) reach it."""
+
+    def __init__(
+        self, log_dir: Path, host: str = HOST,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = free_port() if host == HOST else 9000
+        self.endpoint = f"http://{host}:{self.port}"
         self._log_path = log_dir / "moto_server.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._preexec_fn = preexec_fn
 
     def start(self, timeout: float = 30.0) -> None:
         env = {**os.environ, **CREDENTIALS}
         with open(self._log_path, "wb") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)],
+                [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                preexec_fn=self._preexec_fn,  # noqa: PLW1509 (setns only)
             )
+        if self._preexec_fn is not None:
+            return  # not reachable from here: the caller waits from inside the namespace
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -22,7 +22,7 @@ import tempfile
 import termios
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -507,6 +507,8 @@ class Daemon:
         *extra: str,
         config: dict[str, Any] | None = None,
         socket_dir: Path | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
         self.socket = (socket_dir or root / "run") / "ckptd.sock"
@@ -526,7 +528,8 @@ class Daemon:
         root.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/"
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+                preexec_fn=preexec_fn, env=env,  # noqa: PLW1509 (setns only)
             )
         self._wait_ready()
 
