@@ -30,7 +30,6 @@ from pathlib import Path
 
 import zstandard
 
-from ckptd.core.dump import DumpRecipe
 from ckptd.core.ports import Clock, PageExchange, PeerConnector, PeerLink, PeerSession
 from ckptd.core.recipe import ProgressSink, Step, run_steps
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
@@ -52,6 +51,8 @@ BATCH_PAGES = 256
 PREFETCH = 8
 
 Dumper = Callable[[Caller, DumpRequest, ProgressSink], CheckpointRecord]
+Previewer = Callable[[Caller, DumpRequest], CheckpointRecord]
+"""The record a dump would make now, touching nothing (``DumpRecipe.preview``)."""
 LocalRestorer = Callable[[Caller, RestoreRequest], RestoreOutcome]
 
 
@@ -80,7 +81,7 @@ class MigrateRecipe:
     def __init__(
         self,
         *,
-        dump_recipe: DumpRecipe,
+        preview: Previewer,
         dump: Dumper,
         restore_here: LocalRestorer,
         pages: PageExchange,
@@ -90,7 +91,7 @@ class MigrateRecipe:
         is_pages_file: Callable[[str], bool],
         level: int = 1,
     ) -> None:
-        self._dump_recipe = dump_recipe
+        self._preview = preview
         self._dump = dump
         self._restore_here = restore_here
         self._pages = pages
@@ -157,7 +158,7 @@ class MigrateRecipe:
 
     def _probe(self, ctx: MigrateContext) -> None:
         assert ctx.link is not None
-        preview = self._dump_recipe.preview(ctx.caller, self._dump_request(ctx))
+        preview = self._preview(ctx.caller, self._dump_request(ctx))
         ctx.probe = ctx.link.probe(preview)
         report = ctx.probe.report
         if report.blocking or (report.warnings and not ctx.request.ignore_warnings):

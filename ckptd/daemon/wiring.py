@@ -153,7 +153,7 @@ def wire(config: DaemonConfig) -> Wired:
     )
     tls = tls_files(config)
     migrate = MigrateRecipe(
-        dump_recipe=dump,
+        preview=dump.preview,
         dump=service.dump,
         restore_here=service.restore,
         pages=store,

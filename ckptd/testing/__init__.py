@@ -14,6 +14,7 @@ suites (``tests/contract``) as the real adapters.
 - ``MemoryJournal``: ``Journal`` in memory.
 - ``FakeStdioProvider``: ``StdioProvider`` handing out /dev/null descriptors.
 - ``FakeNodeInspector`` / ``FakeFile``: ``NodeInspector`` over facts and files in memory.
+- ``LoopbackPeerConnector``: ``PeerConnector`` reaching ``Receiver`` s in this process.
 
 Most fakes accept ``events``, a list shared between them, to which they append what
 happened, so a test can check the order of effects across ports.
@@ -25,6 +26,7 @@ from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
 from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
 from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._node import FakeFile, FakeNodeInspector
+from ckptd.testing._peer import LoopbackPeerConnector
 from ckptd.testing._processes import FakeProcess, FakeProcessTable, KillMode
 from ckptd.testing._stdio import FakeStdioProvider
 from ckptd.testing._store import MemoryStore
@@ -43,6 +45,7 @@ __all__ = [
     "FakeProcessTable",
     "FakeStdioProvider",
     "KillMode",
+    "LoopbackPeerConnector",
     "MemoryBlobStore",
     "MemoryJournal",
     "MemoryStore",

@@ -19,6 +19,7 @@ from ckptd._gen.ckptd.v1 import peer_pb2, peer_pb2_grpc
 
 from .certs import make_ca, make_node_cert
 from .support import (
+    REPO,
     Daemon,
     Procs,
     assert_ok,
@@ -46,16 +47,21 @@ def free_port() -> int:
 
 
 class Pki:
-    """A CA, and a certificate per node for the given addresses."""
+    """A CA and a certificate per node, made by the operators' tool,
+    scripts/make-peer-certs.sh (openssl)."""
 
     def __init__(self, root: Path) -> None:
-        self.ca_dir = root / "ca"
-        self.ca = make_ca(self.ca_dir)
         self.root = root
+        self.ca = root / "ca.pem"
 
     def flags(self, name: str, ips: list[str]) -> list[str]:
-        cert, key = make_node_cert(self.ca_dir, self.root / "nodes", name, ips)
-        return ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(self.ca)]
+        subprocess.run(
+            ["bash", str(REPO / "scripts" / "make-peer-certs.sh"), str(self.root),
+             f"{name}={','.join(ips)}"],
+            check=True, capture_output=True, timeout=60,
+        )
+        return ["--tls-cert", str(self.root / f"{name}.pem"),
+                "--tls-key", str(self.root / f"{name}.key"), "--tls-ca", str(self.ca)]
 
 
 def start_node(

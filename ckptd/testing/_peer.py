@@ -1,0 +1,86 @@
+"""``LoopbackPeerConnector``: a ``PeerConnector`` that reaches ``Receiver`` s in this process.
+
+Addresses map to receivers (``add``); ``connect`` to any other address raises ``PeerError``
+as an unreachable daemon does, and ``break_finish`` makes the next ``finish`` lose the link
+after the receiver acted (``PeerError`` with ``in_doubt``), to drive a migration's rollback.
+Passes the same contract suite as the gRPC client (tests/contract/test_peer_contract.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ckptd.core.receive import Receiver
+from ckptd.domain import CheckpointRecord, PeerProbe, RemoteRestore
+from ckptd.errors import PeerError
+
+
+class LoopbackPeerSession:
+    def __init__(self, link: LoopbackPeerLink, session: str, page_seed: int) -> None:
+        self._link = link
+        self._receiver = link.receiver
+        self.session = session
+        self.page_seed = page_seed
+
+    def offer_pages(self, name: str, size: int, refs: bytes) -> list[int]:
+        return self._receiver.offer_pages(self.session, name, size, refs)
+
+    def offer_file(self, name: str, data: bytes) -> None:
+        self._receiver.offer_file(self.session, name, data)
+
+    def send(self, batches: Iterator[tuple[str, int, int, bytes]]) -> int:
+        pages = 0
+        for name, first, count, zdata in batches:
+            self._receiver.receive(self.session, name, first, count, zdata)
+            pages += count
+        return pages
+
+    def finish(self, output_path: str) -> RemoteRestore:
+        done = self._receiver.finish(self.session, output_path)
+        if self._link.connector.break_finish:
+            self._link.connector.break_finish = False
+            raise PeerError(
+                f"the daemon at {self._link.address} failed: link lost",
+                address=self._link.address, in_doubt=True,
+            )
+        return done
+
+    def abort(self) -> None:
+        self._receiver.abort(self.session)
+
+
+class LoopbackPeerLink:
+    def __init__(self, connector: LoopbackPeerConnector, address: str, receiver: Receiver):
+        self.connector = connector
+        self.address = address
+        self.receiver = receiver
+        self.closed = False
+
+    def probe(self, record: CheckpointRecord) -> PeerProbe:
+        return self.receiver.probe(record)
+
+    def open(self, record: CheckpointRecord, ignore_warnings: bool) -> LoopbackPeerSession:
+        session, seed = self.receiver.open(record, ignore_warnings=ignore_warnings)
+        return LoopbackPeerSession(self, session, seed)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class LoopbackPeerConnector:
+    def __init__(self) -> None:
+        self._receivers: dict[str, Receiver] = {}
+        self.break_finish = False
+        self.links: list[LoopbackPeerLink] = []
+
+    def add(self, address: str, receiver: Receiver) -> None:
+        self._receivers[address] = receiver
+
+    def connect(self, address: str) -> LoopbackPeerLink:
+        receiver = self._receivers.get(address)
+        if receiver is None:
+            raise PeerError(f"cannot reach the ckptd peer listener at {address}",
+                            address=address)
+        link = LoopbackPeerLink(self, address, receiver)
+        self.links.append(link)
+        return link
