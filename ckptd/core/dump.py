@@ -55,6 +55,9 @@ from ckptd.errors import CkptdError, CriuUnavailable, PermissionDenied
 
 log = logging.getLogger(__name__)
 
+KILL_WAIT_S = 5.0
+"""How long a killing dump waits for its SIGKILLed tree to die."""
+
 
 @dataclass
 class DumpContext:
@@ -260,9 +263,18 @@ class DumpRecipe:
         return earlier[-1].id if earlier else ""
 
     def _release(self, ctx: DumpContext) -> None:
+        """Kill the tree (unless leave-running) and wait until every process of it is dead
+        (a zombie or gone): a restore right after, here or on a node sharing the pid space,
+        must find the pids free."""
         if not ctx.request.leave_running:
             for proc in ctx.tree:
                 self._processes.signal(proc.pid, signal.SIGKILL)
+            deadline = self._clock.monotonic() + KILL_WAIT_S
+            for proc in ctx.tree:
+                while self._processes.status(proc.pid).state in (
+                    PidState.RUNNING, PidState.STOPPED
+                ) and self._clock.monotonic() < deadline:
+                    self._clock.sleep(0.005)
         self._journal.end(ctx.checkpoint_id)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe, resume_tree
+from ckptd.core.events import EventBus
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.locks import PidLocks
 from ckptd.core.ports import CheckpointStore, Clock, Journal, ProcessTable
@@ -28,9 +29,11 @@ from ckptd.domain import (
     CheckpointRecord,
     CompatReport,
     DumpRequest,
+    EventKind,
     GcReport,
     NodeReport,
     PidState,
+    Progress,
     RestoreOutcome,
     RestoreRequest,
     VerifyReport,
@@ -53,8 +56,10 @@ class CheckpointService:
         config: CoreConfig,
         probe: Callable[[], NodeReport],
         gpu: GpuSteps | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self._gpu = gpu
+        self.events = events or EventBus(clock)
         self._clock = clock
         self._dump = dump
         self._restore = restore
@@ -74,8 +79,31 @@ class CheckpointService:
     ) -> CheckpointRecord:
         with self._locks.hold(request.pid, "a checkpoint"):
             ctx = self._dump.new_context(caller, request)
+            ck, name = ctx.checkpoint_id, request.name
+            self.events.publish(EventKind.CHECKPOINT_STARTED, pid=request.pid, checkpoint_id=ck,
+                                name=name, message=f"checkpoint of pid {request.pid} started",
+                                leave_running=request.leave_running)
+
+            def sink(p: Progress) -> None:
+                progress(p)
+                self.events.publish(EventKind.CHECKPOINT_PROGRESS, pid=request.pid,
+                                    checkpoint_id=ck, name=name, message=p.message,
+                                    stage=p.stage, fraction=p.fraction)
+
             with self._operation(ctx.checkpoint_id):
-                record = self._dump.run(ctx, progress)
+                try:
+                    record = self._dump.run(ctx, sink)
+                except Exception as exc:
+                    self.events.publish(EventKind.CHECKPOINT_FAILED, pid=request.pid,
+                                        checkpoint_id=ck, name=name, message=str(exc),
+                                        error=type(exc).__name__)
+                    raise
+        self.events.publish(
+            EventKind.CHECKPOINT_COMMITTED, pid=record.pid, checkpoint_id=record.id,
+            name=record.name,
+            message=f"checkpoint of pid {record.pid} committed ({record.bytes_new} new bytes)",
+            **checkpoint_figures(record),
+        )
         if request.keep > 0 and request.name:
             for old in self._beyond_retention(request.keep, request.name):
                 with contextlib.suppress(CkptdError):
@@ -94,8 +122,20 @@ class CheckpointService:
     ) -> RestoreOutcome:
         ctx = self._restore.new_context(caller, request, f"r{secrets.token_hex(4)}")
         record = self._restore.resolve(ctx)
+        self.events.publish(EventKind.RESTORE_STARTED, pid=record.pid, checkpoint_id=record.id,
+                            name=record.name, message=f"restore of {record.id} started")
+        started = self._clock.monotonic()
         with self._locks.hold(record.pid, "a restore"), self._operation(ctx.op_id):
-            outcome = self._restore.run(ctx, progress)
+            try:
+                outcome = self._restore.run(ctx, progress)
+            except Exception as exc:
+                self.events.publish(EventKind.RESTORE_FAILED, pid=record.pid,
+                                    checkpoint_id=record.id, name=record.name,
+                                    message=str(exc), error=type(exc).__name__)
+                raise
+        self.events.publish(EventKind.RESTORE_DONE, pid=outcome.pid, checkpoint_id=record.id,
+                            name=record.name, message=f"restored as pid {outcome.pid}",
+                            duration_s=self._clock.monotonic() - started)
         self._prune_work_dirs()
         log.info("restored %s as pid %d", outcome.checkpoint_id, outcome.pid)
         return outcome
@@ -153,6 +193,9 @@ class CheckpointService:
             raise PermissionDenied("only root may collect garbage")
         doomed = self._beyond_retention(keep_last, name) if keep_last > 0 else ()
         report = self._store.collect_garbage(doomed)
+        self.events.publish(EventKind.GC_DONE, message="garbage collected",
+                            bytes_freed=report.bytes_freed,
+                            checkpoints_deleted=len(report.deleted_checkpoints))
         log.info(
             "gc: deleted %d checkpoint(s), %d pack(s), %d blob(s), %d bytes freed",
             len(report.deleted_checkpoints), report.packs_deleted, report.blobs_deleted,
@@ -274,3 +317,19 @@ class CheckpointService:
         dirs.sort()
         for _, old in dirs[: max(0, len(dirs) - self._config.keep_work_dirs)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_figures(record: CheckpointRecord) -> dict[str, float]:
+    """The figures of a committed checkpoint that events and metrics carry."""
+    figures: dict[str, float] = {
+        "bytes": record.bytes,
+        "bytes_logical": record.bytes_logical,
+        "bytes_new": record.bytes_new,
+        "frozen_s": record.frozen_s,
+        "duration_s": record.duration_s,
+        "dedup_ratio": record.bytes_logical / record.bytes if record.bytes else 0.0,
+    }
+    if record.gpu is not None:
+        figures["gpu_lock_s"] = record.gpu.lock_s
+        figures["gpu_checkpoint_s"] = record.gpu.checkpoint_s
+    return figures

@@ -141,7 +141,8 @@ class Daemon:
         else:
             log.error("CRIU unusable, dumps will be refused: %s", criu.message)
 
-        private = cfg.run_dir / ".private"
+        # one private directory per public socket: two daemons may share a run directory
+        private = cfg.run_dir / f".{cfg.socket.name}.private"
         peers = private / "peers"
         cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         for d in (private, peers):

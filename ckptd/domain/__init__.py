@@ -1,5 +1,6 @@
 """Pure data of ckptd: immutable values, no I/O, no knowledge of CRIU, gRPC or GPUs."""
 
+from ckptd.domain.events import Event, EventKind
 from ckptd.domain.migration import MigrateOutcome, MigrateRequest, PeerProbe, RemoteRestore
 from ckptd.domain.model import (
     HASH_LIMIT,
@@ -39,6 +40,8 @@ __all__ = [
     "CriuStatus",
     "CudaState",
     "DumpRequest",
+    "Event",
+    "EventKind",
     "Feature",
     "FileKind",
     "FileNeed",

@@ -26,7 +26,7 @@ from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
 from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
 from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._node import FakeFile, FakeNodeInspector
-from ckptd.testing._peer import LoopbackPeerConnector
+from ckptd.testing._peer import LoopbackPeerConnector, LoopbackPeerLink, LoopbackPeerSession
 from ckptd.testing._processes import FakeProcess, FakeProcessTable, KillMode
 from ckptd.testing._stdio import FakeStdioProvider
 from ckptd.testing._store import MemoryStore
@@ -46,6 +46,8 @@ __all__ = [
     "FakeStdioProvider",
     "KillMode",
     "LoopbackPeerConnector",
+    "LoopbackPeerLink",
+    "LoopbackPeerSession",
     "MemoryBlobStore",
     "MemoryJournal",
     "MemoryStore",

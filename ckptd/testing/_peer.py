@@ -16,6 +16,8 @@ from ckptd.errors import PeerError
 
 
 class LoopbackPeerSession:
+    """``PeerSession``: calls the receiver's session methods directly."""
+
     def __init__(self, link: LoopbackPeerLink, session: str, page_seed: int) -> None:
         self._link = link
         self._receiver = link.receiver
@@ -50,6 +52,8 @@ class LoopbackPeerSession:
 
 
 class LoopbackPeerLink:
+    """``PeerLink`` to one in-process ``Receiver``; records whether it was closed."""
+
     def __init__(self, connector: LoopbackPeerConnector, address: str, receiver: Receiver):
         self.connector = connector
         self.address = address
@@ -68,6 +72,8 @@ class LoopbackPeerLink:
 
 
 class LoopbackPeerConnector:
+    """``PeerConnector`` over ``Receiver`` s added by address (see the module docstring)."""
+
     def __init__(self) -> None:
         self._receivers: dict[str, Receiver] = {}
         self.break_finish = False

@@ -507,11 +507,12 @@ class Daemon:
         *extra: str,
         config: dict[str, Any] | None = None,
         socket_dir: Path | None = None,
+        socket_name: str = "ckptd.sock",
         preexec_fn: Callable[[], None] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
-        self.socket = (socket_dir or root / "run") / "ckptd.sock"
+        self.socket = (socket_dir or root / "run") / socket_name
         self.store = root / "store"
         self.state_dir = root / "state"
         self.log_path = root / "ckptd.log"

@@ -224,3 +224,13 @@ def test_without_peer_listen_there_is_no_tcp_listener_and_migrate_says_why(
     res = unreachable.ctl("migrate", pid, "--to", f"127.0.0.1:{free_port()}")
     assert_one_line_error(res, 1, "cannot reach the ckptd peer listener")
     assert_running(pid, "after a failed migration")
+
+
+def test_two_daemons_with_sockets_in_one_directory_each_serve_their_own(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    one = start_daemon(socket_dir=run, socket_name="one.sock", config={"node": "one"})
+    two = start_daemon(socket_dir=run, socket_name="two.sock", config={"node": "two"})
+    assert assert_ok(one.ctl("check"), "check one")["node"] == "one"
+    assert assert_ok(two.ctl("check"), "check two")["node"] == "two"

@@ -14,6 +14,7 @@ from ckptd.testing import (
     FakeCriu,
     FakeProcessTable,
     FakeStdioProvider,
+    LoopbackPeerConnector,
     MemoryJournal,
     MemoryStore,
 )
@@ -71,6 +72,7 @@ def test_fakes_have_every_method_of_their_port(tmp_path: Path) -> None:
         (ports.CheckpointStore, MemoryStore(tmp_path)),
         (ports.Journal, MemoryJournal()),
         (ports.StdioProvider, FakeStdioProvider()),
+        (ports.PeerConnector, LoopbackPeerConnector()),
     ]
     for protocol, fake in pairs:
         for method in _protocol_methods(protocol):
