@@ -30,6 +30,7 @@ from pathlib import Path
 
 import zstandard
 
+from ckptd.core.events import EventBus
 from ckptd.core.ports import Clock, PageExchange, PeerConnector, PeerLink, PeerSession
 from ckptd.core.recipe import ProgressSink, Step, run_steps
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
@@ -37,6 +38,7 @@ from ckptd.domain import (
     Caller,
     CheckpointRecord,
     DumpRequest,
+    EventKind,
     MigrateOutcome,
     MigrateRequest,
     PeerProbe,
@@ -90,7 +92,9 @@ class MigrateRecipe:
         executor: Executor,
         is_pages_file: Callable[[str], bool],
         level: int = 1,
+        events: EventBus | None = None,
     ) -> None:
+        self._events = events
         self._preview = preview
         self._dump = dump
         self._restore_here = restore_here
@@ -126,12 +130,18 @@ class MigrateRecipe:
                 exc.checkpoint_id = exc.checkpoint_id or ctx.record.id
             if ctx.notes:
                 exc.message = f"{exc.message}; " + "; ".join(ctx.notes)
+            if self._events is not None:
+                self._events.publish(
+                    EventKind.MIGRATE_FAILED, pid=request.pid,
+                    checkpoint_id=exc.checkpoint_id or "", message=str(exc),
+                    error=type(exc).__name__, to=request.to,
+                )
             raise
         finally:
             if ctx.link is not None:
                 ctx.link.close()
         assert ctx.record is not None and ctx.remote is not None and ctx.probe is not None
-        return MigrateOutcome(
+        outcome = MigrateOutcome(
             checkpoint_id=ctx.record.id,
             node=ctx.remote.node,
             address=request.to,
@@ -145,6 +155,14 @@ class MigrateRecipe:
             transfer_s=ctx.transfer_s,
             shared_store=ctx.probe.store_id == self._pages.store_id,
         )
+        if self._events is not None:
+            self._events.publish(
+                EventKind.MIGRATE_DONE, pid=outcome.pid, checkpoint_id=outcome.checkpoint_id,
+                name=request.name, message=f"moved to {outcome.node} ({outcome.address})",
+                to=request.to, bytes_sent=outcome.bytes_sent, pages_sent=outcome.pages_sent,
+                downtime_s=outcome.downtime_s,
+            )
+        return outcome
 
     # ---- steps ------------------------------------------------------------------------------
 

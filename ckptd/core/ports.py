@@ -23,6 +23,7 @@ from ckptd.domain import (
     NodeFingerprint,
     PeerProbe,
     PidStatus,
+    Policy,
     ProcessFact,
     RemoteRestore,
     StdioFact,
@@ -393,3 +394,15 @@ class PeerConnector(Protocol):
         """A link to the daemon at ``host:port`` (mutual TLS); raises PeerError when TCP
         migration is not configured here."""
         ...
+
+
+# ---- policies ----------------------------------------------------------------------------------
+
+
+class PolicyRepo(Protocol):
+    """Where policies survive a daemon restart. ``save`` replaces all of them atomically (a
+    crash leaves the old set or the new one); ``load`` of nothing saved yet is empty."""
+
+    def load(self) -> list[Policy]: ...
+
+    def save(self, policies: Sequence[Policy]) -> None: ...

@@ -71,6 +71,21 @@ class DaemonConfig:
     accepted, in either direction."""
     peer_session_ttl_s: float = 600.0
     """A migration into this node idle this long (its sender gone) is dropped."""
+    metrics_listen: str = ""
+    """``host:port`` of the Prometheus endpoint (plain HTTP, no authentication: bind it to a
+    private address). Empty (default): no endpoint."""
+    spot_providers: str = ""
+    """Clouds whose spot/preemption notice to watch, comma-separated: ``aws``, ``gcp``,
+    ``azure``. On a notice every protected job is checkpointed and stopped. Empty: off."""
+    spot_aws_url: str = ""
+    """Instead of AWS's instance-metadata spot/instance-action URL (tests, proxies)."""
+    spot_gcp_url: str = ""
+    spot_azure_url: str = ""
+    spot_poll_s: float = 5.0
+    policy_tick_s: float = 1.0
+    """How often periodic policies are looked at."""
+    resume_drained_on_start: bool = False
+    """At start, restore every job a drain (or a spot notice) checkpointed and stopped."""
 
     @property
     def run_dir(self) -> Path:

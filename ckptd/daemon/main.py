@@ -27,7 +27,9 @@ from grpc_reflection.v1alpha import reflection
 
 from ckptd import __version__
 from ckptd._gen.ckptd.v1 import ckptd_pb2, ckptd_pb2_grpc
+from ckptd.adapters.cloud.spot import sources_from
 from ckptd.daemon import logs, sdnotify
+from ckptd.daemon.background import Background
 from ckptd.daemon.config import DaemonConfig, load
 from ckptd.daemon.wiring import Wired, tls_files, wire
 from ckptd.domain.model import ROOT
@@ -63,6 +65,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-cert", dest="tls_cert", help="this node's certificate (PEM)")
     p.add_argument("--tls-key", dest="tls_key", help="this node's private key (PEM)")
     p.add_argument("--tls-ca", dest="tls_ca", help="CA certificate every daemon's is signed by")
+    p.add_argument("--metrics-listen", dest="metrics_listen",
+                   help="host:port of the Prometheus /metrics endpoint (default off)")
+    p.add_argument("--spot-providers", dest="spot_providers",
+                   help="watch these clouds' spot notices: aws,gcp,azure (default off)")
     p.add_argument("--version", action="version", version=f"ckptd {__version__}")
     return p.parse_args(argv)
 
@@ -72,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load(args)
         tls_files(config)
+        sources_from([p.strip() for p in config.spot_providers.split(",") if p.strip()], {})
     except (OSError, ValueError) as exc:
         print(f"ckptd: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -98,11 +105,6 @@ class Daemon:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         return fd
-
-    def _gc_loop(self, wired: Wired) -> None:
-        """Collect garbage every ``gc_interval_s`` until the daemon stops."""
-        while not self._stop.wait(self.config.gc_interval_s):
-            _gc_loop_body(wired)
 
     def _serve_peers(self, wired: Wired) -> grpc.Server | None:
         """The TCP listener for other daemons (Peer service only, mutual TLS), if configured."""
@@ -157,7 +159,7 @@ class Daemon:
             futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="rpc"),
         )
         ckptd_pb2_grpc.add_CheckpointerServicer_to_server(  # type: ignore[no-untyped-call]
-            CheckpointerServicer(wired.service, peers, wired.migrate), server
+            CheckpointerServicer(wired.service, peers, wired.migrate, wired.policies), server
         )
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -170,10 +172,12 @@ class Daemon:
         proxy.start()
         for name in ("", SERVICE_NAME):
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        background = Background(cfg, wired)
         try:
             peer_server = self._serve_peers(wired)
-        except CkptdError as exc:
-            print(f"ckptd: peer listener: {exc}", file=sys.stderr)
+            background.start_metrics()
+        except (CkptdError, OSError, ValueError) as exc:
+            print(f"ckptd: cannot listen: {exc}", file=sys.stderr)
             proxy.stop()
             server.stop(0)
             os.close(lock_fd)
@@ -183,16 +187,17 @@ class Daemon:
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         log.info("ckptd %s serving on %s, store %s", __version__, cfg.socket, cfg.store)
         sdnotify.notify(f"READY=1\nSTATUS=serving on {cfg.socket}\nMAINPID={os.getpid()}")
-        if cfg.gc_interval_s > 0:
-            threading.Thread(
-                target=self._gc_loop, args=(wired,), name="gc", daemon=True
-            ).start()
+        background.start()
+        if cfg.resume_drained_on_start:
+            threading.Thread(target=_resume_drained, args=(wired,), name="resume",
+                             daemon=True).start()
         while not self._stop.wait(1.0):
             pass
 
         log.info("stopping: waiting up to %.0fs for running operations", cfg.shutdown_grace_s)
         sdnotify.notify("STOPPING=1")
         health_servicer.enter_graceful_shutdown()
+        background.stop()
         proxy.stop()
         if peer_server is not None:
             peer_server.stop(cfg.shutdown_grace_s)
@@ -209,11 +214,17 @@ class Daemon:
         return 0
 
 
-def _gc_loop_body(wired: Wired) -> None:
+def _resume_drained(wired: Wired) -> None:
+    """``resume_drained_on_start``: restore what a drain or spot notice stopped."""
     try:
-        wired.service.gc(ROOT)
+        resumed, errors = wired.policies.resume(ROOT)
     except Exception:
-        log.exception("periodic gc failed")
+        log.exception("resuming drained jobs failed")
+        return
+    for outcome in resumed:
+        log.info("resumed drained job from %s as pid %d", outcome.checkpoint_id, outcome.pid)
+    for error in errors:
+        log.error("could not resume a drained job: %s", error)
 
 
 def _group_id(cfg: DaemonConfig) -> int:

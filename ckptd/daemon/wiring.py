@@ -13,11 +13,18 @@ from ckptd.adapters.clock import SystemClock
 from ckptd.adapters.criu import CriuSwrk
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable, ProcNodeInspector
-from ckptd.adapters.storage import FileJournal, LocalBlobStore, ObjectBlobStore, open_blob_store
+from ckptd.adapters.storage import (
+    FileJournal,
+    JsonPolicyRepo,
+    LocalBlobStore,
+    ObjectBlobStore,
+    open_blob_store,
+)
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
 from ckptd.core.migrate import MigrateRecipe
+from ckptd.core.policies import PolicyService
 from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort
 from ckptd.core.receive import Receiver
 from ckptd.core.restore import RestoreRecipe
@@ -38,6 +45,7 @@ class Wired:
     receiver: Receiver
     migrate: MigrateRecipe
     tls: TlsFiles | None
+    policies: PolicyService
 
 
 def tls_files(config: DaemonConfig) -> TlsFiles | None:
@@ -162,8 +170,17 @@ def wire(config: DaemonConfig) -> Wired:
         executor=ThreadPoolExecutor(max_workers=2, thread_name_prefix="send"),
         is_pages_file=is_pages_image,
         level=config.compress_level,
+        events=service.events,
+    )
+    policies = PolicyService(
+        dump=service.dump,
+        restore=service.restore,
+        repo=JsonPolicyRepo(state / "policies.json"),
+        processes=processes,
+        clock=clock,
+        events=service.events,
     )
     return Wired(
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
-        migrate=migrate, tls=tls,
+        migrate=migrate, tls=tls, policies=policies,
     )

@@ -31,6 +31,7 @@ from ckptd.domain.model import (
     VerifyReport,
     new_checkpoint_id,
 )
+from ckptd.domain.policy import Policy, parse_duration, valid_name
 
 __all__ = [
     "HASH_LIMIT",
@@ -57,6 +58,7 @@ __all__ = [
     "PeerProbe",
     "PidState",
     "PidStatus",
+    "Policy",
     "ProcessFact",
     "Progress",
     "RemoteRestore",
@@ -66,4 +68,6 @@ __all__ = [
     "StdioKind",
     "VerifyReport",
     "new_checkpoint_id",
+    "parse_duration",
+    "valid_name",
 ]

@@ -27,6 +27,7 @@ from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
 from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._node import FakeFile, FakeNodeInspector
 from ckptd.testing._peer import LoopbackPeerConnector, LoopbackPeerLink, LoopbackPeerSession
+from ckptd.testing._policies import MemoryPolicyRepo
 from ckptd.testing._processes import FakeProcess, FakeProcessTable, KillMode
 from ckptd.testing._stdio import FakeStdioProvider
 from ckptd.testing._store import MemoryStore
@@ -50,5 +51,6 @@ __all__ = [
     "LoopbackPeerSession",
     "MemoryBlobStore",
     "MemoryJournal",
+    "MemoryPolicyRepo",
     "MemoryStore",
 ]

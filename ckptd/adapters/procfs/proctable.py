@@ -1,4 +1,7 @@
-"""``ProcessTable`` over /proc (host pid namespace)."""
+"""``ProcessTable`` over /proc (host pid namespace).
+
+A process that dies while its /proc files are read (the kernel answers ENOENT or ESRCH) is
+reported as gone, never as an error: callers poll processes they just killed."""
 
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ class ProcFsTable:
             state = PidState.RUNNING
         try:
             status_text = (self._proc / str(pid) / "status").read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             return PidStatus(pid, PidState.FREE)
         uid = owner_uid(status_text)
         traced = any(
@@ -73,7 +76,7 @@ class ProcFsTable:
         try:
             cmdline = (base / "cmdline").read_bytes().split(b"\0")
             status = (base / "status").read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             return None
         ids = {
             line.split(":")[0]: line.split()[1]
@@ -95,12 +98,12 @@ class ProcFsTable:
         kids: list[int] = []
         try:
             tasks = list((self._proc / str(pid) / "task").iterdir())
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             return kids
         for task in tasks:
             try:
                 kids.extend(int(c) for c in (task / "children").read_text().split())
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):
                 continue
         return sorted(set(kids))
 
@@ -168,7 +171,7 @@ class ProcFsTable:
         base = self._proc / str(pid)
         try:
             fds = [int(n) for n in os.listdir(base / "fd")]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             return []
         out = []
         for fd in sorted(fds):

@@ -20,7 +20,6 @@ line on stderr, ``ckptctl: <what went wrong; what to do>``, and a non-zero exit 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -32,7 +31,21 @@ import grpc
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc
-from ckptd.transport.cli import convert, render
+from ckptd.transport.cli import convert, jobs, render, run
+from ckptd.transport.cli.output import (
+    EXIT_BROKEN_PIPE,
+    EXIT_BUSY,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+)
+from ckptd.transport.cli.output import err as _err
+from ckptd.transport.cli.output import one_line as _one_line
+from ckptd.transport.cli.output import out as _out
+from ckptd.transport.cli.output import print_json as _print_json
 from ckptd.transport.grpc.status import ERROR_KIND_KEY
 
 PROG = "ckptctl"
@@ -40,14 +53,6 @@ DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
 SOCKET_ENV = "CKPTD_SOCKET"
 DEFAULT_TIMEOUT_S = 30.0
 MAX_PID = 2**31 - 1  # DumpRequest.pid / RestoreRequest.pid are int32
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 3
-EXIT_BUSY = 4
-EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `ckptctl list | head -0`
 
 _EXIT_BY_CODE: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: EXIT_USAGE,
@@ -62,15 +67,6 @@ _EXIT_BY_CODE: dict[grpc.StatusCode, int] = {
 _DIGITS = re.compile(r"[0-9]+")
 
 _T_co = TypeVar("_T_co", covariant=True)
-
-
-class CliError(Exception):
-    """A failure to report as one line on stderr, with its exit code."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.exit_code = exit_code
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,6 +93,25 @@ class CheckpointerClient(Protocol):
     ) -> _StreamCall[pb.MigrateEvent]: ...
 
     def List(self, request: pb.ListRequest, timeout: float | None = None) -> pb.ListResponse: ...
+
+    def Watch(
+        self, request: pb.WatchRequest, timeout: float | None = None
+    ) -> _StreamCall[pb.Event]: ...
+
+    def SetPolicy(self, request: pb.SetPolicyRequest, timeout: float | None = None
+                  ) -> pb.Policy: ...
+
+    def ListPolicies(self, request: pb.ListPoliciesRequest, timeout: float | None = None
+                     ) -> pb.ListPoliciesResponse: ...
+
+    def ClearPolicy(self, request: pb.ClearPolicyRequest, timeout: float | None = None
+                    ) -> pb.ClearPolicyResponse: ...
+
+    def Drain(self, request: pb.DrainRequest, timeout: float | None = None
+              ) -> pb.DrainResponse: ...
+
+    def Resume(self, request: pb.ResumeRequest, timeout: float | None = None
+               ) -> pb.ResumeResponse: ...
 
     def Get(self, request: pb.GetRequest, timeout: float | None = None) -> pb.Checkpoint: ...
 
@@ -133,22 +148,6 @@ class Context:
 # Output helpers: looked up on ``sys`` at call time so that redirections (and pytest) apply.
 
 
-def _out(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
-def _err(text: str) -> None:
-    sys.stderr.write(f"{PROG}: {_one_line(text)}\n")
-    sys.stderr.flush()
-
-
-def _print_json(value: Any) -> None:
-    _out(json.dumps(value, indent=2, ensure_ascii=False))
-
-
-def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,7 +371,7 @@ def _stream_result(call: _StreamCall[Any], result_field: str) -> Any:
 
 Handler = Callable[[Context, argparse.Namespace], int]
 
-_COMMANDS_TIMEOUT_NONE = frozenset({"dump", "restore", "migrate"})
+_COMMANDS_TIMEOUT_NONE = frozenset({"dump", "restore", "migrate", "drain", "resume", "run"})
 
 
 def _add_global_options(parser: argparse.ArgumentParser) -> None:
@@ -463,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--ignore-warnings", action="store_true",
         help="migrate despite compatibility warnings (never despite blocking differences)",
     )
+
+    jobs.add_commands(command, _add_global_options)
+    run.add_command(command)
 
     restore = command("restore", cmd_restore, "restore a checkpoint")
     restore.add_argument(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from google.protobuf import struct_pb2
+
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.domain import (
     CheckpointRecord,
     CompatReport,
     DumpRequest,
+    Event,
     FileKind,
     GcReport,
     GpuFacts,
@@ -16,6 +19,7 @@ from ckptd.domain import (
     MigrateRequest,
     NodeFingerprint,
     NodeReport,
+    Policy,
     Progress,
     RestoreOutcome,
     RestoreRequest,
@@ -201,3 +205,26 @@ def migrate_result(o: MigrateOutcome) -> pb.MigrateResult:
         transfer_s=o.transfer_s,
         shared_store=o.shared_store,
     )
+
+
+def event(e: Event) -> pb.Event:
+    fields = struct_pb2.Struct()
+    fields.update({k: v if isinstance(v, str | bool) else float(v) for k, v in e.fields.items()
+                   if isinstance(v, str | bool | int | float)})
+    return pb.Event(
+        seq=e.seq, time=e.time, kind=e.kind.value, pid=e.pid, checkpoint_id=e.checkpoint_id,
+        name=e.name, message=e.message, fields=fields,
+    )
+
+
+def policy(p: Policy) -> pb.Policy:
+    return pb.Policy(
+        name=p.name, pid=p.pid, every_s=p.every_s, keep=p.keep, on_term=p.on_term, uid=p.uid,
+        last_fired=p.last_fired, last_checkpoint_id=p.last_checkpoint_id,
+        last_error=p.last_error, drained_checkpoint_id=p.drained_checkpoint_id,
+    )
+
+
+def policy_from(msg: pb.Policy) -> Policy:
+    return Policy(name=msg.name, pid=msg.pid, every_s=msg.every_s, keep=msg.keep,
+                  on_term=msg.on_term)

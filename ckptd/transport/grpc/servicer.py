@@ -20,6 +20,7 @@ from ckptd import __version__
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 from ckptd.core.migrate import MigrateRecipe
+from ckptd.core.policies import PolicyService
 from ckptd.core.service import CheckpointService
 from ckptd.domain import Caller, Progress
 from ckptd.transport.grpc import convert
@@ -34,11 +35,16 @@ _DONE = object()
 
 class CheckpointerServicer(pb_grpc.CheckpointerServicer):
     def __init__(
-        self, service: CheckpointService, peer_dir: Path, migrate: MigrateRecipe | None = None
+        self,
+        service: CheckpointService,
+        peer_dir: Path,
+        migrate: MigrateRecipe | None = None,
+        policies: PolicyService | None = None,
     ) -> None:
         self._service = service
         self._peer_dir = peer_dir
         self._migrate = migrate
+        self._policies = policies
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -130,6 +136,64 @@ class CheckpointerServicer(pb_grpc.CheckpointerServicer):
             lambda caller, sink: migrate.run(caller, req, sink),
             lambda p: pb.MigrateEvent(progress=p),
             lambda o: pb.MigrateEvent(result=convert.migrate_result(o)),
+        )
+
+    def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        self._caller(context)
+        kinds = tuple(request.kinds)
+
+        def wanted(kind: str) -> bool:
+            return not kinds or any(kind == k or kind.startswith(f"{k}.") for k in kinds)
+
+        bus = self._service.events
+        if not request.follow:
+            for e in bus.recent(request.backlog or 100):
+                if wanted(e.kind.value):
+                    yield convert.event(e)
+            return
+        sub = bus.subscribe(backlog=request.backlog)
+        context.add_callback(sub.close)
+        try:
+            while context.is_active() and not sub.closed:
+                item = sub.next(0.5)
+                if item is not None and wanted(item.kind.value):
+                    yield convert.event(item)
+        finally:
+            sub.close()
+
+    def _policy_service(self, context: grpc.ServicerContext) -> PolicyService:
+        if self._policies is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this daemon has no policies")
+        assert self._policies is not None
+        return self._policies
+
+    def SetPolicy(self, request: pb.SetPolicyRequest, context: grpc.ServicerContext) -> Any:
+        policies = self._policy_service(context)
+        p = self._unary(context, lambda c: policies.set(c, convert.policy_from(request.policy)))
+        return convert.policy(p)
+
+    def ListPolicies(self, request: pb.ListPoliciesRequest, context: grpc.ServicerContext
+                     ) -> Any:
+        policies = self._policy_service(context)
+        found = self._unary(context, policies.list)
+        return pb.ListPoliciesResponse(policies=[convert.policy(p) for p in found])
+
+    def ClearPolicy(self, request: pb.ClearPolicyRequest, context: grpc.ServicerContext) -> Any:
+        policies = self._policy_service(context)
+        self._unary(context, lambda c: policies.clear(c, request.name))
+        return pb.ClearPolicyResponse(name=request.name)
+
+    def Drain(self, request: pb.DrainRequest, context: grpc.ServicerContext) -> Any:
+        policies = self._policy_service(context)
+        names = tuple(request.names)
+        drained, errors = self._unary(context, lambda c: policies.drain(c, names))
+        return pb.DrainResponse(drained=[convert.policy(p) for p in drained], errors=errors)
+
+    def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> Any:
+        policies = self._policy_service(context)
+        done, errors = self._unary(context, lambda c: policies.resume(c, request.name))
+        return pb.ResumeResponse(
+            restored=[convert.restore_result(o) for o in done], errors=errors
         )
 
     def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:

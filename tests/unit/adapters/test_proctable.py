@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from ckptd.adapters.procfs.proctable import ProcFsTable
 from ckptd.domain import PidState
 
@@ -28,3 +30,20 @@ def test_session_zero_is_read_from_stat(tmp_path: Path) -> None:
 def test_own_session_is_read_from_the_real_proc() -> None:
     status = ProcFsTable().status(os.getpid())
     assert status.session == os.getsid(0)
+
+
+def test_a_process_dying_while_read_is_gone_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading /proc/PID/status of a process that is exiting can fail with ESRCH."""
+    proc = fake_proc(tmp_path, 4243, comm="dying", state="S", ppid=1, session=7)
+    real = Path.read_text
+
+    def read_text(self: Path, *args: object, **kwargs: object) -> str:
+        if self.name == "status":
+            raise ProcessLookupError(3, "No such process")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert ProcFsTable(proc).status(4243).state is PidState.FREE
+    assert ProcFsTable(proc)._fact(4243) is None

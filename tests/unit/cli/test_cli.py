@@ -767,7 +767,7 @@ def test_bash_completion_completes(tmp_path: Path) -> None:
         + '\nCOMP_WORDS=(ckptctl --json re); COMP_CWORD=2; _ckptctl; echo "${COMPREPLY[*]}"'
     )
     result = subprocess.run([bash, "-c", probe], text=True, capture_output=True, check=True)
-    assert result.stdout.splitlines() == ["--leave-running --label", "restore"]
+    assert result.stdout.splitlines() == ["--leave-running --label", "resume restore"]
 
 
 def test_human_bytes() -> None:

@@ -14,6 +14,7 @@ what went wrong and what to do.
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
@@ -26,6 +27,325 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class WatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    BACKLOG_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    follow: _builtins.bool
+    backlog: _builtins.int
+    """how many past events first (0: none)"""
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """only these kinds (prefixes: "checkpoint" = checkpoint.*)"""
+
+    def __init__(
+        self,
+        *,
+        follow: _builtins.bool = ...,
+        backlog: _builtins.int = ...,
+        kinds: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "follow", b"follow", "kinds", b"kinds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
+
+@_typing.final
+class Event(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    time: _builtins.float
+    """seconds since the epoch"""
+    kind: _builtins.str
+    """e.g. checkpoint.committed, policy.fired, spot.notice"""
+    pid: _builtins.int
+    checkpoint_id: _builtins.str
+    name: _builtins.str
+    message: _builtins.str
+    @_builtins.property
+    def fields(self) -> _struct_pb2.Struct:
+        """figures of the kind: bytes, seconds, ratios, error"""
+
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        time: _builtins.float = ...,
+        kind: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        checkpoint_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        message: _builtins.str = ...,
+        fields: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fields", b"fields"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "fields", b"fields", "kind", b"kind", "message", b"message", "name", b"name", "pid", b"pid", "seq", b"seq", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Event: _TypeAlias = Event  # noqa: Y015
+
+@_typing.final
+class Policy(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    EVERY_S_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
+    ON_TERM_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    LAST_FIRED_FIELD_NUMBER: _builtins.int
+    LAST_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    DRAINED_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """the job's name: its checkpoints are named so"""
+    pid: _builtins.int
+    """the job's root process (0: not running here)"""
+    every_s: _builtins.float
+    """periodic leave-running checkpoint interval (0: none)"""
+    keep: _builtins.int
+    """keep the newest N checkpoints of the name (0: all)"""
+    on_term: _builtins.bool
+    """protected: checkpointed on drain, spot notice, termination"""
+    uid: _builtins.int
+    last_fired: _builtins.float
+    """seconds since the epoch (0: never)"""
+    last_checkpoint_id: _builtins.str
+    last_error: _builtins.str
+    drained_checkpoint_id: _builtins.str
+    """set while drained: Resume restores it"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        every_s: _builtins.float = ...,
+        keep: _builtins.int = ...,
+        on_term: _builtins.bool = ...,
+        uid: _builtins.int = ...,
+        last_fired: _builtins.float = ...,
+        last_checkpoint_id: _builtins.str = ...,
+        last_error: _builtins.str = ...,
+        drained_checkpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "every_s", b"every_s", "keep", b"keep", "last_checkpoint_id", b"last_checkpoint_id", "last_error", b"last_error", "last_fired", b"last_fired", "name", b"name", "on_term", b"on_term", "pid", b"pid", "uid", b"uid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Policy: _TypeAlias = Policy  # noqa: Y015
+
+@_typing.final
+class SetPolicyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policy(self) -> Global___Policy:
+        """name and pid identify the job; uid is the caller's"""
+
+    def __init__(
+        self,
+        *,
+        policy: Global___Policy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetPolicyRequest: _TypeAlias = SetPolicyRequest  # noqa: Y015
+
+@_typing.final
+class ListPoliciesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoliciesRequest: _TypeAlias = ListPoliciesRequest  # noqa: Y015
+
+@_typing.final
+class ListPoliciesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___Policy]: ...
+    def __init__(
+        self,
+        *,
+        policies: _abc.Iterable[Global___Policy] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policies", b"policies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoliciesResponse: _TypeAlias = ListPoliciesResponse  # noqa: Y015
+
+@_typing.final
+class ClearPolicyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearPolicyRequest: _TypeAlias = ClearPolicyRequest  # noqa: Y015
+
+@_typing.final
+class ClearPolicyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearPolicyResponse: _TypeAlias = ClearPolicyResponse  # noqa: Y015
+
+@_typing.final
+class DrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """only these jobs (a user may drain their own); empty: all (root)"""
+
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainRequest: _TypeAlias = DrainRequest  # noqa: Y015
+
+@_typing.final
+class DrainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRAINED_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def drained(self) -> _containers.RepeatedCompositeFieldContainer[Global___Policy]:
+        """with drained_checkpoint_id"""
+
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """one line per job that could not be checkpointed (left running)"""
+
+    def __init__(
+        self,
+        *,
+        drained: _abc.Iterable[Global___Policy] | None = ...,
+        errors: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained", b"drained", "errors", b"errors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainResponse: _TypeAlias = DrainResponse  # noqa: Y015
+
+@_typing.final
+class ResumeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """one drained job (empty with all: every drained job)"""
+    all: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        all: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeRequest: _TypeAlias = ResumeRequest  # noqa: Y015
+
+@_typing.final
+class ResumeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESTORED_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def restored(self) -> _containers.RepeatedCompositeFieldContainer[Global___RestoreResult]: ...
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        restored: _abc.Iterable[Global___RestoreResult] | None = ...,
+        errors: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors", "restored", b"restored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeResponse: _TypeAlias = ResumeResponse  # noqa: Y015
 
 @_typing.final
 class MigrateRequest(_message.Message):

@@ -85,6 +85,36 @@ class CheckpointerStub:
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.MigrateRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.MigrateEvent.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/ckptd.v1.Checkpointer/Watch',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.WatchRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.Event.FromString,
+                _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/SetPolicy',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.Policy.FromString,
+                _registered_method=True)
+        self.ListPolicies = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/ListPolicies',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListPoliciesRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListPoliciesResponse.FromString,
+                _registered_method=True)
+        self.ClearPolicy = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/ClearPolicy',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ClearPolicyRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ClearPolicyResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/Drain',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.DrainRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.DrainResponse.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/Resume',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ResumeResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointerServicer:
@@ -161,6 +191,48 @@ class CheckpointerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """What the daemon does: checkpoints started / progress / committed / failed, restores,
+        migrations, policies fired, spot notices, drains. The last events first (backlog), then,
+        with follow, every new one as it happens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPolicy(self, request, context):
+        """Policies: periodic checkpoints (leave-running, incremental), retention, and a checkpoint
+        on termination (protected jobs: drain, spot notice, `ckptctl run`). Kept across restarts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicies(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Checkpoint and stop every protected job of this node (maintenance); Resume restores them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +285,36 @@ def add_CheckpointerServicer_to_server(servicer, server):
                     servicer.Migrate,
                     request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.MigrateRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_ckptd__pb2.MigrateEvent.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.WatchRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.Event.SerializeToString,
+            ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.SetPolicyRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.Policy.SerializeToString,
+            ),
+            'ListPolicies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicies,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListPoliciesRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListPoliciesResponse.SerializeToString,
+            ),
+            'ClearPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearPolicy,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ClearPolicyRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ClearPolicyResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.DrainRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.DrainResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ResumeRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ResumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -485,6 +587,168 @@ class Checkpointer:
             '/ckptd.v1.Checkpointer/Migrate',
             ckptd_dot_v1_dot_ckptd__pb2.MigrateRequest.SerializeToString,
             ckptd_dot_v1_dot_ckptd__pb2.MigrateEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/Watch',
+            ckptd_dot_v1_dot_ckptd__pb2.WatchRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/SetPolicy',
+            ckptd_dot_v1_dot_ckptd__pb2.SetPolicyRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.Policy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/ListPolicies',
+            ckptd_dot_v1_dot_ckptd__pb2.ListPoliciesRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.ListPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/ClearPolicy',
+            ckptd_dot_v1_dot_ckptd__pb2.ClearPolicyRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.ClearPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/Drain',
+            ckptd_dot_v1_dot_ckptd__pb2.DrainRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/Resume',
+            ckptd_dot_v1_dot_ckptd__pb2.ResumeRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.ResumeResponse.FromString,
             options,
             channel_credentials,
             insecure,

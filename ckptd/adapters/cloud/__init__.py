@@ -1,0 +1,1 @@
+"""Cloud instance metadata: spot / preemption notices."""

@@ -1,0 +1,312 @@
+"""Policies and protected jobs: periodic checkpoints, retention, drain/resume, spot notices.
+
+A policy names a job (``name``; its checkpoints carry that name) and its root ``pid`` here.
+``tick`` (called about every second by the daemon) takes a leave-running checkpoint of each
+job whose ``every_s`` has passed; ``drain`` checkpoints and stops every protected job
+(``on_term``) at once and remembers each one's checkpoint; ``resume`` restores them; a spot
+notice drains. Every change is saved through the ``PolicyRepo`` before it is answered, so
+policies and drained jobs survive a daemon restart.
+
+Invariants: a non-root caller sees and changes only its own uid's policies, and checkpoints run
+as the policy's uid (the dump's own permission checks apply); a failed periodic checkpoint is
+recorded (``last_error``, an event) and retried at the next period, never raised into the
+scheduler; a job whose drain checkpoint failed is left running and reported.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from ckptd.core.events import EventBus
+from ckptd.core.ports import Clock, PolicyRepo, ProcessTable
+from ckptd.domain import (
+    Caller,
+    CheckpointRecord,
+    DumpRequest,
+    EventKind,
+    PidState,
+    Policy,
+    RestoreOutcome,
+    RestoreRequest,
+    valid_name,
+)
+from ckptd.domain.model import ROOT
+from ckptd.errors import CheckpointNotFound, CkptdError, InvalidTarget, PermissionDenied
+
+log = logging.getLogger(__name__)
+
+MIN_EVERY_S = 10.0
+Dump = Callable[[Caller, DumpRequest], CheckpointRecord]
+Restore = Callable[[Caller, RestoreRequest], RestoreOutcome]
+
+
+class PolicyService:
+    def __init__(
+        self,
+        *,
+        dump: Dump,
+        restore: Restore,
+        repo: PolicyRepo,
+        processes: ProcessTable,
+        clock: Clock,
+        events: EventBus,
+        drain_workers: int = 8,
+    ) -> None:
+        self._dump = dump
+        self._restore = restore
+        self._repo = repo
+        self._processes = processes
+        self._clock = clock
+        self._events = events
+        self._drain_workers = drain_workers
+        self._lock = threading.RLock()
+        self._policies: dict[str, Policy] = {p.name: p for p in repo.load()}
+
+    # ---- policies ---------------------------------------------------------------------------
+
+    def set(self, caller: Caller, policy: Policy) -> Policy:
+        """Create or change the policy of ``policy.name`` (its record fields are kept)."""
+        if not valid_name(policy.name):
+            raise InvalidTarget(
+                f"invalid job name {policy.name!r}",
+                hint="use letters, digits and . _ : @ + - (at most 128)",
+            )
+        if policy.every_s and policy.every_s < MIN_EVERY_S:
+            raise InvalidTarget(
+                f"--every {policy.every_s:g}s is too short", hint=f"use at least {MIN_EVERY_S:g}s"
+            )
+        if policy.keep < 0:
+            raise InvalidTarget("--keep must be positive")
+        if policy.pid:
+            status = self._processes.status(policy.pid)
+            if status.state is PidState.FREE:
+                raise InvalidTarget(f"no process with pid {policy.pid}", pid=policy.pid)
+            if not caller.is_root and status.uid != caller.uid:
+                raise PermissionDenied(
+                    f"pid {policy.pid} belongs to uid {status.uid}, the caller is uid "
+                    f"{caller.uid}", pid=policy.pid,
+                )
+        with self._lock:
+            old = self._policies.get(policy.name)
+            if old is not None:
+                self._check_owner(caller, old)
+                policy = replace(
+                    policy, last_fired=old.last_fired, last_checkpoint_id=old.last_checkpoint_id,
+                    last_error=old.last_error, drained_checkpoint_id=old.drained_checkpoint_id,
+                    pid=policy.pid or old.pid,
+                )
+            if old is not None:
+                owner = old.uid
+            elif not caller.is_root:
+                owner = caller.uid
+            else:
+                owner = self._processes.status(policy.pid).uid if policy.pid else 0
+            policy = replace(policy, uid=owner)
+            self._policies[policy.name] = policy
+            self._save()
+        self._events.publish(EventKind.POLICY_SET, pid=policy.pid, name=policy.name,
+                             message=describe(policy), every_s=policy.every_s,
+                             keep=policy.keep, on_term=policy.on_term)
+        return policy
+
+    def list(self, caller: Caller) -> builtins.list[Policy]:
+        with self._lock:
+            return [p for p in sorted(self._policies.values(), key=lambda p: p.name)
+                    if caller.is_root or p.uid == caller.uid]
+
+    def get(self, caller: Caller, name: str) -> Policy:
+        with self._lock:
+            policy = self._policies.get(name)
+        if policy is None:
+            raise CheckpointNotFound(f"no policy for job {name!r}",
+                                     hint="see them with `ckptctl policy show`")
+        self._check_owner(caller, policy)
+        return policy
+
+    def clear(self, caller: Caller, name: str) -> None:
+        policy = self.get(caller, name)
+        with self._lock:
+            self._policies.pop(name, None)
+            self._save()
+        self._events.publish(EventKind.POLICY_CLEARED, pid=policy.pid, name=name,
+                             message=f"policy of {name} cleared")
+
+    # ---- periodic ---------------------------------------------------------------------------
+
+    def tick(self) -> builtins.list[str]:
+        """Take the periodic checkpoints that are due; returns the names fired. A failure is
+        recorded on the policy and as an event, never raised."""
+        now = self._clock.time()
+        with self._lock:
+            due = [
+                p for p in self._policies.values()
+                if p.every_s > 0 and p.pid and not p.drained_checkpoint_id
+                and now - p.last_fired >= p.every_s and self._alive(p.pid)
+            ]
+        for policy in due:
+            try:
+                self._fire(policy, leave_running=True, kind=EventKind.POLICY_FIRED)
+            except CkptdError:
+                pass  # recorded by _fire
+            except Exception:
+                log.exception("policy %s: unexpected failure", policy.name)
+        return [p.name for p in due]
+
+    def _fire(self, policy: Policy, *, leave_running: bool, kind: EventKind) -> Policy:
+        caller = Caller(uid=policy.uid)
+        request = DumpRequest(pid=policy.pid, leave_running=leave_running, name=policy.name,
+                              keep=policy.keep)
+        try:
+            record = self._dump(caller, request)
+        except CkptdError as exc:
+            self._update(policy.name, last_fired=self._clock.time(), last_error=str(exc))
+            self._events.publish(kind, pid=policy.pid, name=policy.name,
+                                 message=f"checkpoint of {policy.name} failed: {exc}",
+                                 error=type(exc).__name__)
+            log.warning("policy %s: checkpoint of pid %d failed: %s", policy.name, policy.pid,
+                        exc)
+            raise
+        updated = self._update(policy.name, last_fired=self._clock.time(), last_error="",
+                               last_checkpoint_id=record.id)
+        self._events.publish(kind, pid=policy.pid, checkpoint_id=record.id, name=policy.name,
+                             message=f"checkpoint of {policy.name} taken by policy",
+                             leave_running=leave_running, bytes_new=record.bytes_new)
+        return updated
+
+    # ---- protected jobs -----------------------------------------------------------------------
+
+    def drain(
+        self, caller: Caller, names: Sequence[str] = (), reason: str = "drain"
+    ) -> tuple[builtins.list[Policy], builtins.list[str]]:
+        """Checkpoint and stop every protected job running here (or the ones ``names``), all
+        at once. Returns the drained policies and one line per job left running."""
+        if not caller.is_root and not names:
+            raise PermissionDenied("only root may drain the node",
+                                   hint="name your own job: `ckptctl drain --name N`")
+        with self._lock:
+            targets = [
+                p for p in self._policies.values()
+                if (p.name in names if names else p.on_term) and p.pid
+                and not p.drained_checkpoint_id and self._alive(p.pid)
+            ]
+        for p in targets:
+            self._check_owner(caller, p)
+        missing = [n for n in names if n not in {p.name for p in targets}]
+        errors = [f"{n}: no running protected job of that name here" for n in missing]
+        drained: builtins.list[Policy] = []
+        if targets:
+            with ThreadPoolExecutor(max_workers=self._drain_workers,
+                                    thread_name_prefix="drain") as pool:
+                results = list(pool.map(self._drain_one, targets))
+            for policy, error in results:
+                if error:
+                    errors.append(error)
+                elif policy is not None:
+                    drained.append(policy)
+        self._events.publish(
+            EventKind.DRAIN, message=f"{reason}: {len(drained)} job(s) checkpointed and "
+            f"stopped, {len(errors)} failed", drained=len(drained), failed=len(errors),
+            reason=reason,
+        )
+        return drained, errors
+
+    def _drain_one(self, policy: Policy) -> tuple[Policy | None, str]:
+        try:
+            record = self._dump(Caller(uid=policy.uid), DumpRequest(
+                pid=policy.pid, leave_running=False, name=policy.name, keep=policy.keep))
+        except CkptdError as exc:
+            self._update(policy.name, last_error=str(exc))
+            return None, f"{policy.name} (pid {policy.pid}): {exc}"
+        return self._update(policy.name, last_fired=self._clock.time(), last_error="",
+                            last_checkpoint_id=record.id,
+                            drained_checkpoint_id=record.id), ""
+
+    def resume(
+        self, caller: Caller, name: str = ""
+    ) -> tuple[builtins.list[RestoreOutcome], builtins.list[str]]:
+        """Restore the drained job ``name`` (empty: every drained job the caller may)."""
+        with self._lock:
+            drained = [p for p in self._policies.values() if p.drained_checkpoint_id
+                       and (not name or p.name == name)]
+        if name and not drained:
+            raise CheckpointNotFound(f"job {name!r} is not drained",
+                                     hint="see `ckptctl policy show`")
+        done: builtins.list[RestoreOutcome] = []
+        errors: builtins.list[str] = []
+        for policy in drained:
+            if not caller.is_root and policy.uid != caller.uid:
+                continue
+            try:
+                outcome = self._restore(
+                    Caller(uid=policy.uid),
+                    RestoreRequest(checkpoint_id=policy.drained_checkpoint_id),
+                )
+            except CkptdError as exc:
+                errors.append(f"{policy.name}: {exc}")
+                continue
+            self._update(policy.name, pid=outcome.pid, drained_checkpoint_id="")
+            done.append(outcome)
+            self._events.publish(EventKind.RESUME, pid=outcome.pid,
+                                 checkpoint_id=outcome.checkpoint_id, name=policy.name,
+                                 message=f"{policy.name} resumed as pid {outcome.pid}")
+        return done, errors
+
+    def spot_notice(
+        self, source: str, detail: str
+    ) -> tuple[builtins.list[Policy], builtins.list[str]]:
+        """The cloud is taking the node back: checkpoint every protected job now."""
+        self._events.publish(EventKind.SPOT_NOTICE, message=f"{source}: {detail}",
+                             source=source)
+        log.warning("spot notice from %s (%s): draining protected jobs", source, detail)
+        return self.drain(ROOT, reason=f"spot notice ({source})")
+
+    def forget_exited(self, pid: int) -> None:
+        """The job ``pid`` ended on its own (``ckptctl run`` saw it): drop its policies."""
+        with self._lock:
+            gone = [n for n, p in self._policies.items()
+                    if p.pid == pid and not p.drained_checkpoint_id]
+            for n in gone:
+                self._policies.pop(n)
+            if gone:
+                self._save()
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _alive(self, pid: int) -> bool:
+        return self._processes.status(pid).state in (PidState.RUNNING, PidState.STOPPED)
+
+    def _update(self, name: str, **changes: object) -> Policy:
+        with self._lock:
+            policy = replace(self._policies[name], **changes)  # type: ignore[arg-type]
+            self._policies[name] = policy
+            self._save()
+            return policy
+
+    def _save(self) -> None:
+        self._repo.save(sorted(self._policies.values(), key=lambda p: p.name))
+
+    @staticmethod
+    def _check_owner(caller: Caller, policy: Policy) -> None:
+        if not caller.is_root and policy.uid != caller.uid:
+            raise PermissionDenied(
+                f"the policy of {policy.name} belongs to uid {policy.uid}, the caller is uid "
+                f"{caller.uid}"
+            )
+
+
+def describe(policy: Policy) -> str:
+    parts = [f"job {policy.name}"]
+    if policy.pid:
+        parts.append(f"pid {policy.pid}")
+    if policy.every_s:
+        parts.append(f"every {policy.every_s:g}s")
+    if policy.keep:
+        parts.append(f"keep {policy.keep}")
+    if policy.on_term:
+        parts.append("protected")
+    return ", ".join(parts)

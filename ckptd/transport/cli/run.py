@@ -1,0 +1,124 @@
+"""``ckptctl run [--name N] [--every D] [--keep K] [--grace S] -- COMMAND ...``
+
+Launches COMMAND under the daemon's protection, with no change to it: in a session of its own
+(CRIU needs that), with this terminal's stdio, registered as a protected job (and periodic
+checkpoints with ``--every``). Then it waits:
+
+- COMMAND exits on its own: its policy is cleared, and ``run`` exits with its status;
+- ``run`` gets SIGTERM (Kubernetes, Slurm, systemd stopping it): the daemon checkpoints and
+  stops the job (a drain of that one job), within ``--grace`` seconds; ``run`` says where the
+  checkpoint is (``ckptctl resume NAME`` restores it) and exits 143, so that schedulers see
+  an interrupted job, not a finished one. If the checkpoint fails, the job gets the SIGTERM
+  itself and ``run`` exits with its status;
+- any other signal ``run`` gets (SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2, SIGWINCH, SIGCONT) is
+  passed to the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from typing import Any
+
+import grpc
+
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+from ckptd.transport.cli.jobs import Command, duration
+from ckptd.transport.cli.output import EXIT_USAGE, CliError, err
+
+EXIT_TERMINATED = 143
+PASSED_ON = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGWINCH, signal.SIGCONT)
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("give the command to run after --, e.g. ckptctl run -- python train.py",
+                       EXIT_USAGE)
+    name = args.name or f"{os.path.basename(command[0])}-{os.getpid()}"
+    terminated = threading.Event()
+    handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: terminated.set())}
+    try:
+        job = subprocess.Popen(command, start_new_session=True)
+    except OSError as exc:
+        raise CliError(f"cannot start {command[0]}: {exc.strerror}", 127) from exc
+    for signo in PASSED_ON:
+        handlers[signo] = signal.signal(signo, lambda s, _f: _pass_on(job, s))
+    try:
+        policy = pb.Policy(name=name, pid=job.pid, every_s=args.every or 0.0,
+                           keep=args.keep or 0, on_term=True)
+        try:
+            ctx.client.SetPolicy(pb.SetPolicyRequest(policy=policy), timeout=ctx.timeout)
+        except grpc.RpcError:
+            job.terminate()
+            job.wait()
+            raise
+        while job.poll() is None and not terminated.wait(0.2):
+            pass
+        if not terminated.is_set():
+            _forget(ctx, name)
+            return _status(job.returncode)
+        return _checkpoint_then_stop(ctx, args, job, name)
+    finally:
+        for signo, old in handlers.items():
+            signal.signal(signo, old)
+
+
+def _pass_on(job: subprocess.Popen[bytes], signo: int) -> None:
+    if job.poll() is None:
+        os.kill(job.pid, signo)
+
+
+def _forget(ctx: Any, name: str) -> None:
+    # the job is over; a stale policy would only name a pid that is gone
+    with contextlib.suppress(grpc.RpcError):
+        ctx.client.ClearPolicy(pb.ClearPolicyRequest(name=name), timeout=ctx.timeout)
+
+
+def _checkpoint_then_stop(
+    ctx: Any, args: argparse.Namespace, job: subprocess.Popen[bytes], name: str
+) -> int:
+    try:
+        response = ctx.client.Drain(pb.DrainRequest(names=[name]), timeout=args.grace)
+    except grpc.RpcError as exc:
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        err(f"checkpoint of {name} before termination failed: {details}; stopping it")
+        response = None
+    if response is not None and response.drained:
+        ck = response.drained[0].drained_checkpoint_id
+        job.wait()
+        err(f"{name} (pid {job.pid}) checkpointed as {ck} before termination; "
+            f"`ckptctl resume {name}` restores it")
+        return EXIT_TERMINATED
+    if response is not None:
+        for line in response.errors:
+            err(f"checkpoint of {name} before termination failed: {line}; stopping it")
+    if job.poll() is None:
+        job.send_signal(signal.SIGTERM)
+    return _status(job.wait())
+
+
+def add_command(command: Command) -> None:
+    run = command("run", cmd_run,
+                  "run a command under ckptd's protection: checkpointed on SIGTERM, drain and "
+                  "spot notices (and every --every)")
+    run.add_argument("--name", metavar="NAME",
+                     help="the job's name (its checkpoints get it; default COMMAND-PID)")
+    run.add_argument("--every", metavar="DURATION", type=duration,
+                     help="also take a leave-running checkpoint this often: 15m, 1h")
+    run.add_argument("--keep", metavar="N", type=int, help="keep the newest N checkpoints")
+    run.add_argument("--grace", metavar="SECONDS", type=float, default=25.0,
+                     help="how long the checkpoint on SIGTERM may take (default 25, inside "
+                     "Kubernetes' default 30 s grace period)")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")

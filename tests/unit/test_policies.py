@@ -1,0 +1,178 @@
+"""PolicyService over fakes: periodic checkpoints, retention passed on, persistence across a
+restart, owners, drain / resume / spot notice, failures recorded and never raised by tick."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptd.core.events import EventBus
+from ckptd.core.policies import PolicyService
+from ckptd.domain import (
+    Caller,
+    CheckpointRecord,
+    DumpRequest,
+    EventKind,
+    Policy,
+    RestoreOutcome,
+    RestoreRequest,
+    parse_duration,
+)
+from ckptd.domain.model import ROOT
+from ckptd.errors import (
+    CheckpointNotFound,
+    CriuFailed,
+    InvalidTarget,
+    PermissionDenied,
+)
+from ckptd.testing import FakeClock, FakeProcessTable, MemoryPolicyRepo
+
+USER = Caller(uid=1000)
+OTHER = Caller(uid=2000)
+
+
+class Node:
+    def __init__(self, repo: MemoryPolicyRepo | None = None) -> None:
+        self.clock = FakeClock()
+        self.processes = FakeProcessTable()
+        self.processes.add_process(500, 1, comm="train", uid=1000)
+        self.processes.add_process(600, 1, comm="serve", uid=1000)
+        self.processes.add_process(700, 1, comm="other", uid=2000)
+        self.dumps: list[tuple[Caller, DumpRequest]] = []
+        self.restores: list[RestoreRequest] = []
+        self.fail: set[int] = set()
+        self.repo = repo or MemoryPolicyRepo()
+        self.bus = EventBus(self.clock)
+        self.events = self.bus.subscribe()
+        self.policies = PolicyService(
+            dump=self.dump, restore=self.restore, repo=self.repo, processes=self.processes,
+            clock=self.clock, events=self.bus,
+        )
+
+    def dump(self, caller: Caller, request: DumpRequest) -> CheckpointRecord:
+        if request.pid in self.fail:
+            raise CriuFailed(f"CRIU dump of pid {request.pid} failed")
+        self.dumps.append((caller, request))
+        if not request.leave_running:
+            self.processes.remove(request.pid)
+        return CheckpointRecord(id=f"ck-{len(self.dumps)}", pid=request.pid,
+                                created=self.clock.time(), node="n", uid=caller.uid,
+                                name=request.name, bytes_new=10)
+
+    def restore(self, caller: Caller, request: RestoreRequest) -> RestoreOutcome:
+        self.restores.append(request)
+        return RestoreOutcome(request.checkpoint_id, 500, "", 0.1)
+
+    def kinds(self) -> list[EventKind]:
+        out = []
+        while (e := self.events.next(0)) is not None:
+            out.append(e.kind)
+        return out
+
+
+def test_periodic_checkpoints_fire_when_due_as_the_owner_with_retention() -> None:
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=900, keep=3))
+    assert n.policies.tick() == ["train"], "never fired: due at once"
+    n.clock.advance(899)
+    assert n.policies.tick() == []
+    n.clock.advance(1)
+    assert n.policies.tick() == ["train"]
+    assert [(c.uid, r.pid, r.leave_running, r.name, r.keep) for c, r in n.dumps] == [
+        (1000, 500, True, "train", 3)] * 2
+    p = n.policies.get(USER, "train")
+    assert p.last_checkpoint_id == "ck-2" and p.last_error == ""
+    assert EventKind.POLICY_FIRED in n.kinds()
+
+
+def test_a_failed_periodic_checkpoint_is_recorded_and_retried_next_period() -> None:
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=60))
+    n.fail.add(500)
+    assert n.policies.tick() == ["train"]
+    assert "CRIU dump of pid 500 failed" in n.policies.get(USER, "train").last_error
+    n.fail.clear()
+    n.clock.advance(30)
+    assert n.policies.tick() == []
+    n.clock.advance(30)
+    n.policies.tick()
+    assert n.policies.get(USER, "train").last_error == ""
+
+
+def test_policies_survive_a_restart() -> None:
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=60, on_term=True))
+    again = Node(MemoryPolicyRepo(n.repo.saved))
+    assert again.policies.list(USER) == n.policies.list(USER)
+
+
+def test_users_see_and_change_only_their_own() -> None:
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=60))
+    with pytest.raises(PermissionDenied):
+        n.policies.set(OTHER, Policy(name="train", pid=700, every_s=60))
+    with pytest.raises(PermissionDenied):
+        n.policies.set(USER, Policy(name="theirs", pid=700))
+    with pytest.raises(PermissionDenied):
+        n.policies.clear(OTHER, "train")
+    assert n.policies.list(OTHER) == []
+    assert [p.uid for p in n.policies.list(ROOT)] == [1000]
+
+
+@pytest.mark.parametrize("policy", [
+    Policy(name="bad name!", pid=500), Policy(name="fast", pid=500, every_s=1),
+    Policy(name="gone", pid=4242), Policy(name="neg", keep=-1),
+])
+def test_bad_policies_are_refused(policy: Policy) -> None:
+    with pytest.raises(InvalidTarget):
+        Node().policies.set(ROOT, policy)
+
+
+def test_drain_checkpoints_every_protected_job_and_resume_brings_them_back() -> None:
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, on_term=True))
+    n.policies.set(USER, Policy(name="serve", pid=600, on_term=True))
+    n.policies.set(ROOT, Policy(name="periodic-only", pid=700, every_s=60))
+    n.fail.add(600)
+    drained, errors = n.policies.drain(ROOT)
+    assert [p.name for p in drained] == ["train"]
+    assert len(errors) == 1 and errors[0].startswith("serve (pid 600)")
+    assert {r.pid for _c, r in n.dumps} == {500}
+    assert all(not r.leave_running for _c, r in n.dumps)
+    assert n.policies.get(USER, "train").drained_checkpoint_id == "ck-1"
+    assert n.policies.tick() == ["periodic-only"], "a drained job is not checkpointed again"
+
+    restored, errors = n.policies.resume(USER)
+    assert [r.checkpoint_id for r in restored] == ["ck-1"] and errors == []
+    assert n.policies.get(USER, "train").drained_checkpoint_id == ""
+    with pytest.raises(CheckpointNotFound):
+        n.policies.resume(USER, "train")
+    kinds = n.kinds()
+    assert EventKind.DRAIN in kinds and EventKind.RESUME in kinds
+
+
+def test_only_root_drains_the_node_but_a_user_drains_their_job() -> None:
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, on_term=True))
+    with pytest.raises(PermissionDenied):
+        n.policies.drain(USER)
+    drained, _ = n.policies.drain(USER, names=["train"])
+    assert [p.name for p in drained] == ["train"]
+
+
+def test_a_spot_notice_drains_and_says_so() -> None:
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, on_term=True))
+    drained, _ = n.policies.spot_notice("aws", "terminate at 12:00")
+    assert [p.name for p in drained] == ["train"]
+    assert n.kinds()[-2:] == [EventKind.SPOT_NOTICE, EventKind.DRAIN]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 90), ("30s", 30), ("15m", 900), ("2h", 7200), ("1d", 86400), ("500ms", 0.5)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_bad_duration() -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration("15 minutes")
