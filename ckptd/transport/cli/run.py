@@ -40,7 +40,7 @@ def _status(code: int) -> int:
 
 
 def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
-    command = list(args.command)
+    command = list(args.argv)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -121,4 +121,4 @@ def add_command(command: Command) -> None:
     run.add_argument("--grace", metavar="SECONDS", type=float, default=25.0,
                      help="how long the checkpoint on SIGTERM may take (default 25, inside "
                      "Kubernetes' default 30 s grace period)")
-    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")

@@ -1,0 +1,195 @@
+"""Jobs the daemon protects, end to end with real CRIU: ``ckptctl run`` (SIGTERM checkpoints
+the job, other signals pass through, the job's own exit status comes back), periodic policies
+that survive a daemon restart, ``ckptctl drain`` / ``resume``, and the events of all that.
+Every job that comes back is checked bit for bit against an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .support import (
+    CKPTCTL,
+    Daemon,
+    Procs,
+    assert_ok,
+    assert_running,
+    is_alive,
+    read_lines_file,
+    reference,
+    wait_for_done,
+    wait_for_lines,
+    wait_until,
+    with_interval,
+    workload,
+)
+
+pytestmark = pytest.mark.integration
+
+STEPS = 120
+INTERVAL = 30
+
+
+def counter() -> tuple[list[str], list[str]]:
+    cmd = workload("counter", "--steps", STEPS, "--mem-mib", 8)
+    return with_interval(cmd, INTERVAL), reference(with_interval(cmd, 0))
+
+
+def launch(procs: Procs, daemon: Daemon, out: Path, *run_args: str, cmd: list[str]
+           ) -> subprocess.Popen[bytes]:
+    """``ckptctl run ... -- cmd`` with the job's stdout appended to ``out``."""
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return procs.popen(
+            [str(CKPTCTL), "--socket", str(daemon.socket), "run", *run_args, "--", *cmd],
+            stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.PIPE,
+        )
+    finally:
+        os.close(fd)
+
+
+def job_of(launcher: subprocess.Popen[bytes]) -> int:
+    path = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+    wait_until(lambda: path.read_text().split(), 10, "ckptctl run to start the job")
+    return int(path.read_text().split()[0])
+
+
+def policies(daemon: Daemon) -> dict[str, dict[str, Any]]:
+    listed = assert_ok(daemon.ctl("policy", "show"), "policy show")
+    return {p["name"]: p for p in listed}
+
+
+def event_kinds(daemon: Daemon) -> list[str]:
+    res = daemon.ctl("events", "--last", "200")
+    assert res.rc == 0, res.err
+    text = res.out if isinstance(res.out, str) else json.dumps(res.out)
+    kinds = []
+    for line in text.splitlines():
+        if line.strip():
+            kinds.append(json.loads(line)["kind"])
+    return kinds
+
+
+def test_run_checkpoints_the_job_on_sigterm_and_resume_brings_it_back(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    cmd, ref = counter()
+    out = tmp_path / "job.out"
+    launcher = launch(procs, daemon, out, "--name", "trainer", cmd=cmd)
+    job = job_of(launcher)
+    wait_for_lines(out, 5)
+    assert policies(daemon)["trainer"]["on_term"] is True
+    assert os.getsid(job) == job, "the job runs in a session of its own"
+
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 143, err
+    assert b"checkpointed as ck-" in err and b"ckptctl resume trainer" in err, err
+    assert not is_alive(job)
+    drained = policies(daemon)["trainer"]["drained_checkpoint_id"]
+    assert drained.startswith("ck-")
+
+    res = assert_ok(daemon.ctl("resume", "trainer"), "resume")
+    procs.add(res["restored"][0]["pid"])
+    assert res["restored"][0]["pid"] == job and res["restored"][0]["id"] == drained
+    assert wait_for_done(out) == ref
+    assert policies(daemon)["trainer"]["drained_checkpoint_id"] == ""
+    kinds = event_kinds(daemon)
+    for kind in ("policy.set", "checkpoint.started", "checkpoint.committed", "drain",
+                 "restore.done", "resume"):
+        assert kind in kinds, (kind, kinds)
+    assert_ok(daemon.ctl("policy", "clear", "trainer"), "policy clear")
+
+
+def test_run_passes_other_signals_on_and_returns_the_jobs_exit_status(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    out = tmp_path / "sh.out"
+    script = ("trap 'echo got-usr1' USR1; i=0; while [ $i -lt 100 ]; do sleep 0.05; "
+              "i=$((i+1)); [ -e \"$STOP\" ] && exit 7; done; exit 3")
+    stop = tmp_path / "stop"
+    env_cmd = ["env", f"STOP={stop}", "sh", "-c", script]
+    launcher = launch(procs, daemon, out, "--name", "trapper", cmd=env_cmd)
+    job_of(launcher)
+    time.sleep(0.3)
+    launcher.send_signal(signal.SIGUSR1)
+    wait_until(lambda: "got-usr1" in out.read_text(), 10, "the job to get SIGUSR1")
+    stop.touch()
+    launcher.communicate(timeout=30)
+    assert launcher.returncode == 7
+    assert "trapper" not in policies(daemon), "a job that ended on its own leaves no policy"
+
+
+def test_periodic_policy_checkpoints_a_running_job_and_survives_a_restart(
+    start_daemon: Callable[..., Daemon], procs: Procs, tmp_path: Path
+) -> None:
+    d = start_daemon()
+    cmd = workload("counter", "--steps", 100_000, "--mem-mib", 8)
+    out = tmp_path / "job.out"
+    sh = procs.popen(
+        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh",
+         *with_interval(cmd, INTERVAL)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
+    )
+    pid = procs.add(int(sh.communicate(timeout=10)[0]))
+    wait_for_lines(out, 3)
+    set_res = assert_ok(d.ctl("policy", "set", pid, "--name", "periodic", "--every", "10s",
+                              "--keep", "2"), "policy set")
+    assert set_res["every_s"] == 10 and set_res["keep"] == 2 and set_res["pid"] == pid
+    wait_until(lambda: len(assert_ok(d.ctl("list", "--name", "periodic"), "list")) >= 1, 20,
+               "the first periodic checkpoint")
+    assert_running(pid, "a periodic checkpoint leaves the job running")
+    first = policies(d)["periodic"]["last_checkpoint_id"]
+
+    # a restarted daemon (same state directory) keeps the policy and goes on with it
+    assert d.stop() == 0
+    again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir))
+    assert policies(again)["periodic"]["every_s"] == 10
+    wait_until(lambda: policies(again)["periodic"]["last_checkpoint_id"] not in ("", first),
+               30, "the next periodic checkpoint, by the restarted daemon")
+    assert_running(pid, "still running")
+    assert "policy.fired" in event_kinds(again)
+    n_lines = len(read_lines_file(out))
+    wait_for_lines(out, n_lines + 3)
+
+
+def test_drain_stops_every_protected_job_and_resume_all_restores_them(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    jobs = []
+    for name in ("one", "two"):
+        cmd, ref = counter()
+        out = tmp_path / f"{name}.out"
+        sh = procs.popen(
+            ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh", *cmd],
+            stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
+        )
+        pid = procs.add(int(sh.communicate(timeout=10)[0]))
+        jobs.append((name, pid, out, ref))
+    for name, pid, out, _ref in jobs:
+        wait_for_lines(out, 3)
+        assert_ok(daemon.ctl("policy", "set", pid, "--name", name, "--on-term"), "set")
+
+    drained = assert_ok(daemon.ctl("drain"), "drain")
+    assert sorted(p["name"] for p in drained["drained"]) == ["one", "two"]
+    assert drained["errors"] == []
+    for _name, pid, _out, _ref in jobs:
+        assert not is_alive(pid)
+
+    resumed = assert_ok(daemon.ctl("resume", "--all"), "resume --all")
+    assert sorted(r["pid"] for r in resumed["restored"]) == sorted(p for _, p, _, _ in jobs)
+    for r in resumed["restored"]:
+        procs.add(r["pid"])
+    for _name, _pid, out, ref in jobs:
+        assert wait_for_done(out) == ref
+    for name, *_ in jobs:
+        assert_ok(daemon.ctl("policy", "clear", name), "clear")
+    assert policies(daemon) == {}
