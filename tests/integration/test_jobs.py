@@ -193,3 +193,27 @@ def test_drain_stops_every_protected_job_and_resume_all_restores_them(
     for name, *_ in jobs:
         assert_ok(daemon.ctl("policy", "clear", name), "clear")
     assert policies(daemon) == {}
+
+
+def test_a_prestop_dump_by_name_drains_the_job_and_run_reports_it(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    """Kubernetes runs preStop (`ckptctl dump --name N`) before it sends SIGTERM."""
+    cmd, ref = counter()
+    out = tmp_path / "job.out"
+    launcher = launch(procs, daemon, out, "--name", "prestopped", cmd=cmd)
+    job = job_of(launcher)
+    wait_for_lines(out, 5)
+    res = assert_ok(daemon.ctl("dump", "--name", "prestopped"), "dump --name")
+    assert res["drained"] and res["id"].startswith("ck-")
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 143 and res["id"].encode() in err, err
+    again = assert_ok(daemon.ctl("dump", "--name", "prestopped"), "dump --name again")
+    assert again["id"] == res["id"], "a second preStop finds it checkpointed already"
+    restored = assert_ok(daemon.ctl("resume", "prestopped"), "resume")["restored"][0]
+    procs.add(restored["pid"])
+    assert restored["pid"] == job
+    assert wait_for_done(out) == ref
+    assert_ok(daemon.ctl("policy", "clear", "prestopped"), "clear")
+    missing = daemon.ctl("dump", "--name", "nobody")
+    assert missing.rc == 2 and "no job named 'nobody' is protected here" in missing.err

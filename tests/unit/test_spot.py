@@ -25,7 +25,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from ckptd.adapters.cloud import spot
 from ckptd.adapters.cloud.spot import DEFAULT_URLS, SpotSource, SpotWatcher, check, sources_from
 
 AWS_PATH = "/latest/meta-data/spot/instance-action"
@@ -55,6 +54,8 @@ class MetadataState:
     token_ttls: list[str] = field(default_factory=list)
     aws_get_tokens: list[str | None] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
+    override: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    """Path (without query) -> (status, body) served instead, once headers are right."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -70,6 +71,9 @@ class FakeMetadata:
                 del format, args
 
             def _send(self, status: int, body: bytes = b"", ctype: str = "text/plain") -> None:
+                path = urlsplit(self.path).path
+                if status == 200 and path in state.override:
+                    status, body = state.override[path]
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -119,7 +123,7 @@ class FakeMetadata:
                 if not state.aws_v1_only and not valid:
                     self._send(401)
                     return
-                if not state.aws_notice:
+                if not state.aws_notice and AWS_PATH not in state.override:
                     self._send(404, b"<?xml ?><Error>Not Found</Error>", "text/html")
                     return
                 self._send(200, json.dumps(AWS_NOTICE).encode(), "text/plain")
@@ -146,8 +150,8 @@ class FakeMetadata:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
-        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-imds",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       args=(0.05,), name="fake-imds", daemon=True)
         self.thread.start()
 
     @property
@@ -407,9 +411,99 @@ def test_a_dead_http_proxy_in_the_environment_does_not_affect_checks(
     assert SpotWatcher([imds.source(provider)], seen, 60).poll_once() == [provider]
 
 
-def test_the_module_opener_ignores_environment_proxies() -> None:
-    from urllib.request import ProxyHandler
 
-    handlers = [h for h in spot._OPENER.handlers if isinstance(h, ProxyHandler)]
-    assert handlers, "no ProxyHandler: urllib would add one from the environment"
-    assert all(h.proxies == {} for h in handlers)  # type: ignore[attr-defined]
+# ---- malformed answers --------------------------------------------------------------------
+# "nothing here ever raises into the daemon" (the module's docstring): an answer that is not
+# what the cloud serves (another service on the address, a broken proxy) is no notice.
+
+
+class NotHttp:
+    """A TCP server on 127.0.0.1 that answers every connection with a non-HTTP banner."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.05)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+MALFORMED = {
+    "aws-json-list": ("aws", AWS_PATH, b"[1, 2]"),
+    "aws-json-string": ("aws", AWS_PATH, b'"terminate"'),
+    "azure-events-null": ("azure", AZURE_PATH, b'{"DocumentIncarnation": 1, "Events": null}'),
+    "azure-event-not-an-object": ("azure", AZURE_PATH, b'{"Events": ["Preempt"]}'),
+    "azure-doc-a-list": ("azure", AZURE_PATH, b"[]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_document_does_not_raise_out_of_poll_once(
+    imds: FakeMetadata, case: str
+) -> None:
+    provider, path, body = MALFORMED[case]
+    imds.state.override[path] = (200, body)
+    seen = Recorder()
+    watcher = SpotWatcher([imds.source(provider)], seen, 60)
+    watcher.poll_once()  # must not raise; whether it counts as a notice is not asked here
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_a_non_http_service_on_the_address_does_not_raise_out_of_poll_once(
+    imds: FakeMetadata, provider: str
+) -> None:
+    other = NotHttp()
+    try:
+        path = urlsplit(imds.source(provider).url)
+        src = SpotSource(provider, f"http://127.0.0.1:{other.port}{path.path}"
+                                   + (f"?{path.query}" if path.query else ""))
+        assert SpotWatcher([src], Recorder(), 60).poll_once() == []
+    finally:
+        other.close()
+
+
+def test_the_watcher_thread_goes_on_after_a_malformed_answer(imds: FakeMetadata) -> None:
+    seen = Recorder()
+    fired = threading.Event()
+
+    def on_notice(provider: str, detail: str) -> None:
+        seen(provider, detail)
+        fired.set()
+
+    imds.state.override[AZURE_PATH] = (200, b'{"Events": ["Preempt"]}')
+    watcher = SpotWatcher([imds.source("azure")], on_notice, interval_s=0.05)
+    watcher.start()
+    try:
+        wait = threading.Event()
+        wait.wait(0.5)  # several polls of the malformed answer
+        imds.state.override.clear()
+        imds.set_notice("azure", True)
+        assert fired.wait(5), (
+            "the watcher thread stopped polling after a malformed answer: a real notice that "
+            "followed was never seen"
+        )
+    finally:
+        watcher.stop()
+    assert [p for p, _ in seen.calls] == ["azure"]

@@ -52,6 +52,47 @@ def policy_line(p: dict[str, Any]) -> list[str]:
     ]
 
 
+def dump_by_name(ctx: Any, name: str, *, leave_running: bool, keep: int) -> int:
+    """``ckptctl dump --name N`` without a pid: the protected job N. Without --leave-running
+    it is drained (checkpointed, stopped, and remembered: ``ckptctl resume N``); with it, a
+    plain leave-running checkpoint of its pid."""
+    response = ctx.client.ListPolicies(pb.ListPoliciesRequest(), timeout=ctx.timeout)
+    found = [p for p in response.policies if p.name == name]
+    if not found or not found[0].pid:
+        raise CliError(f"no job named {name!r} is protected here; start it with "
+                       "`ckptctl run --name NAME -- ...` or give its pid", EXIT_USAGE)
+    policy = found[0]
+    if policy.drained_checkpoint_id:
+        result = {"name": name, "id": policy.drained_checkpoint_id, "drained": True}
+        if ctx.json:
+            print_json(result)
+        else:
+            out(f"{name} is already checkpointed and stopped as {policy.drained_checkpoint_id}")
+        return EXIT_OK
+    if leave_running:
+        call = ctx.client.Dump(pb.DumpRequest(pid=policy.pid, leave_running=True, name=name,
+                                              keep=keep or policy.keep), timeout=ctx.timeout)
+        ck = next((e.checkpoint for e in call if e.WhichOneof("event") == "checkpoint"), None)
+        if ck is None:
+            raise CliError(f"ckptd ended the checkpoint of {name} without a result")
+        data = convert.checkpoint_to_dict(ck)
+        if ctx.json:
+            print_json(data)
+        else:
+            out(render.dump_summary(data))
+        return EXIT_OK
+    response = ctx.client.Drain(pb.DrainRequest(names=[name]), timeout=ctx.timeout)
+    if response.errors:
+        raise CliError(response.errors[0])
+    ck_id = response.drained[0].drained_checkpoint_id
+    if ctx.json:
+        print_json({"name": name, "id": ck_id, "drained": True})
+    else:
+        out(f"checkpointed {name} (pid {policy.pid}) as {ck_id} and stopped it; "
+            f"`ckptctl resume {name}` restores it")
+    return EXIT_OK
+
+
 def cmd_policy_set(ctx: Any, args: argparse.Namespace) -> int:
     if not (args.every or args.keep or args.on_term):
         args.subparser.error("give at least one of --every, --keep, --on-term")

@@ -198,6 +198,11 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_dump(ctx: Context, args: argparse.Namespace) -> int:
+    if args.pid is None:
+        if not args.name:
+            args.subparser.error("give a pid, or --name NAME of a job ckptd protects")
+        return jobs.dump_by_name(ctx, args.name, leave_running=args.leave_running,
+                                 keep=args.keep or 0)
     pid = _parse_pid(args.pid)
     labels = dict(args.label or [])
     if args.keep and not args.name:
@@ -418,7 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     dump = command("dump", cmd_dump, "checkpoint a process tree")
-    dump.add_argument("pid", help="the root process of the tree to checkpoint")
+    dump.add_argument(
+        "pid", nargs="?",
+        help="the root process of the tree to checkpoint (leave it out with --name NAME: the "
+        "job of that name that ckptd protects, e.g. from a Kubernetes preStop hook)",
+    )
     dump.add_argument(
         "--leave-running",
         action="store_true",

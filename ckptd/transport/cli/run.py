@@ -67,6 +67,11 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
         while job.poll() is None and not terminated.wait(0.2):
             pass
         if not terminated.is_set():
+            drained = _drained_as(ctx, name)
+            if drained:  # a drain, a spot notice or `ckptctl dump --name` (preStop) took it
+                err(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
+                    f"`ckptctl resume {name}` restores it")
+                return EXIT_TERMINATED
             _forget(ctx, name)
             return _status(job.returncode)
         return _checkpoint_then_stop(ctx, args, job, name)
@@ -78,6 +83,14 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
 def _pass_on(job: subprocess.Popen[bytes], signo: int) -> None:
     if job.poll() is None:
         os.kill(job.pid, signo)
+
+
+def _drained_as(ctx: Any, name: str) -> str:
+    try:
+        response = ctx.client.ListPolicies(pb.ListPoliciesRequest(), timeout=ctx.timeout)
+    except grpc.RpcError:
+        return ""
+    return next((p.drained_checkpoint_id for p in response.policies if p.name == name), "")
 
 
 def _forget(ctx: Any, name: str) -> None:
