@@ -69,8 +69,12 @@ class PolicyService:
 
     # ---- policies ---------------------------------------------------------------------------
 
-    def set(self, caller: Caller, policy: Policy) -> Policy:
-        """Create or change the policy of ``policy.name`` (its record fields are kept)."""
+    def set(self, caller: Caller, policy: Policy, *, callers_child: bool = False) -> Policy:
+        """Create or change the policy of ``policy.name`` (its record fields are kept).
+        ``callers_child``: the job is the caller's only child process (the caller may live
+        in another pid namespace, where its pids mean nothing here)."""
+        if callers_child:
+            policy = replace(policy, pid=self._only_child(caller))
         if not valid_name(policy.name):
             raise InvalidTarget(
                 f"invalid job name {policy.name!r}",
@@ -276,6 +280,21 @@ class PolicyService:
                 self._save()
 
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _only_child(self, caller: Caller) -> int:
+        if not caller.pid:
+            raise InvalidTarget("the caller's process is unknown", hint="give the job's pid")
+        try:
+            tree = self._processes.tree(caller.pid)
+        except CkptdError as exc:
+            raise InvalidTarget(f"the caller (pid {caller.pid}) is gone") from exc
+        kids = [p.pid for p in tree if p.ppid == caller.pid]
+        if len(kids) != 1:
+            raise InvalidTarget(
+                f"the caller (pid {caller.pid}) has {len(kids)} child processes, not one",
+                hint="give the job's pid",
+            )
+        return kids[0]
 
     def _alive(self, pid: int) -> bool:
         return self._processes.status(pid).state in (PidState.RUNNING, PidState.STOPPED)

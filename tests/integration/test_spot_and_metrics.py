@@ -203,6 +203,9 @@ def test_a_spot_notice_drains_the_protected_job_resume_restores_it_and_metrics_c
         "metrics_listen": f"127.0.0.1:{metrics_port}",
     })
     wait_until(lambda: aws.gets >= 1, 10, "the daemon to poll the fake AWS metadata service")
+    assert socket_inodes_of(daemon.pid) & listening_tcp_inodes(), (
+        "with metrics_listen the daemon holds a listening TCP socket"
+    )
 
     cmd = workload("counter", "--steps", STEPS, "--mem-mib", MEM_MIB)
     ref = reference(with_interval(cmd, 0))

@@ -176,3 +176,18 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_duration() -> None:
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration("15 minutes")
+
+
+def test_the_callers_only_child_is_the_job_whatever_pids_the_caller_sees() -> None:
+    """``ckptctl run`` in a container: its pids are not the daemon's; SO_PEERCRED's are."""
+    n = Node()
+    n.processes.add_process(800, 1, comm="ckptctl", uid=1000)
+    n.processes.add_process(801, 800, comm="train", uid=1000)
+    launcher = Caller(uid=1000, pid=800)
+    policy = n.policies.set(launcher, Policy(name="in-pod", on_term=True), callers_child=True)
+    assert policy.pid == 801
+    n.processes.add_process(802, 800, comm="extra", uid=1000)
+    with pytest.raises(InvalidTarget, match="has 2 child processes"):
+        n.policies.set(launcher, Policy(name="two", on_term=True), callers_child=True)
+    with pytest.raises(InvalidTarget, match="caller's process is unknown"):
+        n.policies.set(USER, Policy(name="nopid"), callers_child=True)

@@ -56,10 +56,12 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
     for signo in PASSED_ON:
         handlers[signo] = signal.signal(signo, lambda s, _f: _pass_on(job, s))
     try:
-        policy = pb.Policy(name=name, pid=job.pid, every_s=args.every or 0.0,
-                           keep=args.keep or 0, on_term=True)
+        policy = pb.Policy(name=name, every_s=args.every or 0.0, keep=args.keep or 0,
+                           on_term=True)
         try:
-            ctx.client.SetPolicy(pb.SetPolicyRequest(policy=policy), timeout=ctx.timeout)
+            # the daemon finds the job as our only child: our pids may not be its pids
+            ctx.client.SetPolicy(pb.SetPolicyRequest(policy=policy, callers_child=True),
+                                 timeout=ctx.timeout)
         except grpc.RpcError:
             job.terminate()
             job.wait()

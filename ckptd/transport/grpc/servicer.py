@@ -169,7 +169,8 @@ class CheckpointerServicer(pb_grpc.CheckpointerServicer):
 
     def SetPolicy(self, request: pb.SetPolicyRequest, context: grpc.ServicerContext) -> Any:
         policies = self._policy_service(context)
-        p = self._unary(context, lambda c: policies.set(c, convert.policy_from(request.policy)))
+        p = self._unary(context, lambda c: policies.set(
+            c, convert.policy_from(request.policy), callers_child=request.callers_child))
         return convert.policy(p)
 
     def ListPolicies(self, request: pb.ListPoliciesRequest, context: grpc.ServicerContext

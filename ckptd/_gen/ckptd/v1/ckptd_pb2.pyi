@@ -160,6 +160,11 @@ class SetPolicyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     POLICY_FIELD_NUMBER: _builtins.int
+    CALLERS_CHILD_FIELD_NUMBER: _builtins.int
+    callers_child: _builtins.bool
+    """The job is the caller's only child (the daemon finds its pid): how `ckptctl run` names
+    its job from inside a container, whose pids mean nothing to the daemon.
+    """
     @_builtins.property
     def policy(self) -> Global___Policy:
         """name and pid identify the job; uid is the caller's"""
@@ -168,10 +173,11 @@ class SetPolicyRequest(_message.Message):
         self,
         *,
         policy: Global___Policy | None = ...,
+        callers_child: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callers_child", b"callers_child", "policy", b"policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
