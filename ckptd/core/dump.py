@@ -10,6 +10,8 @@ Order, and what undoes each step if a later one fails:
     gpu-checkpoint  move device memory into host memory                       (gpu-lock's undo)
     criu-dump       CRIU dumps the tree and leaves it stopped (or running)     resume the tree
     gpu-resume      leave-running: CUDA restore + unlock                       -
+    gate            group checkpoints only: hold here (tree stopped, images    -
+                    staged) until the group commits, or raise to abort
     commit          the checkpoint becomes durable, then visible              -
     release         leave-running: nothing; else kill the tree                -
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -75,6 +78,9 @@ class DumpContext:
     gpu: GpuSession = field(default_factory=GpuSession)
     fingerprint: NodeFingerprint | None = None
     notes: list[str] = field(default_factory=list)
+    gate: Callable[[str], None] | None = None
+    """Group checkpoints: called with the checkpoint id once the tree is dumped and before
+    anything is committed; returns to commit, raises to abort (the tree is resumed)."""
 
 
 class DumpRecipe:
@@ -110,6 +116,7 @@ class DumpRecipe:
             Step("gpu-checkpoint", self._gpu_checkpoint, None, "moving GPU memory to the host"),
             Step("criu-dump", self._criu_dump, self._resume_tree, "CRIU is dumping the tree"),
             Step("gpu-resume", self._gpu_resume_if_running, None, "resuming CUDA"),
+            Step("gate", self._gate, None, "waiting for every member of the group"),
             Step("commit", self._commit, None, "committing the checkpoint"),
             Step("release", self._release, None, "releasing the tree"),
         )
@@ -183,6 +190,10 @@ class DumpRecipe:
         device memory is in the images already); otherwise it is killed after the commit."""
         if ctx.request.leave_running:
             self._gpu.resume(ctx.gpu)
+
+    def _gate(self, ctx: DumpContext) -> None:
+        if ctx.gate is not None:
+            ctx.gate(ctx.checkpoint_id)
 
     def _criu_dump(self, ctx: DumpContext) -> None:
         assert ctx.images_dir is not None and ctx.work_dir is not None

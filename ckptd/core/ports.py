@@ -6,6 +6,7 @@ pass the same contract suite under ``tests/contract``.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from ckptd.domain import (
     FileNeed,
     GcReport,
     GpuInventory,
+    GroupRecord,
     NodeFingerprint,
     PeerProbe,
     PidStatus,
@@ -256,6 +258,13 @@ class CheckpointStore(Protocol):
     def verify(self, checkpoint_id: str = "") -> VerifyReport:
         """Read back one checkpoint (or everything) and name every damaged object."""
         ...
+
+    def put_group(self, group: GroupRecord) -> None:
+        """Make a group checkpoint visible (after every member's checkpoint is committed);
+        writing the same group twice is not an error."""
+        ...
+
+    def list_groups(self) -> builtins.list[GroupRecord]: ...
 
     def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
         """Delete ``delete_first``, then every object no checkpoint needs (a dump in

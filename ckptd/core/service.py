@@ -75,10 +75,16 @@ class CheckpointService:
     # ---- operations -------------------------------------------------------------------------
 
     def dump(
-        self, caller: Caller, request: DumpRequest, progress: ProgressSink = no_progress
+        self,
+        caller: Caller,
+        request: DumpRequest,
+        progress: ProgressSink = no_progress,
+        gate: Callable[[str], None] | None = None,
     ) -> CheckpointRecord:
+        """``gate``: see ``DumpContext.gate`` (group checkpoints)."""
         with self._locks.hold(request.pid, "a checkpoint"):
             ctx = self._dump.new_context(caller, request)
+            ctx.gate = gate
             ck, name = ctx.checkpoint_id, request.name
             self.events.publish(EventKind.CHECKPOINT_STARTED, pid=request.pid, checkpoint_id=ck,
                                 name=name, message=f"checkpoint of pid {request.pid} started",

@@ -1,6 +1,7 @@
 """Pure data of ckptd: immutable values, no I/O, no knowledge of CRIU, gRPC or GPUs."""
 
 from ckptd.domain.events import Event, EventKind
+from ckptd.domain.group import GroupMember, GroupRecord
 from ckptd.domain.migration import MigrateOutcome, MigrateRequest, PeerProbe, RemoteRestore
 from ckptd.domain.model import (
     HASH_LIMIT,
@@ -51,6 +52,8 @@ __all__ = [
     "GpuInfo",
     "GpuInventory",
     "GpuUse",
+    "GroupMember",
+    "GroupRecord",
     "MigrateOutcome",
     "MigrateRequest",
     "NodeFingerprint",

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptd.domain import CheckpointRecord, GcReport, VerifyReport
+from ckptd.domain import CheckpointRecord, GcReport, GroupRecord, VerifyReport
 from ckptd.errors import CheckpointNotFound, StoreError
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class MemoryStore:
         self.events = events
         self._lock = threading.RLock()
         self._records: dict[str, CheckpointRecord] = {}
+        self.groups: dict[str, GroupRecord] = {}
         self._staged: set[str] = set()
         self.calls: list[tuple[str, str]] = []
         self.fail_begin: Exception | None = None
@@ -127,6 +128,16 @@ class MemoryStore:
             self._staged.discard(checkpoint_id)
             if checkpoint_id not in self._records:
                 shutil.rmtree(self.staging_dir(checkpoint_id).parent, ignore_errors=True)
+
+    def put_group(self, group: GroupRecord) -> None:
+        """Record a group (idempotent)."""
+        with self._lock:
+            self._record("put_group", group.id)
+            self.groups.setdefault(group.id, group)
+
+    def list_groups(self) -> builtins.list[GroupRecord]:
+        with self._lock:
+            return sorted(self.groups.values(), key=lambda g: (g.created, g.id))
 
     def list(self) -> builtins.list[CheckpointRecord]:
         """Committed records, oldest first (by ``created``, then id)."""

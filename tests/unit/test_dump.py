@@ -372,7 +372,7 @@ def test_progress_reports_every_step_in_order(world: World) -> None:
     world.dump(JOB)
     assert [stage for stage, _ in world.progress] == [
         "inspect", "journal", "stage", "gpu-lock", "gpu-checkpoint", "criu-dump",
-        "gpu-resume", "commit", "release", "done",
+        "gpu-resume", "gate", "commit", "release", "done",
     ]
     fractions = [f for _, f in world.progress]
     assert fractions == sorted(fractions)

@@ -15,6 +15,7 @@ ignored (the node is not on that cloud); nothing here ever raises into the daemo
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import threading
@@ -59,7 +60,7 @@ def _aws_token(url: str) -> str:
     try:
         with _OPENER.open(request, timeout=TIMEOUT_S) as response:
             return str(response.read(4096).decode())
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
         return ""
 
 
@@ -73,6 +74,8 @@ def check(source: SpotSource) -> str | None:
         try:
             doc = json.loads(body)
         except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
             return f"instance-action: {body[:200].decode(errors='replace')}"
         return f"{doc.get('action', 'action')} at {doc.get('time', '?')}"
     if source.provider == "gcp":
@@ -85,10 +88,14 @@ def check(source: SpotSource) -> str | None:
         if status != 200:
             return None
         try:
-            events = json.loads(body).get("Events", [])
-        except (ValueError, AttributeError):
+            doc = json.loads(body)
+        except ValueError:
             return None
-        hits = [e for e in events if e.get("EventType") in ("Preempt", "Terminate")]
+        events = doc.get("Events") if isinstance(doc, dict) else None
+        if not isinstance(events, list):
+            return None
+        hits = [e for e in events
+                if isinstance(e, dict) and e.get("EventType") in ("Preempt", "Terminate")]
         if not hits:
             return None
         first = hits[0]
@@ -116,8 +123,11 @@ class SpotWatcher:
         for source in self._sources:
             try:
                 detail = check(source)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, http.client.HTTPException) as exc:
                 log.debug("spot source %s unreachable: %s", source.provider, exc)
+                continue
+            except Exception:  # an odd answer must never stop the watching
+                log.exception("spot source %s gave an unexpected answer", source.provider)
                 continue
             if detail is None:
                 self._active.discard(source.provider)
@@ -138,7 +148,10 @@ class SpotWatcher:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            self.poll_once()
+            try:
+                self.poll_once()
+            except Exception:
+                log.exception("spot watcher: poll failed; going on")
 
     def stop(self) -> None:
         self._stop.set()

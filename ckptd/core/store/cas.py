@@ -36,6 +36,7 @@ from ckptd.core.store.ingest import ingest
 from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import (
     CONFIG_KEY,
+    GROUP_PREFIX,
     MANIFEST_PREFIX,
     blob_key,
     get_blob,
@@ -45,7 +46,7 @@ from ckptd.core.store.objects import (
 from ckptd.core.store.pagehash import ZERO_REF, PageHasher
 from ckptd.core.store.reader import CheckpointReader, PageSource
 from ckptd.core.store.rwlock import RWLock
-from ckptd.domain import CheckpointRecord, GcReport, VerifyReport
+from ckptd.domain import CheckpointRecord, GcReport, GroupRecord, VerifyReport
 from ckptd.domain.model import is_checkpoint_id
 from ckptd.errors import BlobNotFound, CheckpointNotFound, CorruptCheckpoint, StoreError
 
@@ -399,6 +400,22 @@ class ContentStore:
             PageSource(
                 self._blobs, self.index, self.hasher(uid), self._executor, path.name
             ).write_pages(refs, path, skip)
+
+    # ---- groups ---------------------------------------------------------------------------
+
+    def put_group(self, group: GroupRecord) -> None:
+        """The group record, written once every member is committed (on every member's
+        store): what makes the group visible. GC keeps what its members' manifests name."""
+        data = json.dumps(group.to_json(), sort_keys=True).encode()
+        self._blobs.put(f"{GROUP_PREFIX}{group.id}.json", data, if_absent=True)
+        self._blobs.flush()
+
+    def list_groups(self) -> builtins.list[GroupRecord]:
+        groups = []
+        for key, _mtime in self._blobs.list(GROUP_PREFIX):
+            with contextlib.suppress(BlobNotFound, ValueError, KeyError, TypeError):
+                groups.append(GroupRecord.from_json(json.loads(self._blobs.get(key))))
+        return sorted(groups, key=lambda g: (g.created, g.id))
 
     def page_refs(self, checkpoint_id: str) -> dict[str, builtins.list[bytes]]:
         """Page references per pages image (for tests and tools)."""

@@ -11,6 +11,7 @@ from ckptd.core.store.pagehash import PageHasher
 from ckptd.errors import BlobNotFound, CorruptCheckpoint
 
 MANIFEST_PREFIX = "manifests/"
+GROUP_PREFIX = "groups/"
 BLOB_PREFIX = "blobs/"
 LEASE_PREFIX = "leases/"
 CONFIG_KEY = "store.json"
