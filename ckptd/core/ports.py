@@ -161,6 +161,8 @@ class CriuRestoreJob:
     shell_job: bool = True
     tcp_established: bool = False
     ext_unix_sk: bool = False
+    leave_stopped: bool = False
+    """Every restored task stays stopped (SIGSTOP) until sent SIGCONT (group restores)."""
 
 
 class Criu(Protocol):

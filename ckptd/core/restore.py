@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -77,6 +77,9 @@ class RestoreContext:
     pid: int = 0
     gpu_map: dict[str, str] | None = None
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    gate: Callable[[int], None] | None = None
+    """Group restores: CRIU leaves the tree stopped; called with its root pid; returns to let
+    it run (SIGCONT), raises to kill it."""
 
 
 def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
@@ -129,6 +132,7 @@ class RestoreRecipe:
             Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
             Step("stdio", self._stdio_replacements, None, "preparing stdio"),
             Step("criu-restore", self._criu_restore, None, "CRIU is restoring the tree"),
+            Step("gate", self._gate, self._kill_restored, "waiting for every member"),
             Step("gpu-restore", self._gpu_restore, None, "restoring GPU state"),
         )
 
@@ -225,6 +229,21 @@ class RestoreRecipe:
                 ctx.gpu_map = self._gpu.plan_restore(record.gpu, dict(ctx.request.gpu_map))
         refuse_unless_compatible(record, report, ignore_warnings=ctx.request.ignore_warnings)
 
+    def _gate(self, ctx: RestoreContext) -> None:
+        """Group restores only: hold the stopped tree until every member is restored."""
+        if ctx.gate is None:
+            return
+        assert ctx.record is not None
+        ctx.gate(ctx.pid)
+        for proc in ctx.record.processes:
+            self._processes.signal(proc.pid, signal.SIGCONT)
+
+    def _kill_restored(self, ctx: RestoreContext) -> None:
+        if ctx.gate is None or ctx.record is None or not ctx.pid:
+            return
+        for proc in ctx.record.processes:
+            self._processes.signal(proc.pid, signal.SIGKILL)
+
     def _gpu_restore(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
         if ctx.record.gpu is None:
@@ -287,6 +306,7 @@ class RestoreRecipe:
         work_dir = self._config.work_dir / ctx.op_id
         work_dir.mkdir(parents=True, exist_ok=True)
         job = CriuRestoreJob(
-            images_dir=ctx.images_dir, work_dir=work_dir, inherit_fds=ctx.inherit_fds
+            images_dir=ctx.images_dir, work_dir=work_dir, inherit_fds=ctx.inherit_fds,
+            leave_stopped=ctx.gate is not None,
         )
         ctx.pid = self._criu.restore(job, self._hooks)

@@ -124,9 +124,15 @@ class CheckpointService:
         return record
 
     def restore(
-        self, caller: Caller, request: RestoreRequest, progress: ProgressSink = no_progress
+        self,
+        caller: Caller,
+        request: RestoreRequest,
+        progress: ProgressSink = no_progress,
+        gate: Callable[[int], None] | None = None,
     ) -> RestoreOutcome:
+        """``gate``: see ``RestoreContext.gate`` (group restores)."""
         ctx = self._restore.new_context(caller, request, f"r{secrets.token_hex(4)}")
+        ctx.gate = gate
         record = self._restore.resolve(ctx)
         self.events.publish(EventKind.RESTORE_STARTED, pid=record.pid, checkpoint_id=record.id,
                             name=record.name, message=f"restore of {record.id} started")

@@ -159,7 +159,9 @@ class Daemon:
             futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="rpc"),
         )
         ckptd_pb2_grpc.add_CheckpointerServicer_to_server(  # type: ignore[no-untyped-call]
-            CheckpointerServicer(wired.service, peers, wired.migrate, wired.policies), server
+            CheckpointerServicer(wired.service, peers, wired.migrate, wired.policies,
+                                 wired.groups, wired.receiver.node),
+            server,
         )
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

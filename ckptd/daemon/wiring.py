@@ -23,6 +23,7 @@ from ckptd.adapters.storage import (
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
+from ckptd.core.groups import GroupMembers
 from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.policies import PolicyService
 from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort
@@ -46,6 +47,7 @@ class Wired:
     migrate: MigrateRecipe
     tls: TlsFiles | None
     policies: PolicyService
+    groups: GroupMembers
 
 
 def tls_files(config: DaemonConfig) -> TlsFiles | None:
@@ -183,4 +185,5 @@ def wire(config: DaemonConfig) -> Wired:
     return Wired(
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
         migrate=migrate, tls=tls, policies=policies,
+        groups=GroupMembers(service.dump, store, service.restore),
     )

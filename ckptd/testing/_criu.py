@@ -228,7 +228,8 @@ class FakeCriu:
             self._hook(hooks, "post_restore", root, what, fail, after)
             self._hook(hooks, "pre_resume", root, what, fail, after)
             self._restore_states(
-                {p: PidState.STOPPED if p in stopped else PidState.RUNNING for p in created}
+                {p: PidState.STOPPED if p in stopped or job.leave_stopped else PidState.RUNNING
+                 for p in created}
             )
             self._hook(hooks, "post_resume", root, what, fail, after)
         except _Abort as abort:

@@ -179,6 +179,8 @@ class CriuSwrk:
             opts = self._opts(images_fd, work_fd, job, "restore.log")
             for inherit in job.inherit_fds:
                 opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
+            if job.leave_stopped:
+                opts.leave_stopped = True
             req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
             fds = (images_fd, work_fd, *(i.fd for i in job.inherit_fds))
             resp = self._call(req, hooks, fds, job.work_dir / "restore.log", "restore", None)

@@ -15,6 +15,8 @@ from ckptd.domain import (
     GpuFacts,
     GpuInfo,
     GpuUse,
+    GroupMember,
+    GroupRecord,
     MigrateOutcome,
     MigrateRequest,
     NodeFingerprint,
@@ -228,3 +230,20 @@ def policy(p: Policy) -> pb.Policy:
 def policy_from(msg: pb.Policy) -> Policy:
     return Policy(name=msg.name, pid=msg.pid, every_s=msg.every_s, keep=msg.keep,
                   on_term=msg.on_term)
+
+
+def group(g: GroupRecord) -> pb.Group:
+    return pb.Group(
+        id=g.id, name=g.name, created=g.created,
+        members=[pb.GroupMember(node=m.node, address=m.address, checkpoint_id=m.checkpoint_id,
+                                pid=m.pid) for m in g.members],
+    )
+
+
+def group_from(msg: pb.Group) -> GroupRecord:
+    return GroupRecord(
+        id=msg.id, name=msg.name, created=msg.created,
+        members=tuple(GroupMember(node=m.node, address=m.address,
+                                  checkpoint_id=m.checkpoint_id, pid=m.pid)
+                      for m in msg.members),
+    )

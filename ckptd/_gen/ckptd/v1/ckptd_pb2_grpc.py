@@ -115,6 +115,36 @@ class CheckpointerStub:
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ResumeRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ResumeResponse.FromString,
                 _registered_method=True)
+        self.GroupPrepare = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/GroupPrepare',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareResponse.FromString,
+                _registered_method=True)
+        self.GroupCommit = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/GroupCommit',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupCommitRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupCommitResponse.FromString,
+                _registered_method=True)
+        self.GroupAbort = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/GroupAbort',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupAbortRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupAbortResponse.FromString,
+                _registered_method=True)
+        self.GroupPrepareRestore = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/GroupPrepareRestore',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreResponse.FromString,
+                _registered_method=True)
+        self.RecordGroup = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/RecordGroup',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.Group.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.Group.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/ListGroups',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointerServicer:
@@ -233,6 +263,48 @@ class CheckpointerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GroupPrepare(self, request, context):
+        """Group checkpoints, all-or-nothing across daemons (driven by ckptd.client): Prepare dumps
+        a member and holds it (stopped, nothing committed) until Commit or Abort (or its timeout:
+        then it is resumed); the coordinator writes the group record last (RecordGroup), on every
+        member's daemon, once all committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupAbort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupPrepareRestore(self, request, context):
+        """Restoring a group: each member restored and held stopped until GroupCommit (all run) or
+        GroupAbort (all killed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -315,6 +387,36 @@ def add_CheckpointerServicer_to_server(servicer, server):
                     servicer.Resume,
                     request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ResumeRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ResumeResponse.SerializeToString,
+            ),
+            'GroupPrepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupPrepare,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareResponse.SerializeToString,
+            ),
+            'GroupCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupCommit,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupCommitRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupCommitResponse.SerializeToString,
+            ),
+            'GroupAbort': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupAbort,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupAbortRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupAbortResponse.SerializeToString,
+            ),
+            'GroupPrepareRestore': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupPrepareRestore,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreResponse.SerializeToString,
+            ),
+            'RecordGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordGroup,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.Group.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.Group.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -749,6 +851,168 @@ class Checkpointer:
             '/ckptd.v1.Checkpointer/Resume',
             ckptd_dot_v1_dot_ckptd__pb2.ResumeRequest.SerializeToString,
             ckptd_dot_v1_dot_ckptd__pb2.ResumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupPrepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/GroupPrepare',
+            ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/GroupCommit',
+            ckptd_dot_v1_dot_ckptd__pb2.GroupCommitRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GroupCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupAbort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/GroupAbort',
+            ckptd_dot_v1_dot_ckptd__pb2.GroupAbortRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GroupAbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupPrepareRestore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/GroupPrepareRestore',
+            ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/RecordGroup',
+            ckptd_dot_v1_dot_ckptd__pb2.Group.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.Group.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/ListGroups',
+            ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
