@@ -1,0 +1,111 @@
+"""A two-member group on two daemons, each in a network namespace of its own (pyroute2), driven
+by ``ckptd.client``: a member's dump failing leaves both members running and nothing listed;
+a good group checkpoint is recorded on both daemons and restored as a whole, each member's
+output going on bit for bit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ckptd.client import Daemon as Client
+from ckptd.client import GroupError, group_checkpoint, group_restore
+
+from .netns import Node, TwoNodes, in_netns
+from .support import (
+    Daemon,
+    Procs,
+    assert_ok,
+    assert_running,
+    is_alive,
+    proc_state,
+    reference,
+    wait_for_done,
+    wait_for_lines,
+    with_interval,
+    workload,
+)
+
+pytestmark = pytest.mark.integration
+
+STEPS = 150
+INTERVAL = 30
+
+
+@pytest.fixture
+def nodes() -> Iterator[TwoNodes]:
+    with TwoNodes() as pair:
+        yield pair
+
+
+def start_rank(procs: Procs, node: Node, out: Path, rank: int) -> tuple[int, list[str]]:
+    cmd = workload("counter", "--steps", STEPS + rank, "--mem-mib", 8)
+    ref = reference(with_interval(cmd, 0))
+    sh = procs.popen(
+        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh",
+         *with_interval(cmd, INTERVAL)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
+        preexec_fn=in_netns(node.name),
+    )
+    pid = procs.add(int(sh.communicate(timeout=10)[0]))
+    wait_for_lines(out, 3)
+    return pid, ref
+
+
+@pytest.fixture
+def daemons(
+    start_daemon: Callable[..., Daemon], nodes: TwoNodes
+) -> tuple[Daemon, Daemon]:
+    a = start_daemon(config={"node": "node-a"}, preexec_fn=in_netns(nodes.a.name))
+    b = start_daemon(config={"node": "node-b"}, preexec_fn=in_netns(nodes.b.name))
+    return a, b
+
+
+def test_a_failing_member_aborts_the_group_both_keep_running_nothing_listed(
+    daemons: tuple[Daemon, Daemon], nodes: TwoNodes, procs: Procs, tmp_path: Path
+) -> None:
+    a, b = daemons
+    pid_a, _ = start_rank(procs, nodes.a, tmp_path / "r0.out", 0)
+    pid_b, _ = start_rank(procs, nodes.b, tmp_path / "r1.out", 1)
+    zombie = procs.popen(["true"])
+    zombie.wait()  # reaped: a pid that is free, so rank 1's "dump" fails
+    with Client(str(a.socket)) as ca, Client(str(b.socket)) as cb:
+        with pytest.raises(GroupError, match="every member resumed") as info:
+            group_checkpoint([(ca, pid_a), (cb, zombie.pid)], name="bad")
+        assert f"pid {zombie.pid}" in str(info.value)
+        assert ca.list_groups() == [] and cb.list_groups() == []
+    for pid in (pid_a, pid_b):
+        assert_running(pid, "after an aborted group checkpoint")
+        assert proc_state(pid) not in ("T", "t")
+    assert assert_ok(a.ctl("list"), "list a") == []
+    assert assert_ok(b.ctl("list"), "list b") == []
+
+
+def test_a_group_is_checkpointed_recorded_and_restored_as_a_whole(
+    daemons: tuple[Daemon, Daemon], nodes: TwoNodes, procs: Procs, tmp_path: Path
+) -> None:
+    a, b = daemons
+    out0, out1 = tmp_path / "r0.out", tmp_path / "r1.out"
+    pid_a, ref0 = start_rank(procs, nodes.a, out0, 0)
+    pid_b, ref1 = start_rank(procs, nodes.b, out1, 1)
+    with Client(str(a.socket)) as ca, Client(str(b.socket)) as cb:
+        group = group_checkpoint([(ca, pid_a), (cb, pid_b)], name="llm")
+        assert [m.node for m in group.members] == ["node-a", "node-b"]
+        assert not is_alive(pid_a) and not is_alive(pid_b)
+        for client in (ca, cb):
+            listed = client.list_groups()
+            assert [g.id for g in listed] == [group.id]
+            assert listed[0].members == group.members
+        labels = {c.id: dict(c.labels) for c in ca.checkpoints() + cb.checkpoints()}
+        assert all(lab.get("group") == group.id for lab in labels.values())
+
+        pids = group_restore(group, [ca, cb])
+    assert sorted(pids.values()) == sorted([pid_a, pid_b])
+    for pid in pids.values():
+        procs.add(pid)
+    assert wait_for_done(out0) == ref0
+    assert wait_for_done(out1) == ref1
