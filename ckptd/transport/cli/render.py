@@ -176,13 +176,27 @@ def checkpoint_table(checkpoints: Sequence[Mapping[str, Any]]) -> str:
             str(ck["pid"]),
             dash(ck["name"]),
             local_time(ck["created"]),
+            age(ck["created"]),
             human_bytes(ck["bytes"]),
             human_bytes(ck["bytes_new"]),
             dash(ck["node"]),
         ]
         for ck in checkpoints
     ]
-    return table(["ID", "PID", "NAME", "CREATED", "SIZE", "NEW", "NODE"], rows)
+    return table(["ID", "PID", "NAME", "CREATED", "AGE", "SIZE", "NEW", "NODE"], rows)
+
+
+def age(iso: str | None, now: _dt.datetime | None = None) -> str:
+    """How long ago: ``45s``, ``12m``, ``3h``, ``2d``; ``-`` when unknown."""
+    then = parse_iso(iso)
+    if then is None:
+        return "-"
+    now = now or _dt.datetime.now(_dt.UTC)
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def _size(n: int) -> str:
@@ -423,7 +437,8 @@ class ProgressLine:
             return
         text = stage or "working"
         if 0.0 < fraction <= 1.0:
-            text = f"[{fraction * 100:3.0f}%] {text}"
+            filled = int(round(fraction * 20))
+            text = f"[{'#' * filled}{'.' * (20 - filled)}] {fraction * 100:3.0f}% {text}"
         if message:
             text += f": {message}"
         text = " ".join(text.split())  # a progress line must stay one line
