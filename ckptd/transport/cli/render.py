@@ -437,7 +437,7 @@ class ProgressLine:
             return
         text = stage or "working"
         if 0.0 < fraction <= 1.0:
-            filled = int(round(fraction * 20))
+            filled = round(fraction * 20)
             text = f"[{'#' * filled}{'.' * (20 - filled)}] {fraction * 100:3.0f}% {text}"
         if message:
             text += f": {message}"
