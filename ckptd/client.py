@@ -34,8 +34,10 @@ import grpc
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+from ckptd._gen.ckptd.v1 import peer_pb2_grpc
 from ckptd.domain import GroupMember, GroupRecord
 from ckptd.transport.grpc import convert
+from ckptd.transport.grpc.peer import CHANNEL_OPTIONS, TlsFiles
 
 T = TypeVar("T")
 DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
@@ -50,14 +52,25 @@ class GroupError(Exception):
 
 
 class Daemon:
-    """One daemon, by its Unix socket path. Calls raise ``grpc.RpcError`` with the daemon's
-    one-line message (``err.details()``)."""
+    """One daemon: by its Unix socket path (its local API), or by ``host:port`` of its peer
+    listener with ``tls`` (a certificate of the daemons' CA; group operations only there).
+    Calls raise ``grpc.RpcError`` with the daemon's one-line message (``err.details()``)."""
 
-    def __init__(self, socket: str = DEFAULT_SOCKET, timeout_s: float = 600.0) -> None:
-        self.address = f"unix:{socket}" if not socket.startswith("unix:") else socket
+    def __init__(
+        self, address: str = DEFAULT_SOCKET, *, tls: TlsFiles | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(self.address)
-        self.stub = pb_grpc.CheckpointerStub(self._channel)  # type: ignore[no-untyped-call]
+        self.stub: Any
+        if tls is not None:
+            self.address = address
+            self._channel = grpc.secure_channel(address, tls.channel_credentials(),
+                                                options=CHANNEL_OPTIONS)
+            self.stub = peer_pb2_grpc.PeerStub(self._channel)  # type: ignore[no-untyped-call]
+        else:
+            self.address = address if address.startswith("unix:") else f"unix:{address}"
+            self._channel = grpc.insecure_channel(self.address)
+            self.stub = pb_grpc.CheckpointerStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         self._channel.close()

@@ -116,7 +116,7 @@ class Daemon:
             futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="peer"),
             options=CHANNEL_OPTIONS,
         )
-        port = serve_peer(server, wired.receiver, cfg.peer_listen, wired.tls)
+        port = serve_peer(server, wired.receiver, cfg.peer_listen, wired.tls, wired.groups)
         server.start()
         log.info("peer listener (mutual TLS) on %s, port %d", cfg.peer_listen, port)
         return server

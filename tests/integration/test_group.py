@@ -109,3 +109,55 @@ def test_a_group_is_checkpointed_recorded_and_restored_as_a_whole(
         procs.add(pid)
     assert wait_for_done(out0) == ref0
     assert wait_for_done(out1) == ref1
+
+
+COORDINATOR = """
+import json, sys
+from pathlib import Path
+from ckptd.client import Daemon, group_checkpoint, group_restore
+from ckptd.transport.grpc.peer import TlsFiles
+cert, key, ca, addr_a, pid_a, addr_b, pid_b = sys.argv[1:8]
+tls = TlsFiles(Path(cert), Path(key), Path(ca))
+a, b = Daemon(addr_a, tls=tls), Daemon(addr_b, tls=tls)
+group = group_checkpoint([(a, int(pid_a)), (b, int(pid_b))], name="remote")
+listed = [g.id for g in b.list_groups()]
+pids = group_restore(group, [a, b])
+print(json.dumps({"group": group.id, "listed_on_b": listed, "pids": sorted(pids.values())}))
+"""
+
+
+def test_a_coordinator_on_another_node_drives_the_group_over_mutual_tls(
+    start_daemon: Callable[..., Daemon], nodes: TwoNodes, procs: Procs, tmp_path: Path
+) -> None:
+    import json
+    import sys
+
+    from .certs import make_ca, make_node_cert
+
+    ca = make_ca(tmp_path / "ca")
+    flags = {}
+    for name, node in (("a", nodes.a), ("b", nodes.b)):
+        cert, key = make_node_cert(tmp_path / "ca", tmp_path / "certs", name, [node.address])
+        flags[name] = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(ca),
+                       "--peer-listen", f"{node.address}:7443"]
+    start_daemon(*flags["a"], preexec_fn=in_netns(nodes.a.name))
+    start_daemon(*flags["b"], preexec_fn=in_netns(nodes.b.name))
+    coord_cert, coord_key = make_node_cert(tmp_path / "ca", tmp_path / "certs", "coordinator",
+                                           [nodes.a.address])
+    out0, out1 = tmp_path / "r0.out", tmp_path / "r1.out"
+    pid_a, ref0 = start_rank(procs, nodes.a, out0, 0)
+    pid_b, ref1 = start_rank(procs, nodes.b, out1, 1)
+    run = subprocess.run(
+        [sys.executable, "-c", COORDINATOR, str(coord_cert), str(coord_key), str(ca),
+         f"{nodes.a.address}:7443", str(pid_a), f"{nodes.b.address}:7443", str(pid_b)],
+        capture_output=True, text=True, timeout=120, check=False,
+        preexec_fn=in_netns(nodes.a.name),
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["listed_on_b"] == [result["group"]]
+    assert result["pids"] == sorted([pid_a, pid_b])
+    for pid in result["pids"]:
+        procs.add(pid)
+    assert wait_for_done(out0) == ref0
+    assert wait_for_done(out1) == ref1

@@ -21,9 +21,12 @@ import grpc
 
 from ckptd._gen.ckptd.v1 import peer_pb2 as pb
 from ckptd._gen.ckptd.v1 import peer_pb2_grpc as pb_grpc
+from ckptd.core.groups import GroupMembers
 from ckptd.core.receive import Receiver
-from ckptd.domain import CheckpointRecord, CompatReport, PeerProbe, RemoteRestore
+from ckptd.domain import Caller, CheckpointRecord, CompatReport, PeerProbe, RemoteRestore
+from ckptd.domain.model import ROOT
 from ckptd.errors import PeerError
+from ckptd.transport.grpc.group_rpcs import GroupRpcs
 from ckptd.transport.grpc.status import code_for, details_for, error_for
 
 log = logging.getLogger(__name__)
@@ -84,9 +87,17 @@ def record_from(data: bytes) -> CheckpointRecord:
 # ---- server -------------------------------------------------------------------------------
 
 
-class PeerServicer(pb_grpc.PeerServicer):
-    def __init__(self, receiver: Receiver) -> None:
+class PeerServicer(GroupRpcs, pb_grpc.PeerServicer):
+    """Callers hold a certificate of the CA: other daemons, and coordinators of group
+    checkpoints (``ckptd.client``); they act as root."""
+
+    def __init__(self, receiver: Receiver, groups: GroupMembers | None = None) -> None:
         self._receiver = receiver
+        self._groups = groups
+        self._node = receiver.node
+
+    def _unary(self, context: grpc.ServicerContext, fn: Callable[[Caller], T]) -> T:
+        return self._call(context, lambda: fn(ROOT))
 
     def _call(self, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
         try:
@@ -160,10 +171,13 @@ class PeerServicer(pb_grpc.PeerServicer):
 
 
 def serve_peer(
-    server: grpc.Server, receiver: Receiver, listen: str, tls: TlsFiles
+    server: grpc.Server, receiver: Receiver, listen: str, tls: TlsFiles,
+    groups: GroupMembers | None = None,
 ) -> int:
     """Add the Peer service and a mutual-TLS TCP port to ``server``; returns the port."""
-    pb_grpc.add_PeerServicer_to_server(PeerServicer(receiver), server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_PeerServicer_to_server(  # type: ignore[no-untyped-call]
+        PeerServicer(receiver, groups), server
+    )
     port = server.add_secure_port(listen, tls.server_credentials())
     if port == 0:
         raise PeerError(f"cannot listen on {listen}", hint="check peer_listen (host:port)")

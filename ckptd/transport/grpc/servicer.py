@@ -23,9 +23,9 @@ from ckptd.core.groups import GroupMembers
 from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.policies import PolicyService
 from ckptd.core.service import CheckpointService
-from ckptd.domain import Caller, CheckpointRecord, DumpRequest, Progress, RestoreOutcome
-from ckptd.errors import PermissionDenied
+from ckptd.domain import Caller, Progress
 from ckptd.transport.grpc import convert
+from ckptd.transport.grpc.group_rpcs import GroupRpcs
 from ckptd.transport.grpc.peercred import caller_from_peer
 from ckptd.transport.grpc.status import ERROR_KIND_KEY, code_for, details_for
 
@@ -35,7 +35,7 @@ T = TypeVar("T")
 _DONE = object()
 
 
-class CheckpointerServicer(pb_grpc.CheckpointerServicer):
+class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
     def __init__(
         self,
         service: CheckpointService,
@@ -202,60 +202,6 @@ class CheckpointerServicer(pb_grpc.CheckpointerServicer):
         return pb.ResumeResponse(
             restored=[convert.restore_result(o) for o in done], errors=errors
         )
-
-    def _group_members(self, context: grpc.ServicerContext) -> GroupMembers:
-        if self._groups is None:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this daemon has no group support")
-        assert self._groups is not None
-        return self._groups
-
-    def GroupPrepare(self, request: pb.GroupPrepareRequest, context: grpc.ServicerContext
-                     ) -> Any:
-        groups = self._group_members(context)
-        dump = DumpRequest(pid=request.pid, leave_running=request.leave_running,
-                           name=request.name, labels={"group": request.group_id})
-        ck = self._unary(context, lambda c: groups.prepare(
-            c, request.group_id, dump, request.timeout_s or 60.0))
-        return pb.GroupPrepareResponse(checkpoint_id=ck, node=self._node)
-
-    def GroupCommit(self, request: pb.GroupCommitRequest, context: grpc.ServicerContext
-                    ) -> Any:
-        groups = self._group_members(context)
-        results = self._unary(context, lambda c: groups.commit(c, request.group_id))
-        return pb.GroupCommitResponse(
-            checkpoints=[convert.checkpoint(r) for r in results
-                         if isinstance(r, CheckpointRecord)],
-            restored=[convert.restore_result(r) for r in results
-                      if isinstance(r, RestoreOutcome)],
-        )
-
-    def GroupPrepareRestore(self, request: pb.GroupPrepareRestoreRequest,
-                            context: grpc.ServicerContext) -> Any:
-        groups = self._group_members(context)
-        pid = self._unary(context, lambda c: groups.prepare_restore(
-            c, request.group_id, request.checkpoint_id, request.timeout_s or 60.0))
-        return pb.GroupPrepareRestoreResponse(pid=pid, node=self._node)
-
-    def GroupAbort(self, request: pb.GroupAbortRequest, context: grpc.ServicerContext) -> Any:
-        groups = self._group_members(context)
-        return pb.GroupAbortResponse(
-            resumed=self._unary(context, lambda c: groups.abort(c, request.group_id)))
-
-    def RecordGroup(self, request: pb.Group, context: grpc.ServicerContext) -> Any:
-        groups = self._group_members(context)
-
-        def record(caller: Caller) -> None:
-            if not caller.is_root:
-                raise PermissionDenied("only root may record a group checkpoint")
-            groups.record(convert.group_from(request))
-
-        self._unary(context, record)
-        return request
-
-    def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> Any:
-        groups = self._group_members(context)
-        found = self._unary(context, lambda _c: groups.list_groups())
-        return pb.ListGroupsResponse(groups=[convert.group(g) for g in found])
 
     def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:
         records = self._unary(

@@ -4,6 +4,7 @@
 import grpc
 import warnings
 
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as ckptd_dot_v1_dot_ckptd__pb2
 from ckptd._gen.ckptd.v1 import peer_pb2 as ckptd_dot_v1_dot_peer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -65,6 +66,36 @@ class PeerStub:
                 request_serializer=ckptd_dot_v1_dot_peer__pb2.AbortRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_peer__pb2.AbortResponse.FromString,
                 _registered_method=True)
+        self.GroupPrepare = channel.unary_unary(
+                '/ckptd.v1.Peer/GroupPrepare',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareResponse.FromString,
+                _registered_method=True)
+        self.GroupPrepareRestore = channel.unary_unary(
+                '/ckptd.v1.Peer/GroupPrepareRestore',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreResponse.FromString,
+                _registered_method=True)
+        self.GroupCommit = channel.unary_unary(
+                '/ckptd.v1.Peer/GroupCommit',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupCommitRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupCommitResponse.FromString,
+                _registered_method=True)
+        self.GroupAbort = channel.unary_unary(
+                '/ckptd.v1.Peer/GroupAbort',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupAbortRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupAbortResponse.FromString,
+                _registered_method=True)
+        self.RecordGroup = channel.unary_unary(
+                '/ckptd.v1.Peer/RecordGroup',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.Group.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.Group.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/ckptd.v1.Peer/ListGroups',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -106,6 +137,44 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GroupPrepare(self, request, context):
+        """Group checkpoints driven from another node (ckptd.client with a certificate of the CA):
+        the same as on the local API (ckptd.proto), the caller acting as root.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupPrepareRestore(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupAbort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +207,36 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=ckptd_dot_v1_dot_peer__pb2.AbortRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_peer__pb2.AbortResponse.SerializeToString,
+            ),
+            'GroupPrepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupPrepare,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareResponse.SerializeToString,
+            ),
+            'GroupPrepareRestore': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupPrepareRestore,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreResponse.SerializeToString,
+            ),
+            'GroupCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupCommit,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupCommitRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupCommitResponse.SerializeToString,
+            ),
+            'GroupAbort': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupAbort,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.GroupAbortRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupAbortResponse.SerializeToString,
+            ),
+            'RecordGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordGroup,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.Group.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.Group.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +401,168 @@ class Peer:
             '/ckptd.v1.Peer/Abort',
             ckptd_dot_v1_dot_peer__pb2.AbortRequest.SerializeToString,
             ckptd_dot_v1_dot_peer__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupPrepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Peer/GroupPrepare',
+            ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupPrepareRestore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Peer/GroupPrepareRestore',
+            ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Peer/GroupCommit',
+            ckptd_dot_v1_dot_ckptd__pb2.GroupCommitRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GroupCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupAbort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Peer/GroupAbort',
+            ckptd_dot_v1_dot_ckptd__pb2.GroupAbortRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.GroupAbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Peer/RecordGroup',
+            ckptd_dot_v1_dot_ckptd__pb2.Group.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.Group.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Peer/ListGroups',
+            ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,81 @@
+"""The group checkpoint RPCs, served alike on the local API (callers by SO_PEERCRED) and on
+the peer listener (callers by certificate, acting as root). A servicer using this mixin
+provides ``_groups``, ``_node`` and ``_unary(context, fn)`` (``fn`` gets the caller)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+from ckptd.core.groups import GroupMembers
+from ckptd.domain import Caller, CheckpointRecord, DumpRequest, RestoreOutcome
+from ckptd.errors import PermissionDenied
+from ckptd.transport.grpc import convert
+
+T = TypeVar("T")
+
+
+class GroupRpcs:
+    _groups: GroupMembers | None
+    _node: str
+
+    def _unary(self, context: grpc.ServicerContext, fn: Callable[[Caller], T]) -> T:
+        raise NotImplementedError
+
+    def _group_members(self, context: grpc.ServicerContext) -> GroupMembers:
+        if self._groups is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this daemon has no group support")
+        assert self._groups is not None
+        return self._groups
+
+    def GroupPrepare(self, request: pb.GroupPrepareRequest, context: grpc.ServicerContext
+                     ) -> Any:
+        groups = self._group_members(context)
+        dump = DumpRequest(pid=request.pid, leave_running=request.leave_running,
+                           name=request.name, labels={"group": request.group_id})
+        ck = self._unary(context, lambda c: groups.prepare(
+            c, request.group_id, dump, request.timeout_s or 60.0))
+        return pb.GroupPrepareResponse(checkpoint_id=ck, node=self._node)
+
+    def GroupCommit(self, request: pb.GroupCommitRequest, context: grpc.ServicerContext
+                    ) -> Any:
+        groups = self._group_members(context)
+        results = self._unary(context, lambda c: groups.commit(c, request.group_id))
+        return pb.GroupCommitResponse(
+            checkpoints=[convert.checkpoint(r) for r in results
+                         if isinstance(r, CheckpointRecord)],
+            restored=[convert.restore_result(r) for r in results
+                      if isinstance(r, RestoreOutcome)],
+        )
+
+    def GroupPrepareRestore(self, request: pb.GroupPrepareRestoreRequest,
+                            context: grpc.ServicerContext) -> Any:
+        groups = self._group_members(context)
+        pid = self._unary(context, lambda c: groups.prepare_restore(
+            c, request.group_id, request.checkpoint_id, request.timeout_s or 60.0))
+        return pb.GroupPrepareRestoreResponse(pid=pid, node=self._node)
+
+    def GroupAbort(self, request: pb.GroupAbortRequest, context: grpc.ServicerContext) -> Any:
+        groups = self._group_members(context)
+        return pb.GroupAbortResponse(
+            resumed=self._unary(context, lambda c: groups.abort(c, request.group_id)))
+
+    def RecordGroup(self, request: pb.Group, context: grpc.ServicerContext) -> Any:
+        groups = self._group_members(context)
+
+        def record(caller: Caller) -> None:
+            if not caller.is_root:
+                raise PermissionDenied("only root may record a group checkpoint")
+            groups.record(convert.group_from(request))
+
+        self._unary(context, record)
+        return request
+
+    def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> Any:
+        groups = self._group_members(context)
+        found = self._unary(context, lambda _c: groups.list_groups())
+        return pb.ListGroupsResponse(groups=[convert.group(g) for g in found])
+
