@@ -217,3 +217,29 @@ def test_a_prestop_dump_by_name_drains_the_job_and_run_reports_it(
     assert_ok(daemon.ctl("policy", "clear", "prestopped"), "clear")
     missing = daemon.ctl("dump", "--name", "nobody")
     assert missing.rc == 2 and "no job named 'nobody' is protected here" in missing.err
+
+
+def test_drained_jobs_come_back_when_the_daemon_starts_again(
+    start_daemon: Callable[..., Daemon], procs: Procs, tmp_path: Path
+) -> None:
+    """Maintenance: drain, stop the daemon (the node goes down), start it with
+    ``resume_drained_on_start``: the job is restored by policy, with no command."""
+    d = start_daemon()
+    cmd, ref = counter()
+    out = tmp_path / "job.out"
+    sh = procs.popen(
+        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh", *cmd],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
+    )
+    pid = procs.add(int(sh.communicate(timeout=10)[0]))
+    wait_for_lines(out, 3)
+    assert_ok(d.ctl("policy", "set", pid, "--name", "nightly", "--on-term"), "set")
+    assert [p["name"] for p in assert_ok(d.ctl("drain"), "drain")["drained"]] == ["nightly"]
+    assert d.stop() == 0
+    again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir),
+                         config={"resume_drained_on_start": True})
+    wait_until(lambda: is_alive(pid), 30, "the drained job to be restored at start")
+    procs.add(pid)
+    assert wait_for_done(out) == ref
+    assert policies(again)["nightly"]["drained_checkpoint_id"] == ""
+    assert "resume" in event_kinds(again)
