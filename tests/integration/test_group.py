@@ -6,6 +6,7 @@ output going on bit for bit."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,21 +69,33 @@ def daemons(
 def test_a_failing_member_aborts_the_group_both_keep_running_nothing_listed(
     daemons: tuple[Daemon, Daemon], nodes: TwoNodes, procs: Procs, tmp_path: Path
 ) -> None:
+    """Rank 1 writes to a Unix socket whose other end is outside its tree (held by this
+    test): CRIU refuses it after freezing it, while rank 0 is already dumped and held."""
     a, b = daemons
     pid_a, _ = start_rank(procs, nodes.a, tmp_path / "r0.out", 0)
-    pid_b, _ = start_rank(procs, nodes.b, tmp_path / "r1.out", 1)
-    zombie = procs.popen(["true"])
-    zombie.wait()  # reaped: a pid that is free, so rank 1's "dump" fails
-    with Client(str(a.socket)) as ca, Client(str(b.socket)) as cb:
-        with pytest.raises(GroupError, match="every member resumed") as info:
-            group_checkpoint([(ca, pid_a), (cb, zombie.pid)], name="bad")
-        assert f"pid {zombie.pid}" in str(info.value)
-        assert ca.list_groups() == [] and cb.list_groups() == []
-    for pid in (pid_a, pid_b):
-        assert_running(pid, "after an aborted group checkpoint")
-        assert proc_state(pid) not in ("T", "t")
-    assert assert_ok(a.ctl("list"), "list a") == []
-    assert assert_ok(b.ctl("list"), "list b") == []
+    outside, inside = socket.socketpair()
+    try:
+        rank1 = procs.popen(
+            with_interval(workload("counter", "--steps", 100_000), INTERVAL),
+            stdin=subprocess.DEVNULL, stdout=inside.fileno(), stderr=subprocess.DEVNULL,
+            preexec_fn=in_netns(nodes.b.name),
+        )
+        inside.close()
+        outside.recv(64)
+        with Client(str(a.socket)) as ca, Client(str(b.socket)) as cb:
+            with pytest.raises(GroupError, match="every member resumed") as info:
+                group_checkpoint([(ca, pid_a), (cb, rank1.pid)], name="bad")
+            assert f"pid {rank1.pid}" in str(info.value)
+            assert f"CRIU dump of pid {rank1.pid} failed" in str(info.value), "CRIU refused"
+            assert ca.list_groups() == [] and cb.list_groups() == []
+        for pid in (pid_a, rank1.pid):
+            assert_running(pid, "after an aborted group checkpoint")
+            assert proc_state(pid) not in ("T", "t")
+        outside.recv(64)  # rank 1 writes on: it runs
+        assert assert_ok(a.ctl("list"), "list a") == []
+        assert assert_ok(b.ctl("list"), "list b") == []
+    finally:
+        outside.close()
 
 
 def test_a_group_is_checkpointed_recorded_and_restored_as_a_whole(
