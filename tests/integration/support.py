@@ -191,6 +191,21 @@ class Procs:
                 time.sleep(0.02)
 
 
+def start_detached(
+    procs: Procs, cmd: Sequence[object], out: Path,
+    preexec_fn: Callable[[], None] | None = None,
+) -> int:
+    """Start ``cmd`` as a launcher does: a shell in a session of its own puts it in the
+    background (stdout appended to ``out``) and exits, so the job is nobody's child here and
+    nothing of the test holds its zombie when a dump kills it. Returns the job's pid."""
+    sh = procs.popen(
+        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh", *map(str, cmd)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
+        preexec_fn=preexec_fn,
+    )
+    return procs.add(int(sh.communicate(timeout=10)[0]))
+
+
 def spawn_shell_job_on_pty(procs: Procs, cmd: list[str]) -> tuple[int, int]:
     """``sh -c 'set -m; prog &'`` as a session leader whose controlling terminal is a new
     pty: prog is a background job (own process group) writing to the terminal; sh exits.

@@ -5,7 +5,6 @@ output going on bit for bit."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from .support import (
     is_alive,
     proc_state,
     reference,
+    start_detached,
     wait_for_done,
     wait_for_lines,
     with_interval,
@@ -46,13 +46,7 @@ def nodes() -> Iterator[TwoNodes]:
 def start_rank(procs: Procs, node: Node, out: Path, rank: int) -> tuple[int, list[str]]:
     cmd = workload("counter", "--steps", STEPS + rank, "--mem-mib", 8)
     ref = reference(with_interval(cmd, 0))
-    sh = procs.popen(
-        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh",
-         *with_interval(cmd, INTERVAL)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
-        preexec_fn=in_netns(node.name),
-    )
-    pid = procs.add(int(sh.communicate(timeout=10)[0]))
+    pid = start_detached(procs, with_interval(cmd, INTERVAL), out, in_netns(node.name))
     wait_for_lines(out, 3)
     return pid, ref
 

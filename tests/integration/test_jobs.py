@@ -25,6 +25,7 @@ from .support import (
     is_alive,
     read_lines_file,
     reference,
+    start_detached,
     wait_for_done,
     wait_for_lines,
     wait_until,
@@ -134,12 +135,7 @@ def test_periodic_policy_checkpoints_a_running_job_and_survives_a_restart(
     d = start_daemon()
     cmd = workload("counter", "--steps", 100_000, "--mem-mib", 8)
     out = tmp_path / "job.out"
-    sh = procs.popen(
-        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh",
-         *with_interval(cmd, INTERVAL)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
-    )
-    pid = procs.add(int(sh.communicate(timeout=10)[0]))
+    pid = start_detached(procs, with_interval(cmd, INTERVAL), out)
     wait_for_lines(out, 3)
     set_res = assert_ok(d.ctl("policy", "set", pid, "--name", "periodic", "--every", "10s",
                               "--keep", "2"), "policy set")
@@ -168,11 +164,7 @@ def test_drain_stops_every_protected_job_and_resume_all_restores_them(
     for name in ("one", "two"):
         cmd, ref = counter()
         out = tmp_path / f"{name}.out"
-        sh = procs.popen(
-            ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh", *cmd],
-            stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
-        )
-        pid = procs.add(int(sh.communicate(timeout=10)[0]))
+        pid = start_detached(procs, cmd, out)
         jobs.append((name, pid, out, ref))
     for name, pid, out, _ref in jobs:
         wait_for_lines(out, 3)
@@ -227,11 +219,7 @@ def test_drained_jobs_come_back_when_the_daemon_starts_again(
     d = start_daemon()
     cmd, ref = counter()
     out = tmp_path / "job.out"
-    sh = procs.popen(
-        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh", *cmd],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out)},
-    )
-    pid = procs.add(int(sh.communicate(timeout=10)[0]))
+    pid = start_detached(procs, cmd, out)
     wait_for_lines(out, 3)
     assert_ok(d.ctl("policy", "set", pid, "--name", "nightly", "--on-term"), "set")
     assert [p["name"] for p in assert_ok(d.ctl("drain"), "drain")["drained"]] == ["nightly"]

@@ -27,6 +27,7 @@ from .support import (
     assert_running,
     read_lines_file,
     reference,
+    start_detached,
     wait_for_done,
     wait_for_lines,
     with_interval,
@@ -77,13 +78,7 @@ def start_job(procs: Procs, out_path: Path, steps: int = STEPS) -> tuple[int, li
     child here, so nothing of the test holds its zombie when a migration kills it."""
     cmd = workload("counter", "--steps", steps, "--mem-mib", MEM_MIB)
     ref = reference(with_interval(cmd, 0)) if steps == STEPS else []
-    sh = procs.popen(
-        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh",
-         *with_interval(cmd, INTERVAL)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out_path)},
-    )
-    out, _ = sh.communicate(timeout=10)
-    pid = procs.add(int(out))
+    pid = start_detached(procs, with_interval(cmd, INTERVAL), out_path)
     wait_for_lines(out_path, 4)
     return pid, ref
 

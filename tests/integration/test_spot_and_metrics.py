@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import socket
-import subprocess
 import threading
 import time
 import urllib.request
@@ -30,6 +29,7 @@ from .support import (
     assert_running,
     is_alive,
     reference,
+    start_detached,
     wait_for_done,
     wait_for_lines,
     wait_until,
@@ -132,12 +132,7 @@ def start_job(procs: Procs, out_path: Path, steps: int) -> int:
     """The counter, started by a shell that exits (as a launcher does): the job is nobody's
     child here, so nothing of the test holds its zombie when the drain stops it."""
     cmd = with_interval(workload("counter", "--steps", steps, "--mem-mib", MEM_MIB), INTERVAL)
-    sh = procs.popen(
-        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh", *cmd],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out_path)},
-    )
-    out, _ = sh.communicate(timeout=10)
-    pid = procs.add(int(out))
+    pid = start_detached(procs, cmd, out_path)
     wait_for_lines(out_path, 4)
     return pid
 

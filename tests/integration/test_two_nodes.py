@@ -33,6 +33,7 @@ from .support import (
     assert_running,
     read_lines_file,
     reference,
+    start_detached,
     wait_for_done,
     wait_for_lines,
     wait_until,
@@ -101,14 +102,7 @@ def start_job(procs: Procs, node: Node, out_path: Path) -> tuple[int, list[str]]
     cmd = workload("counter", "--steps", STEPS, "--mem-mib", MEM_MIB, "--port", JOB_PORT)
     ref = reference(with_interval(workload("counter", "--steps", STEPS, "--mem-mib", MEM_MIB),
                                   0))
-    sh = procs.popen(
-        ["sh", "-c", '"$@" >>"$OUT" 2>/dev/null </dev/null & echo $!', "sh",
-         *with_interval(cmd, INTERVAL)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "OUT": str(out_path)},
-        preexec_fn=in_netns(node.name),
-    )
-    out, _ = sh.communicate(timeout=10)
-    pid = procs.add(int(out))
+    pid = start_detached(procs, with_interval(cmd, INTERVAL), out_path, in_netns(node.name))
     wait_for_lines(out_path, 4)
     return pid, ref
 
