@@ -48,6 +48,8 @@ from ckptd.domain import (
 )
 from ckptd.errors import CkptdError, Incompatible, InvalidTarget, PeerError
 
+OFFER_PAGES = 1 << 20
+"""Page references per offer message (16 MiB): any image size fits the message limit."""
 BATCH_PAGES = 256
 """Pages per message: 1 MiB before compression."""
 PREFETCH = 8
@@ -243,8 +245,11 @@ class MigrateRecipe:
                 if self._is_pages_file(path.name) and size % PAGE_SIZE == 0:
                     refs = _page_refs(path, size, hasher)
                     ctx.pages_total += sum(1 for r in refs if r != ZERO_REF)
-                    missing = session.offer_pages(path.name, size, b"".join(refs))
-                    ctx.bytes_sent += len(refs) * 16
+                    missing = []
+                    for first in range(0, max(len(refs), 1), OFFER_PAGES):
+                        chunk = b"".join(refs[first : first + OFFER_PAGES])
+                        missing += session.offer_pages(path.name, size, chunk, first)
+                        ctx.bytes_sent += len(chunk)
                     if missing:
                         wanted.append((path, missing))
                 else:

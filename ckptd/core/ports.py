@@ -370,8 +370,9 @@ class PeerSession(Protocol):
 
     page_seed: int
 
-    def offer_pages(self, name: str, size: int, refs: bytes) -> list[int]:
-        """The indices of the pages of image ``name`` the target lacks."""
+    def offer_pages(self, name: str, size: int, refs: bytes, first: int = 0) -> list[int]:
+        """Offer pages ``first ..`` of image ``name`` (``size`` bytes in all) by reference;
+        the indices of those the target lacks. Slices go in order, from page 0."""
         ...
 
     def offer_file(self, name: str, data: bytes) -> None: ...

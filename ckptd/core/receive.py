@@ -60,7 +60,9 @@ class _Session:
     """Staged image directory; None when the store holds the checkpoint already."""
     hasher: PageHasher
     touched: float
-    refs: dict[str, list[bytes]] = field(default_factory=dict)
+    refs: dict[str, bytearray] = field(default_factory=dict)
+    """Per pages image: every page's reference, 16 bytes each, as offered."""
+    offered: dict[str, int] = field(default_factory=dict)
     missing: dict[str, set[int]] = field(default_factory=dict)
     received: dict[str, set[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -130,30 +132,48 @@ class Receiver:
 
     # ---- the images -------------------------------------------------------------------------
 
-    def offer_pages(self, session_id: str, name: str, size: int, refs: bytes) -> list[int]:
-        """Indices of the pages of image ``name`` this store lacks (to be sent)."""
+    def offer_pages(
+        self, session_id: str, name: str, size: int, refs: bytes, first: int = 0
+    ) -> list[int]:
+        """Pages ``first ..`` of image ``name`` (``size`` bytes in all), as references: the
+        indices of those this store lacks (to be sent). An image is offered in slices, in
+        order, starting at page 0 (which creates it)."""
         s = self._session(session_id)
         images = self._images(s)
         if images is None:
             return []
         _check_name(name, s.record.id)
         count, rest = divmod(len(refs), HASH_SIZE)
-        if rest or count * PAGE_SIZE != size:
+        total, partial = divmod(size, PAGE_SIZE)
+        if rest or partial or first < 0 or first + count > total:
             raise InvalidTarget(
-                f"image {name}: {len(refs)} bytes of references for {size} bytes of pages",
+                f"image {name}: {len(refs)} bytes of references at page {first} do not fit "
+                f"{size} bytes of pages",
                 checkpoint_id=s.record.id,
             )
-        page_refs = [refs[i : i + HASH_SIZE] for i in range(0, len(refs), HASH_SIZE)]
-        missing = self._pages.lacks(s.record.uid, page_refs)
         with s.lock:
-            s.refs[name] = page_refs
-            s.missing[name] = set(missing)
-            s.received[name] = set()
-        fd = os.open(images / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
+            if first == 0:
+                s.refs[name] = bytearray(total * HASH_SIZE)
+                s.offered[name] = 0
+                s.missing[name] = set()
+                s.received[name] = set()
+                fd = os.open(images / name,
+                             os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                try:
+                    os.ftruncate(fd, size)
+                finally:
+                    os.close(fd)
+            elif s.offered.get(name) != first:
+                raise InvalidTarget(
+                    f"image {name}: pages offered out of order (at {first}, expected "
+                    f"{s.offered.get(name, 0)})", checkpoint_id=s.record.id,
+                )
+            s.refs[name][first * HASH_SIZE : (first + count) * HASH_SIZE] = refs
+            s.offered[name] = first + count
+        chunk = [refs[i : i + HASH_SIZE] for i in range(0, len(refs), HASH_SIZE)]
+        missing = [first + i for i in self._pages.lacks(s.record.uid, chunk)]
+        with s.lock:
+            s.missing[name].update(missing)
         return missing
 
     def offer_file(self, session_id: str, name: str, data: bytes) -> None:
@@ -174,7 +194,8 @@ class Receiver:
         refs = s.refs.get(name)
         if refs is None:
             raise InvalidTarget(f"image {name} was not offered", checkpoint_id=s.record.id)
-        if count <= 0 or count > MAX_BATCH_PAGES or first < 0 or first + count > len(refs):
+        if (count <= 0 or count > MAX_BATCH_PAGES or first < 0
+                or (first + count) * HASH_SIZE > len(refs)):
             raise InvalidTarget(
                 f"image {name}: pages {first}..{first + count - 1} out of range",
                 checkpoint_id=s.record.id,
@@ -196,7 +217,8 @@ class Receiver:
         view = memoryview(data)
         digest = s.hasher.digest
         for i in range(count):
-            want = refs[first + i]
+            at = (first + i) * HASH_SIZE
+            want = bytes(refs[at : at + HASH_SIZE])
             got = digest(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
             if want == ZERO_REF or got != want:
                 raise CorruptCheckpoint(
@@ -223,6 +245,12 @@ class Receiver:
             images = self._images(s)
             if images is not None:
                 for name, refs in s.refs.items():
+                    if s.offered[name] * HASH_SIZE != len(refs):
+                        raise StoreError(
+                            f"image {name}: only {s.offered[name]} of "
+                            f"{len(refs) // HASH_SIZE} pages were offered",
+                            checkpoint_id=s.record.id,
+                        )
                     lost = s.missing[name] - s.received[name]
                     if lost:
                         raise StoreError(
@@ -230,8 +258,10 @@ class Receiver:
                             "arrived",
                             checkpoint_id=s.record.id,
                         )
+                    page_refs = [bytes(refs[i : i + HASH_SIZE])
+                                 for i in range(0, len(refs), HASH_SIZE)]
                     self._pages.fill_pages(
-                        s.record.uid, images / name, refs, frozenset(s.received[name])
+                        s.record.uid, images / name, page_refs, frozenset(s.received[name])
                     )
                 self._store.commit(s.record)
                 s.images = None

@@ -24,8 +24,8 @@ class LoopbackPeerSession:
         self.session = session
         self.page_seed = page_seed
 
-    def offer_pages(self, name: str, size: int, refs: bytes) -> list[int]:
-        return self._receiver.offer_pages(self.session, name, size, refs)
+    def offer_pages(self, name: str, size: int, refs: bytes, first: int = 0) -> list[int]:
+        return self._receiver.offer_pages(self.session, name, size, refs, first)
 
     def offer_file(self, name: str, data: bytes) -> None:
         self._receiver.offer_file(self.session, name, data)

@@ -223,3 +223,32 @@ def test_a_finish_without_every_asked_page_fails_and_lists_nothing(peer: Peer) -
         session.finish("")
     assert peer.target.store.list() == []
     assert peer.target.restored == []
+
+
+def test_an_image_offered_in_slices_arrives_whole(peer: Peer) -> None:
+    record = a_record()
+    data = pages_image(30, 4)
+    session = peer.link.open(record, False)
+    refs = refs_of(data, session.page_seed)
+    missing: list[int] = []
+    for first in (0, 10, 20):
+        missing += session.offer_pages("pages-1.img", len(data),
+                                       b"".join(refs[first : first + 10]), first)
+    assert missing == [i for i in range(30) if i % 5]
+    send_missing(session, "pages-1.img", data, missing)
+    session.offer_file("core-1.img", b"core")
+    session.finish("")
+    with peer.target.store.checkout(record.id) as images:
+        assert (images / "pages-1.img").read_bytes() == data
+
+
+def test_slices_out_of_order_or_missing_are_refused(peer: Peer) -> None:
+    data = pages_image(20, 5)
+    session = peer.link.open(a_record(), False)
+    refs = refs_of(data, session.page_seed)
+    session.offer_pages("pages-1.img", len(data), b"".join(refs[:10]), 0)
+    with pytest.raises(InvalidTarget, match="out of order"):
+        session.offer_pages("pages-1.img", len(data), b"".join(refs[15:]), 15)
+    with pytest.raises((PeerError, StoreError), match="only 10 of 20 pages were offered"):
+        session.finish("")
+    assert peer.target.store.list() == []

@@ -179,3 +179,14 @@ def test_a_shared_store_sends_nothing(tmp_path: Path) -> None:
     out = recipe.run(USER, MigrateRequest(pid=4321, to="b:7443"), lambda _p: None)
     assert out.shared_store and out.pages_sent == 0 and out.bytes_sent == 0
     assert [r.checkpoint_id for r in b.restored] == [out.checkpoint_id]
+
+
+def test_big_images_are_offered_in_slices(world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import ckptd.core.migrate as migrate_module
+
+    monkeypatch.setattr(migrate_module, "OFFER_PAGES", 10)
+    a, b, _connector, recipe = world
+    out = recipe.run(USER, MigrateRequest(pid=4321, to="b:7443"), lambda _p: None)
+    assert out.pages_sent == out.pages_total == 48
+    with a.store.checkout(out.checkpoint_id) as here, b.store.checkout(out.checkpoint_id) as there:
+        assert (here / "pages-1.img").read_bytes() == (there / "pages-1.img").read_bytes()

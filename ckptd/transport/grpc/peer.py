@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_MESSAGE = 64 << 20
-"""Largest message either side takes: an offer of a 16 GiB image's page hashes is 64 MiB."""
+"""Largest message either side takes; offers are sent in slices of 16 MiB (1 Mi pages)."""
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -138,7 +138,7 @@ class PeerServicer(GroupRpcs, pb_grpc.PeerServicer):
         missing = self._call(
             context,
             lambda: self._receiver.offer_pages(
-                request.session, request.name, request.size, request.refs
+                request.session, request.name, request.size, request.refs, request.first
             ),
         )
         return pb.OfferResponse(missing=struct.pack(f"<{len(missing)}I", *missing))
@@ -255,9 +255,10 @@ class GrpcPeerSession:
         self.session = session
         self.page_seed = page_seed
 
-    def offer_pages(self, name: str, size: int, refs: bytes) -> list[int]:
+    def offer_pages(self, name: str, size: int, refs: bytes, first: int = 0) -> list[int]:
         r = self._link._rpc(lambda: self._stub.Offer(
-            pb.OfferRequest(session=self.session, name=name, size=size, refs=refs, pages=True),
+            pb.OfferRequest(session=self.session, name=name, size=size, refs=refs, pages=True,
+                            first=first),
             timeout=CALL_TIMEOUT_S))
         return list(struct.unpack(f"<{len(r.missing) // 4}I", r.missing))
 

@@ -138,6 +138,7 @@ class OfferRequest(_message.Message):
     REFS_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     PAGES_FIELD_NUMBER: _builtins.int
+    FIRST_FIELD_NUMBER: _builtins.int
     session: _builtins.str
     name: _builtins.str
     """image file name"""
@@ -148,6 +149,8 @@ class OfferRequest(_message.Message):
     """other images: the whole content"""
     pages: _builtins.bool
     """true: refs; false: data"""
+    first: _builtins.int
+    """pages images: index of the first page in refs (slices, in order)"""
     def __init__(
         self,
         *,
@@ -157,10 +160,11 @@ class OfferRequest(_message.Message):
         refs: _builtins.bytes = ...,
         data: _builtins.bytes = ...,
         pages: _builtins.bool = ...,
+        first: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "name", b"name", "pages", b"pages", "refs", b"refs", "session", b"session", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "first", b"first", "name", b"name", "pages", b"pages", "refs", b"refs", "session", b"session", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
