@@ -5,10 +5,12 @@ an empty image directory is staged in the store under a lease), ``offer`` each i
 images as page references in this store's hash space: the answer is which pages it lacks;
 other images whole), ``receive`` the missing pages (each one verified against the reference
 it was offered with, then written in place), ``finish`` (the rest of every pages image is
-filled from this store, the checkpoint is committed like a local dump, then restored by the
-restore recipe). ``abort``, a failure, or ``session_ttl_s`` of silence drop the staging.
+filled from this store, the tree is restored by the restore recipe from those verified images,
+then the checkpoint is committed like a local dump, in the background: the job does not wait
+for the ingest). ``abort``, a failure, or ``session_ttl_s`` of silence drop the staging.
 
-Invariants: nothing is listed before ``finish`` commits; a page is written only if it hashes
+Invariants: nothing is listed before the commit completes (a failed one keeps nothing here;
+the sender keeps the checkpoint either way); a page is written only if it hashes
 to the reference offered for its place, so a checkpoint assembled here restores exactly what
 was dumped there; when the record's id is already in this store (a shared store) nothing is
 sent and ``finish`` only restores it.
@@ -16,6 +18,7 @@ sent and ``finish`` only restores it.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -45,11 +48,14 @@ from ckptd.errors import (
     StoreError,
 )
 
+log = logging.getLogger(__name__)
+
 _IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_BATCH_PAGES = 4096
 """Largest page batch accepted in one message (16 MiB decompressed)."""
 
-Restorer = Callable[[RestoreRequest], RestoreOutcome]
+Restorer = Callable[[RestoreRequest, "tuple[CheckpointRecord, Path] | None"], RestoreOutcome]
+"""Restore a request; with (record, images): from those staged images."""
 Checker = Callable[[CheckpointRecord], CompatReport]
 
 
@@ -90,6 +96,7 @@ class Receiver:
         self.node = node
         self._ttl = session_ttl_s
         self._sessions: dict[str, _Session] = {}
+        self._commits: list[threading.Thread] = []
         self._mutex = threading.Lock()
 
     # ---- before anything is sent ------------------------------------------------------------
@@ -238,38 +245,24 @@ class Receiver:
     # ---- the end ----------------------------------------------------------------------------
 
     def finish(self, session_id: str, output_path: str) -> RemoteRestore:
-        """Commit the received checkpoint (every page it lacked must have arrived), then
-        restore it here. The session ends whatever happens."""
+        """Assemble the images (every page the sender was asked for must have arrived, the
+        rest comes from this store), restore the tree from them, then commit the checkpoint
+        to this store in the background (the job does not wait for the ingest). The session
+        ends whatever happens; a failed restore keeps nothing."""
         s = self._session(session_id)
+        staged: tuple[CheckpointRecord, Path] | None = None
         try:
             images = self._images(s)
             if images is not None:
-                for name, refs in s.refs.items():
-                    if s.offered[name] * HASH_SIZE != len(refs):
-                        raise StoreError(
-                            f"image {name}: only {s.offered[name]} of "
-                            f"{len(refs) // HASH_SIZE} pages were offered",
-                            checkpoint_id=s.record.id,
-                        )
-                    lost = s.missing[name] - s.received[name]
-                    if lost:
-                        raise StoreError(
-                            f"image {name}: {len(lost)} page(s) the sender was asked for never "
-                            "arrived",
-                            checkpoint_id=s.record.id,
-                        )
-                    page_refs = [bytes(refs[i : i + HASH_SIZE])
-                                 for i in range(0, len(refs), HASH_SIZE)]
-                    self._pages.fill_pages(
-                        s.record.uid, images / name, page_refs, frozenset(s.received[name])
-                    )
-                self._store.commit(s.record)
-                s.images = None
+                self._assemble(s, images)
+                staged = (s.record, images)
             started = self._clock.monotonic()
-            outcome = self._restore(
-                RestoreRequest(checkpoint_id=s.record.id, output_path=output_path,
-                               ignore_warnings=True)  # warnings were accepted at open
-            )
+            request = RestoreRequest(checkpoint_id=s.record.id, output_path=output_path,
+                                     ignore_warnings=True)  # warnings were accepted at open
+            outcome = self._restore(request, staged)
+            if staged is not None:
+                s.images = None  # the background commit owns the staging now
+                self._commit_later(s.record)
             return RemoteRestore(
                 checkpoint_id=outcome.checkpoint_id,
                 pid=outcome.pid,
@@ -279,6 +272,47 @@ class Receiver:
             )
         finally:
             self._drop(session_id)
+
+    def _assemble(self, s: _Session, images: Path) -> None:
+        for name, refs in s.refs.items():
+            if s.offered[name] * HASH_SIZE != len(refs):
+                raise StoreError(
+                    f"image {name}: only {s.offered[name]} of {len(refs) // HASH_SIZE} pages "
+                    "were offered",
+                    checkpoint_id=s.record.id,
+                )
+            lost = s.missing[name] - s.received[name]
+            if lost:
+                raise StoreError(
+                    f"image {name}: {len(lost)} page(s) the sender was asked for never arrived",
+                    checkpoint_id=s.record.id,
+                )
+            page_refs = [bytes(refs[i : i + HASH_SIZE]) for i in range(0, len(refs), HASH_SIZE)]
+            self._pages.fill_pages(
+                s.record.uid, images / name, page_refs, frozenset(s.received[name])
+            )
+
+    def _commit_later(self, record: CheckpointRecord) -> None:
+        def commit() -> None:
+            try:
+                self._store.commit(record)
+            except Exception:
+                log.exception("migrated checkpoint %s restored, but its commit here failed "
+                              "(the sender keeps it)", record.id)
+                self._store.abort(record.id)
+
+        thread = threading.Thread(target=commit, name=f"commit-{record.id}", daemon=True)
+        with self._mutex:
+            self._commits = [t for t in self._commits if t.is_alive()] + [thread]
+        thread.start()
+
+    def wait_commits(self, timeout: float | None = None) -> bool:
+        """Wait for the background commits; True when none is left running."""
+        with self._mutex:
+            threads = list(self._commits)
+        for thread in threads:
+            thread.join(timeout)
+        return not any(t.is_alive() for t in threads)
 
     def abort(self, session_id: str) -> None:
         self._drop(session_id)

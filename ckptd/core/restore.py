@@ -289,6 +289,8 @@ class RestoreRecipe:
 
     def _checkout(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
+        if ctx.images_dir is not None:
+            return  # staged images given by the caller (a migration's target)
         ctx.images_dir = ctx.resources.enter_context(self._store.checkout(ctx.record.id))
 
     def _stdio_replacements(self, ctx: RestoreContext) -> None:

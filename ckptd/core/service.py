@@ -15,6 +15,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe, resume_tree
@@ -129,10 +130,15 @@ class CheckpointService:
         request: RestoreRequest,
         progress: ProgressSink = no_progress,
         gate: Callable[[int], None] | None = None,
+        staged: tuple[CheckpointRecord, Path] | None = None,
     ) -> RestoreOutcome:
-        """``gate``: see ``RestoreContext.gate`` (group restores)."""
+        """``gate``: see ``RestoreContext.gate`` (group restores). ``staged``: restore this
+        record from these images, verified but not yet committed (a migration's target, which
+        commits them once the tree runs)."""
         ctx = self._restore.new_context(caller, request, f"r{secrets.token_hex(4)}")
         ctx.gate = gate
+        if staged is not None:
+            ctx.record, ctx.images_dir = staged
         record = self._restore.resolve(ctx)
         self.events.publish(EventKind.RESTORE_STARTED, pid=record.pid, checkpoint_id=record.id,
                             name=record.name, message=f"restore of {record.id} started")

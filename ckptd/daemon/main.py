@@ -206,6 +206,9 @@ class Daemon:
         server.stop(cfg.shutdown_grace_s).wait()
         # An RPC cut by the grace period does not stop its operation: let it finish, so that
         # no tree is left stopped or CUDA-checkpointed by a daemon that went away.
+        if not wired.receiver.wait_commits(cfg.shutdown_grace_s):
+            log.error("stopping with a migrated checkpoint still being committed (its staging "
+                      "is dropped at the next start; the sender keeps the checkpoint)")
         if left := wired.service.wait_idle(cfg.shutdown_grace_s):
             log.error("stopping with operations still running: %s (the next start recovers "
                       "them from the journal)", ", ".join(left))

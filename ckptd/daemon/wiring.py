@@ -156,7 +156,7 @@ def wire(config: DaemonConfig) -> Wired:
         store=store,
         pages=store,
         check=restore.check,
-        restore=lambda request: service.restore(ROOT, request),
+        restore=lambda request, staged: service.restore(ROOT, request, staged=staged),
         clock=clock,
         node=core.node,
         session_ttl_s=config.peer_session_ttl_s,

@@ -68,7 +68,7 @@ def make_target(tmp: Path, clock: FakeClock) -> Target:
     def check(record: CheckpointRecord) -> CompatReport:
         return CompatReport(blocking=tuple(holder[0].blocking))
 
-    def restore(request: RestoreRequest) -> RestoreOutcome:
+    def restore(request: RestoreRequest, staged: object = None) -> RestoreOutcome:
         holder[0].restored.append(request)
         return RestoreOutcome(request.checkpoint_id, 4321, request.output_path, 0.01)
 
@@ -142,6 +142,7 @@ def transfer(peer: Peer, record: CheckpointRecord, files: dict[str, bytes]) -> l
             session.offer_file(name, data)
     done = session.finish("/tmp/out")
     assert (done.checkpoint_id, done.pid, done.node) == (record.id, 4321, "node-b")
+    assert peer.target.receiver.wait_commits(30), "the background commit finishes"
     return missing
 
 
@@ -238,6 +239,7 @@ def test_an_image_offered_in_slices_arrives_whole(peer: Peer) -> None:
     send_missing(session, "pages-1.img", data, missing)
     session.offer_file("core-1.img", b"core")
     session.finish("")
+    assert peer.target.receiver.wait_commits(30)
     with peer.target.store.checkout(record.id) as images:
         assert (images / "pages-1.img").read_bytes() == data
 

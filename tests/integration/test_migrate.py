@@ -30,6 +30,7 @@ from .support import (
     start_detached,
     wait_for_done,
     wait_for_lines,
+    wait_until,
     with_interval,
     workload,
 )
@@ -103,8 +104,9 @@ def test_a_job_migrates_there_and_back_and_continues_exactly(
     assert first["pages_total"] >= MEM_MIB * 256
     assert first["pages_sent"] == first["pages_total"], "b's store was empty"
     assert_running(pid, "after the first migration")
-    listed_b = assert_ok(b.ctl("list"), "list on b")
-    assert [c["id"] for c in listed_b] == [first["checkpoint_id"]]
+    # b restored it from the received images, and commits them in the background
+    wait_until(lambda: [c["id"] for c in assert_ok(b.ctl("list"), "list on b")]
+               == [first["checkpoint_id"]], 30, "b to commit the received checkpoint")
     wait_for_lines(out_path, len(read_lines_file(out_path)) + 3)
 
     second = assert_ok(b.ctl("migrate", pid, "--to", addr_a), "migrate b->a")

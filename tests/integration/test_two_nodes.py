@@ -148,6 +148,9 @@ def test_a_listening_job_moves_to_b_and_back_and_the_return_sends_only_the_chang
     wait_for_lines(out_path, len(read_lines_file(out_path)) + 20)  # it changes pages in b
 
     second = migrate_and_check(b, a, pid, nodes.a, nodes.b, procs)
+    wait_until(lambda: second["checkpoint_id"] in
+               [c["id"] for c in assert_ok(a.ctl("list"), "list on a")], 30,
+               "a to commit the received checkpoint (in the background)")
     changed = distinct_new_pages(a.store, first["checkpoint_id"], second["checkpoint_id"])
     assert second["pages_sent"] == changed, (second, changed)
     assert second["bytes_sent"] <= 1.5 * changed * PAGE_SIZE, (second, changed)

@@ -52,6 +52,7 @@ class Node:
     restored: list[RestoreRequest] = field(default_factory=list)
     blocking: list[str] = field(default_factory=list)
     fail_restore: bool = False
+    receiver: Receiver | None = None
 
     def preview(self, caller: Caller, request: DumpRequest) -> CheckpointRecord:
         return CheckpointRecord(
@@ -73,9 +74,9 @@ class Node:
         self.dumps.append(committed)
         return committed
 
-    def restore(self, caller: Caller | RestoreRequest, request: RestoreRequest | None = None
+    def restore(self, caller: Caller | RestoreRequest, request: object = None
                 ) -> RestoreOutcome:
-        req = request if request is not None else caller
+        req = request if isinstance(request, RestoreRequest) else caller
         assert isinstance(req, RestoreRequest)
         if self.fail_restore:
             from ckptd.errors import CriuFailed
@@ -97,8 +98,9 @@ def world(tmp_path: Path) -> tuple[Node, Node, LoopbackPeerConnector, MigrateRec
     a.memory = bytearray(b"".join(
         bytes(PAGE) if i % 4 == 0 else rng.randbytes(PAGE) for i in range(64)))
     connector = LoopbackPeerConnector()
-    connector.add("b:7443", Receiver(store=b.store, pages=b.store, check=b.check,
-                                     restore=b.restore, clock=clock, node="node-b"))
+    b.receiver = Receiver(store=b.store, pages=b.store, check=b.check, restore=b.restore,
+                          clock=clock, node="node-b")
+    connector.add("b:7443", b.receiver)
     recipe = MigrateRecipe(
         preview=a.preview, dump=a.dump, restore_here=a.restore, pages=a.store,
         connector=connector, clock=clock, executor=ThreadPoolExecutor(2),
@@ -116,6 +118,7 @@ def test_only_missing_pages_travel_and_the_target_gets_the_same_images(world) ->
     first = recipe.run(USER, MigrateRequest(pid=4321, to="b:7443"), lambda _p: None)
     assert first.pages_total == first.pages_sent == 48 and first.node == "node-b"
     assert [r.checkpoint_id for r in b.restored] == [first.checkpoint_id]
+    assert b.receiver is not None and b.receiver.wait_commits(30)
     with a.store.checkout(first.checkpoint_id) as here, \
             b.store.checkout(first.checkpoint_id) as there:
         for name in ("pages-1.img", "core-1.img"):
@@ -188,5 +191,6 @@ def test_big_images_are_offered_in_slices(world, monkeypatch) -> None:  # type: 
     a, b, _connector, recipe = world
     out = recipe.run(USER, MigrateRequest(pid=4321, to="b:7443"), lambda _p: None)
     assert out.pages_sent == out.pages_total == 48
+    assert b.receiver is not None and b.receiver.wait_commits(30)
     with a.store.checkout(out.checkpoint_id) as here, b.store.checkout(out.checkpoint_id) as there:
         assert (here / "pages-1.img").read_bytes() == (there / "pages-1.img").read_bytes()
