@@ -16,9 +16,10 @@ scheduler; a job whose drain checkpoint failed is left running and reported.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -36,7 +37,7 @@ from ckptd.domain import (
     valid_name,
 )
 from ckptd.domain.model import ROOT
-from ckptd.errors import CheckpointNotFound, CkptdError, InvalidTarget, PermissionDenied
+from ckptd.errors import Busy, CheckpointNotFound, CkptdError, InvalidTarget, PermissionDenied
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class PolicyService:
         self._drain_workers = drain_workers
         self._lock = threading.RLock()
         self._policies: dict[str, Policy] = {p.name: p for p in repo.load()}
+        self._busy: set[str] = set()
+        """Jobs being checkpointed by a policy or a drain: their policy cannot be cleared."""
 
     # ---- policies ---------------------------------------------------------------------------
 
@@ -135,6 +138,9 @@ class PolicyService:
     def clear(self, caller: Caller, name: str) -> None:
         policy = self.get(caller, name)
         with self._lock:
+            if name in self._busy:
+                raise Busy(f"job {name} is being checkpointed right now",
+                           hint="retry when it is done (`ckptctl policy show`)")
             self._policies.pop(name, None)
             self._save()
         self._events.publish(EventKind.POLICY_CLEARED, pid=policy.pid, name=name,
@@ -162,6 +168,20 @@ class PolicyService:
         return [p.name for p in due]
 
     def _fire(self, policy: Policy, *, leave_running: bool, kind: EventKind) -> Policy:
+        with self._holding(policy.name):
+            return self._fire_held(policy, leave_running=leave_running, kind=kind)
+
+    @contextlib.contextmanager
+    def _holding(self, name: str) -> Iterator[None]:
+        with self._lock:
+            self._busy.add(name)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.discard(name)
+
+    def _fire_held(self, policy: Policy, *, leave_running: bool, kind: EventKind) -> Policy:
         caller = Caller(uid=policy.uid)
         request = DumpRequest(pid=policy.pid, leave_running=leave_running, name=policy.name,
                               keep=policy.keep)
@@ -220,6 +240,10 @@ class PolicyService:
         return drained, errors
 
     def _drain_one(self, policy: Policy) -> tuple[Policy | None, str]:
+        with self._holding(policy.name):
+            return self._drain_held(policy)
+
+    def _drain_held(self, policy: Policy) -> tuple[Policy | None, str]:
         try:
             record = self._dump(Caller(uid=policy.uid), DumpRequest(
                 pid=policy.pid, leave_running=False, name=policy.name, keep=policy.keep))
@@ -301,7 +325,10 @@ class PolicyService:
 
     def _update(self, name: str, **changes: object) -> Policy:
         with self._lock:
-            policy = replace(self._policies[name], **changes)  # type: ignore[arg-type]
+            current = self._policies.get(name)
+            if current is None:  # cleared meanwhile (never while busy): nothing to record
+                return replace(Policy(name=name), **changes)  # type: ignore[arg-type]
+            policy = replace(current, **changes)  # type: ignore[arg-type]
             self._policies[name] = policy
             self._save()
             return policy

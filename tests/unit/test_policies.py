@@ -40,6 +40,8 @@ class Node:
         self.dumps: list[tuple[Caller, DumpRequest]] = []
         self.restores: list[RestoreRequest] = []
         self.fail: set[int] = set()
+        self.during_dump: list[Exception] = []
+        self.on_dump: object = None
         self.repo = repo or MemoryPolicyRepo()
         self.bus = EventBus(self.clock)
         self.events = self.bus.subscribe()
@@ -49,6 +51,11 @@ class Node:
         )
 
     def dump(self, caller: Caller, request: DumpRequest) -> CheckpointRecord:
+        if callable(self.on_dump):
+            try:
+                self.on_dump()
+            except Exception as exc:
+                self.during_dump.append(exc)
         if request.pid in self.fail:
             raise CriuFailed(f"CRIU dump of pid {request.pid} failed")
         self.dumps.append((caller, request))
@@ -191,3 +198,14 @@ def test_the_callers_only_child_is_the_job_whatever_pids_the_caller_sees() -> No
         n.policies.set(launcher, Policy(name="two", on_term=True), callers_child=True)
     with pytest.raises(InvalidTarget, match="caller's process is unknown"):
         n.policies.set(USER, Policy(name="nopid"), callers_child=True)
+
+
+def test_a_policy_cannot_be_cleared_while_its_job_is_being_checkpointed() -> None:
+    """``ckptctl run`` sees its job die as a drain kills it, before the drain recorded it."""
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, on_term=True))
+    n.on_dump = lambda: n.policies.clear(USER, "train")
+    drained, _ = n.policies.drain(ROOT)
+    assert [p.name for p in drained] == ["train"]
+    assert [type(e).__name__ for e in n.during_dump] == ["Busy"]
+    assert n.policies.get(USER, "train").drained_checkpoint_id == "ck-1"

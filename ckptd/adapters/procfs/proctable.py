@@ -65,7 +65,7 @@ class ProcFsTable:
         )
         return PidStatus(
             pid, state, ppid=ppid, comm=fields[1], uid=uid, traced=traced, session=session,
-            kernel_thread=bool(flags & PF_KTHREAD) or pid == 2 or ppid == 2,
+            kernel_thread=bool(flags & PF_KTHREAD),  # reliable; pid 2 may be anything in a pid ns
         )
 
     def _fact(self, pid: int) -> ProcessFact | None:

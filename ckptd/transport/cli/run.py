@@ -17,11 +17,11 @@ checkpoints with ``--every``). Then it waits:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import subprocess
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -69,12 +69,11 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
         while job.poll() is None and not terminated.wait(0.2):
             pass
         if not terminated.is_set():
-            drained = _drained_as(ctx, name)
+            drained = _forget_unless_drained(ctx, name)
             if drained:  # a drain, a spot notice or `ckptctl dump --name` (preStop) took it
                 err(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
                     f"`ckptctl resume {name}` restores it")
                 return EXIT_TERMINATED
-            _forget(ctx, name)
             return _status(job.returncode)
         return _checkpoint_then_stop(ctx, args, job, name)
     finally:
@@ -87,18 +86,25 @@ def _pass_on(job: subprocess.Popen[bytes], signo: int) -> None:
         os.kill(job.pid, signo)
 
 
-def _drained_as(ctx: Any, name: str) -> str:
-    try:
-        response = ctx.client.ListPolicies(pb.ListPoliciesRequest(), timeout=ctx.timeout)
-    except grpc.RpcError:
-        return ""
-    return next((p.drained_checkpoint_id for p in response.policies if p.name == name), "")
-
-
-def _forget(ctx: Any, name: str) -> None:
-    # the job is over; a stale policy would only name a pid that is gone
-    with contextlib.suppress(grpc.RpcError):
-        ctx.client.ClearPolicy(pb.ClearPolicyRequest(name=name), timeout=ctx.timeout)
+def _forget_unless_drained(ctx: Any, name: str, wait_s: float = 60.0) -> str:
+    """The job ended: its drain checkpoint id if a drain stopped it, else clear its policy
+    and return "". While the daemon is still checkpointing it (the job dies before the
+    checkpoint is recorded), clearing is refused as busy: ask again."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            response = ctx.client.ListPolicies(pb.ListPoliciesRequest(), timeout=ctx.timeout)
+            drained = next((p.drained_checkpoint_id for p in response.policies
+                            if p.name == name), "")
+            if drained:
+                return str(drained)
+            ctx.client.ClearPolicy(pb.ClearPolicyRequest(name=name), timeout=ctx.timeout)
+            return ""
+        except grpc.RpcError as exc:
+            busy = exc.code() == grpc.StatusCode.ABORTED
+            if not busy or time.monotonic() > deadline:
+                return ""  # the job is over; a stale policy only names a pid that is gone
+            time.sleep(0.2)
 
 
 def _checkpoint_then_stop(
