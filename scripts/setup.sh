@@ -16,7 +16,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-PKGS=(gcc make zstd python3 python3-venv python3-dev systemd iproute2 procps)
+PKGS=(gcc make zstd python3 python3-venv python3-dev systemd iproute2 procps openssl util-linux)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
