@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import fcntl
 import grp
+import hashlib
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -77,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = load(args)
+        if len(str(config.socket)) > SUN_PATH_MAX:
+            raise ValueError(
+                f"socket path {config.socket} is {len(str(config.socket))} bytes, more than a "
+                f"Unix socket takes ({SUN_PATH_MAX}); choose a shorter --socket"
+            )
         tls_files(config)
         sources_from([p.strip() for p in config.spot_providers.split(",") if p.strip()], {})
     except (OSError, ValueError) as exc:
@@ -143,8 +150,7 @@ class Daemon:
         else:
             log.error("CRIU unusable, dumps will be refused: %s", criu.message)
 
-        # one private directory per public socket: two daemons may share a run directory
-        private = cfg.run_dir / f".{cfg.socket.name}.private"
+        private = _private_dir(cfg)
         peers = private / "peers"
         cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         for d in (private, peers):
@@ -217,6 +223,22 @@ class Daemon:
         os.close(lock_fd)
         log.info("stopped")
         return 0
+
+
+SUN_PATH_MAX = 107
+"""Longest Unix socket path the kernel takes (sun_path is 108 bytes with the NUL)."""
+
+
+def _private_dir(cfg: DaemonConfig) -> Path:
+    """Where the relay's inner socket and per-caller sockets live: one directory per public
+    socket (two daemons may share a run directory), with paths short enough for sun_path
+    whatever the public socket's directory: under /run when that is ours to use."""
+    tag = hashlib.sha256(str(cfg.socket.resolve()).encode()).hexdigest()[:12]
+    beside = cfg.run_dir / f".{cfg.socket.name}.private"
+    longest = len(str(beside / "peers" / "4294967295-4194304-999999"))
+    if longest <= SUN_PATH_MAX:
+        return beside
+    return Path("/run") / f"ckptd-{tag}"
 
 
 def _resume_drained(wired: Wired) -> None:

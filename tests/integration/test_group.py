@@ -168,3 +168,31 @@ def test_a_coordinator_on_another_node_drives_the_group_over_mutual_tls(
         procs.add(pid)
     assert wait_for_done(out0) == ref0
     assert wait_for_done(out1) == ref1
+
+
+def test_a_daemon_killed_while_holding_a_member_resumes_it_at_restart(
+    start_daemon: Callable[..., Daemon], procs: Procs, tmp_path: Path
+) -> None:
+    """Never hurt the workload: a member held (stopped, nothing committed) by a daemon that is
+    SIGKILLed runs again once the daemon starts again, and nothing is listed."""
+    from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+
+    from .conftest import criu_path
+
+    d = Daemon(tmp_path / "killed", "--criu", str(criu_path()))  # not the fixture's: killed
+    out = tmp_path / "r0.out"
+    cmd = workload("counter", "--steps", STEPS, "--mem-mib", 8)
+    ref = reference(with_interval(cmd, 0))
+    pid = start_detached(procs, with_interval(cmd, INTERVAL), out)
+    wait_for_lines(out, 3)
+    with Client(str(d.socket)) as client:
+        client.stub.GroupPrepare(pb.GroupPrepareRequest(group_id="g-kill", pid=pid,
+                                                        timeout_s=300), timeout=60)
+    assert proc_state(pid) in ("T", "t"), "held: stopped"
+    d.proc.kill()
+    d.proc.wait()
+    again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir))
+    assert_running(pid, "resumed by the restarted daemon's recovery")
+    assert proc_state(pid) not in ("T", "t")
+    assert assert_ok(again.ctl("list"), "list") == []
+    assert wait_for_done(out) == ref

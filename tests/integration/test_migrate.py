@@ -231,3 +231,13 @@ def test_two_daemons_with_sockets_in_one_directory_each_serve_their_own(
     two = start_daemon(socket_dir=run, socket_name="two.sock", config={"node": "two"})
     assert assert_ok(one.ctl("check"), "check one")["node"] == "one"
     assert assert_ok(two.ctl("check"), "check two")["node"] == "two"
+
+
+def test_a_daemon_whose_socket_directory_is_long_still_serves(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """The relay's per-caller sockets must fit sun_path (108 bytes) whatever the socket dir."""
+    run = tmp_path / ("r" * (100 - len(str(tmp_path)) - len("/ckptd.sock")))
+    d = start_daemon(socket_dir=run, config={"node": "long"})
+    assert len(str(d.socket)) <= 107
+    assert assert_ok(d.ctl("check"), "check")["node"] == "long"
