@@ -40,6 +40,7 @@ from ckptd.domain import (
     RestoreOutcome,
     RestoreRequest,
 )
+from ckptd.domain.model import is_checkpoint_id
 from ckptd.errors import (
     Busy,
     CheckpointNotFound,
@@ -102,6 +103,8 @@ class Receiver:
     # ---- before anything is sent ------------------------------------------------------------
 
     def probe(self, record: CheckpointRecord) -> PeerProbe:
+        if record.id:  # a preview may have none yet
+            _check_record(record)
         return PeerProbe(
             node=self.node,
             store_id=self._pages.store_id,
@@ -113,6 +116,7 @@ class Receiver:
         """A new session for ``record``: (session id, page seed of its uid). Raises
         Incompatible (every difference) when this node cannot restore it."""
         self.expire()
+        _check_record(record)
         refuse_unless_compatible(record, self._check(record), ignore_warnings=ignore_warnings)
         with self._mutex:
             if any(s.record.id == record.id for s in self._sessions.values()):
@@ -356,6 +360,12 @@ class Receiver:
             s = self._sessions.pop(session_id, None)
         if s is not None and s.images is not None:
             self._store.abort(s.record.id)
+
+
+def _check_record(record: CheckpointRecord) -> None:
+    """A record from another daemon names files here by its id: only a well-formed one."""
+    if not is_checkpoint_id(record.id):
+        raise InvalidTarget(f"bad checkpoint id {record.id[:80]!r} from the sender")
 
 
 def _check_name(name: str, checkpoint_id: str) -> None:

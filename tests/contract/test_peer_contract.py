@@ -254,3 +254,12 @@ def test_slices_out_of_order_or_missing_are_refused(peer: Peer) -> None:
     with pytest.raises((PeerError, StoreError), match="only 10 of 20 pages were offered"):
         session.finish("")
     assert peer.target.store.list() == []
+
+
+@pytest.mark.parametrize("bad_id", ["/etc", "../../etc/cron.d", "ck-x/../../y", ""])
+def test_a_record_whose_id_is_not_a_checkpoint_id_is_refused(peer: Peer, bad_id: str) -> None:
+    """The id names staging directories here: a path from the sender must never be used."""
+    record = CheckpointRecord(**{**a_record().__dict__, "id": bad_id})
+    with pytest.raises(InvalidTarget, match="bad checkpoint id"):
+        peer.link.open(record, False)
+    assert peer.target.store.list() == []

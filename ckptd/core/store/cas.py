@@ -51,6 +51,12 @@ from ckptd.domain.model import is_checkpoint_id
 from ckptd.errors import BlobNotFound, CheckpointNotFound, CorruptCheckpoint, StoreError
 
 
+def _check_id(checkpoint_id: str) -> None:
+    """Staging directories and leases are named by the id: never anything but an id."""
+    if not is_checkpoint_id(checkpoint_id):
+        raise StoreError(f"invalid checkpoint id {checkpoint_id[:80]!r}")
+
+
 @dataclass(frozen=True)
 class StagingPolicy:
     """Where CRIU writes images before ingest: ``fast`` (RAM-backed) when the dump fits there
@@ -149,6 +155,7 @@ class ContentStore:
     # ---- dump -------------------------------------------------------------------------------
 
     def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
+        _check_id(checkpoint_id)
         root = self._staging.choose(size_hint) / checkpoint_id
         images = root / "images"
         try:
@@ -283,6 +290,7 @@ class ContentStore:
 
     def abort(self, checkpoint_id: str) -> None:
         """Drop a dump's staging and lease. Never touches a committed checkpoint."""
+        _check_id(checkpoint_id)
         with self._mutex:
             root = self._staged.pop(checkpoint_id, None)
         roots = [root] if root else [p / checkpoint_id for p in self._staging_roots()]

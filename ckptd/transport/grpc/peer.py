@@ -25,7 +25,7 @@ from ckptd.core.groups import GroupMembers
 from ckptd.core.receive import Receiver
 from ckptd.domain import Caller, CheckpointRecord, CompatReport, PeerProbe, RemoteRestore
 from ckptd.domain.model import ROOT
-from ckptd.errors import PeerError
+from ckptd.errors import InvalidTarget, PeerError
 from ckptd.transport.grpc.group_rpcs import GroupRpcs
 from ckptd.transport.grpc.status import code_for, details_for, error_for
 
@@ -81,7 +81,10 @@ def record_bytes(record: CheckpointRecord) -> bytes:
 
 
 def record_from(data: bytes) -> CheckpointRecord:
-    return CheckpointRecord.from_json(json.loads(data))
+    try:
+        return CheckpointRecord.from_json(json.loads(data))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise InvalidTarget(f"the sender's checkpoint record is malformed: {exc}") from exc
 
 
 # ---- server -------------------------------------------------------------------------------
@@ -300,12 +303,15 @@ _LINK_BROKEN = {
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
     grpc.StatusCode.UNKNOWN,
 }
+_IN_DOUBT = {*_LINK_BROKEN, grpc.StatusCode.INTERNAL}
+"""After Finish: the target may have restored the tree (an unexpected failure there may come
+after the tree runs): never restore it here as well."""
 
 
 def _raise_from_rpc(exc: grpc.RpcError, address: str, *, in_doubt: bool) -> NoReturn:
     code: grpc.StatusCode = exc.code()
     details: str = exc.details() or code.name
-    if code in _LINK_BROKEN:
+    if code in _LINK_BROKEN or (in_doubt and code in _IN_DOUBT):
         raise PeerError(
             f"the daemon at {address} failed: {details}", address=address,
             in_doubt=in_doubt, hint="",
