@@ -42,6 +42,8 @@ from ckptd.errors import Busy, CheckpointNotFound, CkptdError, InvalidTarget, Pe
 log = logging.getLogger(__name__)
 
 MIN_EVERY_S = 10.0
+DRAIN_WAIT_S = 600.0
+"""How long a drain waits for a checkpoint of the same job already under way."""
 Dump = Callable[[Caller, DumpRequest], CheckpointRecord]
 Restore = Callable[[Caller, RestoreRequest], RestoreOutcome]
 
@@ -66,6 +68,7 @@ class PolicyService:
         self._events = events
         self._drain_workers = drain_workers
         self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
         self._policies: dict[str, Policy] = {p.name: p for p in repo.load()}
         self._busy: set[str] = set()
         """Jobs being checkpointed by a policy or a drain: their policy cannot be cleared."""
@@ -168,18 +171,23 @@ class PolicyService:
         return [p.name for p in due]
 
     def _fire(self, policy: Policy, *, leave_running: bool, kind: EventKind) -> Policy:
-        with self._holding(policy.name):
+        with self._holding(policy.name, wait_s=0.0):
             return self._fire_held(policy, leave_running=leave_running, kind=kind)
 
     @contextlib.contextmanager
-    def _holding(self, name: str) -> Iterator[None]:
-        with self._lock:
+    def _holding(self, name: str, wait_s: float) -> Iterator[None]:
+        """One checkpoint of a job at a time: wait up to ``wait_s`` for the one under way
+        (a drain waits for a periodic checkpoint; a periodic one skips a draining job)."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: name not in self._busy, timeout=wait_s):
+                raise Busy(f"job {name} is being checkpointed already")
             self._busy.add(name)
         try:
             yield
         finally:
-            with self._lock:
+            with self._idle:
                 self._busy.discard(name)
+                self._idle.notify_all()
 
     def _fire_held(self, policy: Policy, *, leave_running: bool, kind: EventKind) -> Policy:
         caller = Caller(uid=policy.uid)
@@ -240,8 +248,15 @@ class PolicyService:
         return drained, errors
 
     def _drain_one(self, policy: Policy) -> tuple[Policy | None, str]:
-        with self._holding(policy.name):
-            return self._drain_held(policy)
+        try:
+            with self._holding(policy.name, wait_s=DRAIN_WAIT_S):
+                with self._lock:
+                    current = self._policies.get(policy.name, policy)
+                if current.drained_checkpoint_id:  # drained meanwhile (another drain)
+                    return current, ""
+                return self._drain_held(current)
+        except CkptdError as exc:
+            return None, f"{policy.name} (pid {policy.pid}): {exc}"
 
     def _drain_held(self, policy: Policy) -> tuple[Policy | None, str]:
         try:

@@ -231,3 +231,24 @@ def test_drained_jobs_come_back_when_the_daemon_starts_again(
     assert wait_for_done(out) == ref
     assert policies(again)["nightly"]["drained_checkpoint_id"] == ""
     assert "resume" in event_kinds(again)
+
+
+def test_run_never_signals_a_job_the_daemon_is_still_checkpointing(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    """The drain call outlives --grace: run waits for the daemon's verdict, not a SIGTERM
+    sent into the middle of the dump (it would be saved in the image)."""
+    cmd, ref = counter()
+    out = tmp_path / "job.out"
+    launcher = launch(procs, daemon, out, "--name", "slowgrace", "--grace", "0.001", cmd=cmd)
+    job = job_of(launcher)
+    wait_for_lines(out, 5)
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 143, err
+    assert b"after --grace" in err, err
+    restored = assert_ok(daemon.ctl("resume", "slowgrace"), "resume")["restored"][0]
+    procs.add(restored["pid"])
+    assert restored["pid"] == job
+    assert wait_for_done(out) == ref, "no SIGTERM was saved in the image"
+    assert_ok(daemon.ctl("policy", "clear", "slowgrace"), "clear")

@@ -209,3 +209,33 @@ def test_a_policy_cannot_be_cleared_while_its_job_is_being_checkpointed() -> Non
     assert [p.name for p in drained] == ["train"]
     assert [type(e).__name__ for e in n.during_dump] == ["Busy"]
     assert n.policies.get(USER, "train").drained_checkpoint_id == "ck-1"
+
+
+def test_a_second_drain_of_a_job_waits_for_the_first_and_reports_it_drained() -> None:
+    """A spot notice and a SIGTERM to `ckptctl run` at once: one checkpoint, both see it."""
+    import threading
+
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, on_term=True))
+    entered, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        entered.set()
+        release.wait(10)
+
+    n.on_dump = slow
+    results: list[tuple[list[Policy], list[str]]] = []
+    first = threading.Thread(target=lambda: results.append(n.policies.drain(ROOT)))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=lambda: results.append(
+        n.policies.drain(USER, names=["train"])))
+    second.start()
+    with pytest.raises(Exception, match="being checkpointed"):
+        n.policies.clear(USER, "train")
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert len(n.dumps) == 1, "one checkpoint for both"
+    assert [[p.drained_checkpoint_id for p in d] for d, _e in results] == [["ck-1"], ["ck-1"]]
+    assert all(e == [] for _d, e in results)

@@ -110,16 +110,30 @@ def _forget_unless_drained(ctx: Any, name: str, wait_s: float = 60.0) -> str:
 def _checkpoint_then_stop(
     ctx: Any, args: argparse.Namespace, job: subprocess.Popen[bytes], name: str
 ) -> int:
+    late = False
     try:
         response = ctx.client.Drain(pb.DrainRequest(names=[name]), timeout=args.grace)
     except grpc.RpcError as exc:
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        err(f"checkpoint of {name} before termination failed: {details}; stopping it")
-        response = None
+        if exc.code() not in _STILL_GOING:
+            err(f"checkpoint of {name} before termination failed: {exc.details()}; "
+                "stopping it")
+            response = None
+        else:
+            # The daemon may be checkpointing it right now: a SIGTERM sent into the dump would
+            # be saved in the image. Ask again, without the budget: a drain waits for one under
+            # way, and answers with its checkpoint (or takes it, if the first never arrived).
+            late = True
+            try:
+                response = ctx.client.Drain(pb.DrainRequest(names=[name]), timeout=LATE_S)
+            except grpc.RpcError as again:
+                err(f"checkpoint of {name} before termination failed: {again.details()}; "
+                    "stopping it")
+                response = None
     if response is not None and response.drained:
         ck = response.drained[0].drained_checkpoint_id
         job.wait()
-        err(f"{name} (pid {job.pid}) checkpointed as {ck} before termination; "
+        after = f" (after --grace {args.grace:g}s)" if late else ""
+        err(f"{name} (pid {job.pid}) checkpointed as {ck} before termination{after}; "
             f"`ckptctl resume {name}` restores it")
         return EXIT_TERMINATED
     if response is not None:
@@ -128,6 +142,12 @@ def _checkpoint_then_stop(
     if job.poll() is None:
         job.send_signal(signal.SIGTERM)
     return _status(job.wait())
+
+
+_STILL_GOING = {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
+                grpc.StatusCode.CANCELLED}
+LATE_S = 900.0
+"""How long run waits, past --grace, for a checkpoint the daemon may still be taking."""
 
 
 def add_command(command: Command) -> None:
