@@ -29,6 +29,7 @@ from ckptd.domain import (
     Caller,
     CheckpointRecord,
     DumpRequest,
+    Event,
     EventKind,
     PidState,
     Policy,
@@ -70,6 +71,7 @@ class PolicyService:
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
         self._policies: dict[str, Policy] = {p.name: p for p in repo.load()}
+        events.add_listener(self._on_event)
         self._busy: set[str] = set()
         """Jobs being checkpointed by a policy or a drain: their policy cannot be cleared."""
 
@@ -109,6 +111,7 @@ class PolicyService:
                     policy, last_fired=old.last_fired, last_checkpoint_id=old.last_checkpoint_id,
                     last_error=old.last_error, drained_checkpoint_id=old.drained_checkpoint_id,
                     pid=policy.pid or old.pid,
+                    started=old.started if (policy.pid or old.pid) == old.pid else 0,
                 )
             if old is not None:
                 owner = old.uid
@@ -117,6 +120,8 @@ class PolicyService:
             else:
                 owner = self._processes.status(policy.pid).uid if policy.pid else 0
             policy = replace(policy, uid=owner)
+            if policy.pid and (old is None or policy.pid != old.pid or not old.started):
+                policy = replace(policy, started=self._processes.status(policy.pid).start_time)
             self._policies[policy.name] = policy
             self._save()
         self._events.publish(EventKind.POLICY_SET, pid=policy.pid, name=policy.name,
@@ -159,7 +164,7 @@ class PolicyService:
             due = [
                 p for p in self._policies.values()
                 if p.every_s > 0 and p.pid and not p.drained_checkpoint_id
-                and now - p.last_fired >= p.every_s and self._alive(p.pid)
+                and now - p.last_fired >= p.every_s and self._alive(p)
             ]
         for policy in due:
             try:
@@ -224,7 +229,7 @@ class PolicyService:
             targets = [
                 p for p in self._policies.values()
                 if (p.name in names if names else p.on_term) and p.pid
-                and not p.drained_checkpoint_id and self._alive(p.pid)
+                and not p.drained_checkpoint_id and self._alive(p)
             ]
         for p in targets:
             self._check_owner(caller, p)
@@ -292,7 +297,8 @@ class PolicyService:
             except CkptdError as exc:
                 errors.append(f"{policy.name}: {exc}")
                 continue
-            self._update(policy.name, pid=outcome.pid, drained_checkpoint_id="")
+            self._update(policy.name, pid=outcome.pid, drained_checkpoint_id="",
+                         started=self._processes.status(outcome.pid).start_time)
             done.append(outcome)
             self._events.publish(EventKind.RESUME, pid=outcome.pid,
                                  checkpoint_id=outcome.checkpoint_id, name=policy.name,
@@ -320,6 +326,17 @@ class PolicyService:
 
     # ---- helpers ----------------------------------------------------------------------------
 
+    def _on_event(self, event: Event) -> None:
+        """A job restored by hand (``ckptctl restore``) is the same job, in a new process:
+        its policy follows it."""
+        if event.kind is not EventKind.RESTORE_DONE or not event.pid:
+            return
+        with self._lock:
+            names = [p.name for p in self._policies.values()
+                     if p.pid == event.pid and not p.drained_checkpoint_id]
+        for name in names:
+            self._update(name, started=self._processes.status(event.pid).start_time)
+
     def _only_child(self, caller: Caller) -> int:
         if not caller.pid:
             raise InvalidTarget("the caller's process is unknown", hint="give the job's pid")
@@ -335,8 +352,20 @@ class PolicyService:
             )
         return kids[0]
 
-    def _alive(self, pid: int) -> bool:
-        return self._processes.status(pid).state in (PidState.RUNNING, PidState.STOPPED)
+    def _alive(self, policy: Policy) -> bool:
+        """Whether the policy's job still runs here: its pid is alive AND is still the same
+        process (same start time). A pid that now belongs to another process is forgotten."""
+        status = self._processes.status(policy.pid)
+        if status.state not in (PidState.RUNNING, PidState.STOPPED):
+            return False
+        if policy.started and status.start_time and status.start_time != policy.started:
+            log.warning("policy %s: pid %d now belongs to another process (%s); forgetting it",
+                        policy.name, policy.pid, status.comm)
+            self._update(policy.name, pid=0, started=0,
+                         last_error=f"pid {policy.pid} now belongs to another process "
+                         f"({status.comm}); the job is gone")
+            return False
+        return True
 
     def _update(self, name: str, **changes: object) -> Policy:
         with self._lock:

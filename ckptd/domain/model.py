@@ -61,6 +61,9 @@ class PidStatus:
     session: int = -1
     """Session id as this pid namespace sees it; 0 when the session leader is outside the
     namespace (a launcher that never called setsid), -1 when unknown."""
+    start_time: int = 0
+    """When the process started (clock ticks since boot; 0 when unknown): with the pid, it
+    names one process (a pid alone may be reused)."""
 
 
 @dataclass(frozen=True)

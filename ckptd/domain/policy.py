@@ -41,6 +41,9 @@ class Policy:
     last_checkpoint_id: str = ""
     last_error: str = ""
     drained_checkpoint_id: str = ""
+    started: int = 0
+    """The job's start time (``PidStatus.start_time``) when ``pid`` was recorded: a pid that
+    now belongs to another process is never checkpointed for this job."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

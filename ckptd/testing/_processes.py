@@ -46,6 +46,7 @@ class FakeProcess:
     threads: int = 1
     stdio: tuple[StdioFact, ...] = ()
     session: int = -1
+    start_time: int = 0
 
     def fact(self) -> ProcessFact:
         """This process as ``ProcessTable.tree`` reports it."""
@@ -69,6 +70,7 @@ class FakeProcess:
             uid=self.uid,
             kernel_thread=self.kernel_thread,
             session=self.session,
+            start_time=self.start_time,
         )
 
 
@@ -117,6 +119,7 @@ class FakeProcessTable:
         threads: int = 1,
         stdio: Sequence[StdioFact] = (),
         session: int = -1,
+        start_time: int = 0,
     ) -> FakeProcess:
         """Add a process (``gid`` defaults to ``uid``, ``cmdline`` to ``(comm,)``). Raises
         ValueError if ``pid`` is taken or ``state`` is FREE."""
@@ -139,6 +142,7 @@ class FakeProcessTable:
                 threads=threads,
                 stdio=tuple(stdio),
                 session=session,
+                start_time=start_time,
             )
             self.processes[pid] = proc
             return proc

@@ -239,3 +239,19 @@ def test_a_second_drain_of_a_job_waits_for_the_first_and_reports_it_drained() ->
     assert len(n.dumps) == 1, "one checkpoint for both"
     assert [[p.drained_checkpoint_id for p in d] for d, _e in results] == [["ck-1"], ["ck-1"]]
     assert all(e == [] for _d, e in results)
+
+
+def test_a_reused_pid_is_never_checkpointed_for_the_job() -> None:
+    """After the job ended (or the node rebooted) its pid may belong to anything."""
+    n = Node()
+    n.processes.remove(500)
+    n.processes.add_process(500, 1, comm="train", uid=1000, start_time=111)
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=60, on_term=True))
+    assert n.policies.get(USER, "train").started == 111
+    n.processes.remove(500)
+    n.processes.add_process(500, 1, comm="journald", uid=1000, start_time=999)
+    assert n.policies.tick() == []
+    assert n.policies.drain(ROOT) == ([], [])
+    assert n.dumps == []
+    p = n.policies.get(USER, "train")
+    assert p.pid == 0 and "now belongs to another process (journald)" in p.last_error

@@ -48,6 +48,7 @@ class ProcFsTable:
         state_char, ppid, session, flags = (
             fields[2], int(fields[3]), int(fields[5]), int(fields[8])
         )
+        start_time = int(fields[21]) if len(fields) > 21 else 0
         if state_char in ("Z", "X"):
             state = PidState.ZOMBIE
         elif state_char in _STOPPED:
@@ -65,6 +66,7 @@ class ProcFsTable:
         )
         return PidStatus(
             pid, state, ppid=ppid, comm=fields[1], uid=uid, traced=traced, session=session,
+            start_time=start_time,
             kernel_thread=bool(flags & PF_KTHREAD),  # reliable; pid 2 may be anything in a pid ns
         )
 
