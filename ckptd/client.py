@@ -125,6 +125,19 @@ def _commit(group_id: str) -> Callable[[Daemon], Any]:
                                         timeout=d.timeout_s)
 
 
+HOLD_MARGIN = 0.2
+"""The commit must start within (1 - HOLD_MARGIN) x hold_s of the first prepare: every member
+is then surely still held (each one's wait began after that first prepare)."""
+
+
+def _too_slow(started: float, hold_s: float) -> list[str]:
+    took = time.monotonic() - started
+    if took <= hold_s * (1 - HOLD_MARGIN):
+        return []
+    return [f"the members took {took:.0f}s to prepare, too close to hold_s={hold_s:g}s for "
+            "every one to be still held; give a larger hold_s"]
+
+
 def _text(exc: BaseException) -> str:
     details = getattr(exc, "details", None)
     return str(details() if callable(details) else exc)
@@ -155,10 +168,12 @@ def group_checkpoint(
             group_id=group_id, pid=pid, name=name, leave_running=leave_running,
             timeout_s=hold_s), timeout=d.timeout_s)
 
+    started = time.monotonic()
     prepared = _each([prepare(d, pid) for d, pid in members])
     failed = [f"{d.address} pid {pid}: {_text(r)}"
               for (d, pid), r in zip(members, prepared, strict=True)
               if isinstance(r, BaseException)]
+    failed += _too_slow(started, hold_s)
     if failed:
         _on_each(daemons, _abort(group_id))
         raise GroupError(f"group {group_id} not checkpointed (every member resumed)", failed)
@@ -202,10 +217,12 @@ def group_restore(
             group_id=restore_id, checkpoint_id=m.checkpoint_id, timeout_s=hold_s),
             timeout=d.timeout_s)
 
+    started = time.monotonic()
     held = _each([prepare(d, m) for d, m in members])
     involved = _distinct([d for d, _ in members])
     failed = [f"{d.address} {m.checkpoint_id}: {_text(r)}"
               for (d, m), r in zip(members, held, strict=True) if isinstance(r, BaseException)]
+    failed += _too_slow(started, hold_s)
     if failed:
         _on_each(involved, _abort(restore_id))
         raise GroupError(f"group {group.id} not restored (every restored member killed)",

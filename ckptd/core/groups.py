@@ -170,6 +170,12 @@ class GroupMembers:
             m.finished.wait()
         return len(members)
 
+    def abort_all(self) -> int:
+        """Undo every member held here (the daemon is stopping); returns how many."""
+        with self._lock:
+            group_ids = list(self._groups)
+        return sum(self.abort(Caller(uid=0), g) for g in group_ids)
+
     def record(self, group: GroupRecord) -> None:
         self._store.put_group(group)
 

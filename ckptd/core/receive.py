@@ -254,6 +254,7 @@ class Receiver:
         to this store in the background (the job does not wait for the ingest). The session
         ends whatever happens; a failed restore keeps nothing."""
         s = self._session(session_id)
+        s.touched = float("inf")  # finishing: never expired while the restore runs
         staged: tuple[CheckpointRecord, Path] | None = None
         try:
             images = self._images(s)

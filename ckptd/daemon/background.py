@@ -50,6 +50,9 @@ class Background:
             self._loop("gc", cfg.gc_interval_s, lambda: wired.service.gc(ROOT))
         if cfg.policy_tick_s > 0:
             self._loop("policies", cfg.policy_tick_s, wired.policies.tick)
+        # transfers whose sender went away: their staging is dropped without waiting for the
+        # next migration to come in
+        self._loop("peer-sessions", 30.0, wired.receiver.expire)
         interval = sdnotify.watchdog_interval_s()
         if interval:
             self._loop("watchdog", interval, lambda: sdnotify.notify("WATCHDOG=1"))
@@ -76,6 +79,8 @@ class Background:
 
     def stop(self) -> None:
         self._stop.set()
+        # held group members are undone now, not when their hold times out after we are gone
+        self._wired.groups.abort_all()
         if self._spot is not None:
             self._spot.stop()
         if self.metrics_server is not None:

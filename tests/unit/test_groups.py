@@ -83,3 +83,11 @@ def test_a_group_restore_is_held_stopped_then_runs_or_is_killed(world: World) ->
     g.prepare_restore(ROOT, "r2", record.id)
     g.abort(ROOT, "r2")
     assert all(world.processes.state(p) is PidState.FREE for p in JOB_TREE), "killed"
+
+
+def test_a_stopping_daemon_undoes_every_held_member(world: World) -> None:
+    g = members(world)
+    g.prepare(ROOT, "g6", DumpRequest(JOB))
+    assert g.abort_all() == 1
+    assert set(world.states(*JOB_TREE)) == {"running"}
+    assert world.store.list() == []
