@@ -288,10 +288,13 @@ class StdioProvider(Protocol):
     """Replacements, at restore, for stdio descriptors whose other end is outside the tree."""
 
     def replacements(
-        self, stdio: Sequence[StdioFact], output_path: Path
+        self, stdio: Sequence[StdioFact], output_path: Path, owner: tuple[int, int] = (0, 0),
+        chosen_by_caller: bool = False,
     ) -> AbstractContextManager[tuple[InheritFd, ...]]:
         """Descriptors to hand to CRIU; ours are closed when the context exits (the restored
-        tree keeps its own copies)."""
+        tree keeps its own copies). The output file belongs to ``owner`` (uid, gid): a path
+        the caller chose is opened with the owner's file-system identity (never root's for a
+        user's job), one the daemon chose is created by root and given to the owner."""
         ...
 
 

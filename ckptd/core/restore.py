@@ -299,8 +299,11 @@ class RestoreRecipe:
             ctx.output_path = Path(ctx.request.output_path)
         else:
             ctx.output_path = self._config.output_dir / f"{ctx.record.id}.{ctx.op_id}.out"
+        root = ctx.record.processes[0] if ctx.record.processes else None
+        owner = (root.uid, root.gid) if root is not None else (ctx.record.uid, ctx.record.uid)
         ctx.inherit_fds = ctx.resources.enter_context(
-            self._stdio.replacements(ctx.record.stdio, ctx.output_path)
+            self._stdio.replacements(ctx.record.stdio, ctx.output_path, owner,
+                                     bool(ctx.request.output_path))
         )
 
     def _criu_restore(self, ctx: RestoreContext) -> None:

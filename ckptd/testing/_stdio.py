@@ -44,7 +44,8 @@ class FakeStdioProvider:
 
     @contextlib.contextmanager
     def replacements(
-        self, stdio: Sequence[StdioFact], output_path: Path
+        self, stdio: Sequence[StdioFact], output_path: Path, owner: tuple[int, int] = (0, 0),
+        chosen_by_caller: bool = False,
     ) -> Iterator[tuple[InheritFd, ...]]:
         """One ``InheritFd`` on /dev/null per distinct external key of ``stdio``."""
         with self._lock:

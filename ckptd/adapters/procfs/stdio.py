@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from ckptd.errors import StoreError
 class LocalStdioProvider:
     @contextlib.contextmanager
     def replacements(
-        self, stdio: Sequence[StdioFact], output_path: Path
+        self, stdio: Sequence[StdioFact], output_path: Path, owner: tuple[int, int] = (0, 0),
+        chosen_by_caller: bool = False,
     ) -> Iterator[tuple[InheritFd, ...]]:
         ours: list[int] = []
         out: dict[str, InheritFd] = {}
@@ -36,10 +38,13 @@ class LocalStdioProvider:
             nonlocal output_fd
             if output_fd is None:
                 try:
-                    output_path.parent.mkdir(parents=True, exist_ok=True)
-                    output_fd = os.open(
-                        output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
-                    )
+                    if chosen_by_caller and owner[0] != 0:
+                        with _as_user(*owner):  # the user's rights, never root's
+                            output_fd = _open_output(output_path)
+                    else:
+                        output_fd = _open_output(output_path)
+                        if owner[0] != 0:
+                            os.fchown(output_fd, *owner)
                 except OSError as exc:
                     raise StoreError(
                         f"cannot open the restore's output file {output_path}: {exc}",
@@ -67,6 +72,28 @@ class LocalStdioProvider:
             for fd in ours:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+def _open_output(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+@contextlib.contextmanager
+def _as_user(uid: int, gid: int) -> Iterator[None]:
+    """This thread's file-system identity becomes (uid, gid) for the block: files are opened
+    and created with that user's rights. setfsuid is per thread (the other threads of the
+    daemon keep root's), and glibc does not broadcast it."""
+    old_gid = _LIBC.setfsgid(gid)
+    old_uid = _LIBC.setfsuid(uid)
+    try:
+        yield
+    finally:
+        _LIBC.setfsuid(old_uid)
+        _LIBC.setfsgid(old_gid)
 
 
 def _pty_to_file(output_fd: int, ours: list[int]) -> int:
