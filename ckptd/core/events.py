@@ -76,13 +76,14 @@ class EventBus:
         checkpoint_id: str = "",
         name: str = "",
         message: str = "",
+        uid: int = -1,
         **fields: Any,
     ) -> Event:
         with self._lock:
             self._seq += 1
             event = Event(
                 seq=self._seq, time=self._clock.time(), kind=kind, pid=pid,
-                checkpoint_id=checkpoint_id, name=name, message=message,
+                checkpoint_id=checkpoint_id, name=name, message=message, uid=uid,
                 fields={k: v for k, v in fields.items() if v is not None},
             )
             self._recent.append(event)

@@ -176,6 +176,22 @@ class GroupMembers:
             group_ids = list(self._groups)
         return sum(self.abort(Caller(uid=0), g) for g in group_ids)
 
+    def owned_by(self, group: GroupRecord, caller: Caller) -> bool:
+        """Whether ``caller`` may see or record ``group``: root, or the owner of every member
+        checkpoint this daemon's store holds (at least one)."""
+        if caller.is_root:
+            return True
+        mine = 0
+        for m in group.members:
+            try:
+                record = self._store.get(m.checkpoint_id)
+            except CkptdError:
+                continue  # on another daemon's store
+            if record.uid != caller.uid:
+                return False
+            mine += 1
+        return mine > 0
+
     def record(self, group: GroupRecord) -> None:
         self._store.put_group(group)
 

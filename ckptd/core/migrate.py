@@ -134,7 +134,7 @@ class MigrateRecipe:
                 exc.message = f"{exc.message}; " + "; ".join(ctx.notes)
             if self._events is not None:
                 self._events.publish(
-                    EventKind.MIGRATE_FAILED, pid=request.pid,
+                    EventKind.MIGRATE_FAILED, pid=request.pid, uid=caller.uid,
                     checkpoint_id=exc.checkpoint_id or "", message=str(exc),
                     error=type(exc).__name__, to=request.to,
                 )
@@ -159,7 +159,8 @@ class MigrateRecipe:
         )
         if self._events is not None:
             self._events.publish(
-                EventKind.MIGRATE_DONE, pid=outcome.pid, checkpoint_id=outcome.checkpoint_id,
+                EventKind.MIGRATE_DONE, pid=outcome.pid, uid=caller.uid,
+                checkpoint_id=outcome.checkpoint_id,
                 name=request.name, message=f"moved to {outcome.node} ({outcome.address})",
                 to=request.to, bytes_sent=outcome.bytes_sent, pages_sent=outcome.pages_sent,
                 downtime_s=outcome.downtime_s,

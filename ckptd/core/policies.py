@@ -125,6 +125,7 @@ class PolicyService:
             self._policies[policy.name] = policy
             self._save()
         self._events.publish(EventKind.POLICY_SET, pid=policy.pid, name=policy.name,
+                             uid=policy.uid,
                              message=describe(policy), every_s=policy.every_s,
                              keep=policy.keep, on_term=policy.on_term)
         return policy
@@ -152,6 +153,7 @@ class PolicyService:
             self._policies.pop(name, None)
             self._save()
         self._events.publish(EventKind.POLICY_CLEARED, pid=policy.pid, name=name,
+                             uid=policy.uid,
                              message=f"policy of {name} cleared")
 
     # ---- periodic ---------------------------------------------------------------------------
@@ -202,7 +204,7 @@ class PolicyService:
             record = self._dump(caller, request)
         except CkptdError as exc:
             self._update(policy.name, last_fired=self._clock.time(), last_error=str(exc))
-            self._events.publish(kind, pid=policy.pid, name=policy.name,
+            self._events.publish(kind, pid=policy.pid, name=policy.name, uid=policy.uid,
                                  message=f"checkpoint of {policy.name} failed: {exc}",
                                  error=type(exc).__name__)
             log.warning("policy %s: checkpoint of pid %d failed: %s", policy.name, policy.pid,
@@ -211,6 +213,7 @@ class PolicyService:
         updated = self._update(policy.name, last_fired=self._clock.time(), last_error="",
                                last_checkpoint_id=record.id)
         self._events.publish(kind, pid=policy.pid, checkpoint_id=record.id, name=policy.name,
+                             uid=policy.uid,
                              message=f"checkpoint of {policy.name} taken by policy",
                              leave_running=leave_running, bytes_new=record.bytes_new)
         return updated
@@ -262,6 +265,9 @@ class PolicyService:
                 return self._drain_held(current)
         except CkptdError as exc:
             return None, f"{policy.name} (pid {policy.pid}): {exc}"
+        except Exception as exc:  # one job's surprise must not cost the others their drain
+            log.exception("drain of %s failed unexpectedly", policy.name)
+            return None, f"{policy.name} (pid {policy.pid}): internal error: {exc}"
 
     def _drain_held(self, policy: Policy) -> tuple[Policy | None, str]:
         try:
@@ -300,7 +306,7 @@ class PolicyService:
             self._update(policy.name, pid=outcome.pid, drained_checkpoint_id="",
                          started=self._processes.status(outcome.pid).start_time)
             done.append(outcome)
-            self._events.publish(EventKind.RESUME, pid=outcome.pid,
+            self._events.publish(EventKind.RESUME, pid=outcome.pid, uid=policy.uid,
                                  checkpoint_id=outcome.checkpoint_id, name=policy.name,
                                  message=f"{policy.name} resumed as pid {outcome.pid}")
         return done, errors

@@ -87,14 +87,17 @@ class CheckpointService:
             ctx = self._dump.new_context(caller, request)
             ctx.gate = gate
             ck, name = ctx.checkpoint_id, request.name
+            owner = caller.uid if not caller.is_root else self._processes.status(
+                request.pid).uid
             self.events.publish(EventKind.CHECKPOINT_STARTED, pid=request.pid, checkpoint_id=ck,
-                                name=name, message=f"checkpoint of pid {request.pid} started",
+                                name=name, uid=owner,
+                                message=f"checkpoint of pid {request.pid} started",
                                 leave_running=request.leave_running)
 
             def sink(p: Progress) -> None:
                 progress(p)
                 self.events.publish(EventKind.CHECKPOINT_PROGRESS, pid=request.pid,
-                                    checkpoint_id=ck, name=name, message=p.message,
+                                    checkpoint_id=ck, name=name, uid=owner, message=p.message,
                                     stage=p.stage, fraction=p.fraction)
 
             with self._operation(ctx.checkpoint_id):
@@ -102,12 +105,12 @@ class CheckpointService:
                     record = self._dump.run(ctx, sink)
                 except Exception as exc:
                     self.events.publish(EventKind.CHECKPOINT_FAILED, pid=request.pid,
-                                        checkpoint_id=ck, name=name, message=str(exc),
+                                        checkpoint_id=ck, name=name, uid=owner, message=str(exc),
                                         error=type(exc).__name__)
                     raise
         self.events.publish(
             EventKind.CHECKPOINT_COMMITTED, pid=record.pid, checkpoint_id=record.id,
-            name=record.name,
+            name=record.name, uid=record.uid,
             message=f"checkpoint of pid {record.pid} committed ({record.bytes_new} new bytes)",
             **checkpoint_figures(record),
         )
@@ -141,18 +144,20 @@ class CheckpointService:
             ctx.record, ctx.images_dir = staged
         record = self._restore.resolve(ctx)
         self.events.publish(EventKind.RESTORE_STARTED, pid=record.pid, checkpoint_id=record.id,
-                            name=record.name, message=f"restore of {record.id} started")
+                            name=record.name, uid=record.uid,
+                            message=f"restore of {record.id} started")
         started = self._clock.monotonic()
         with self._locks.hold(record.pid, "a restore"), self._operation(ctx.op_id):
             try:
                 outcome = self._restore.run(ctx, progress)
             except Exception as exc:
                 self.events.publish(EventKind.RESTORE_FAILED, pid=record.pid,
-                                    checkpoint_id=record.id, name=record.name,
+                                    checkpoint_id=record.id, name=record.name, uid=record.uid,
                                     message=str(exc), error=type(exc).__name__)
                 raise
         self.events.publish(EventKind.RESTORE_DONE, pid=outcome.pid, checkpoint_id=record.id,
-                            name=record.name, message=f"restored as pid {outcome.pid}",
+                            name=record.name, uid=record.uid,
+                            message=f"restored as pid {outcome.pid}",
                             duration_s=self._clock.monotonic() - started)
         self._prune_work_dirs()
         log.info("restored %s as pid %d", outcome.checkpoint_id, outcome.pid)

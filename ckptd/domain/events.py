@@ -40,10 +40,13 @@ class Event:
     name: str = ""
     message: str = ""
     fields: Mapping[str, Any] = field(default_factory=dict)
+    uid: int = -1
+    """Whose job it concerns (-1: the node's, e.g. a spot notice): non-root watchers see
+    only their own and the node's."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "seq": self.seq, "time": self.time, "kind": self.kind.value, "pid": self.pid,
             "checkpoint_id": self.checkpoint_id, "name": self.name, "message": self.message,
-            "fields": dict(self.fields),
+            "fields": dict(self.fields), "uid": self.uid,
         }

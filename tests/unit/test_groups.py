@@ -91,3 +91,15 @@ def test_a_stopping_daemon_undoes_every_held_member(world: World) -> None:
     assert g.abort_all() == 1
     assert set(world.states(*JOB_TREE)) == {"running"}
     assert world.store.list() == []
+
+
+def test_users_see_and_record_only_groups_of_their_own_checkpoints(world: World) -> None:
+    g = members(world)
+    mine = world.dump(JOB, USER)
+    theirs = world.dump(OTHER_JOB)
+    own = GroupRecord("g7", "", 1.0, (GroupMember("n", "unix:x", mine.id, JOB),))
+    mixed = GroupRecord("g8", "", 1.0, (GroupMember("n", "unix:x", mine.id, JOB),
+                                        GroupMember("n", "unix:x", theirs.id, OTHER_JOB)))
+    elsewhere = GroupRecord("g9", "", 1.0, (GroupMember("m", "unix:y", "ck-none", 1),))
+    assert g.owned_by(own, USER) and not g.owned_by(mixed, USER)
+    assert not g.owned_by(elsewhere, USER) and g.owned_by(mixed, ROOT)

@@ -67,15 +67,19 @@ class GroupRpcs:
         groups = self._group_members(context)
 
         def record(caller: Caller) -> None:
-            if not caller.is_root:
-                raise PermissionDenied("only root may record a group checkpoint")
-            groups.record(convert.group_from(request))
+            group = convert.group_from(request)
+            if not groups.owned_by(group, caller):
+                raise PermissionDenied(
+                    f"group {group.id} names checkpoints here that are not the caller's"
+                )
+            groups.record(group)
 
         self._unary(context, record)
         return request
 
     def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> Any:
         groups = self._group_members(context)
-        found = self._unary(context, lambda _c: groups.list_groups())
+        found = self._unary(context, lambda c: [g for g in groups.list_groups()
+                                                if groups.owned_by(g, c)])
         return pb.ListGroupsResponse(groups=[convert.group(g) for g in found])
 

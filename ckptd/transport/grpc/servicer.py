@@ -23,7 +23,7 @@ from ckptd.core.groups import GroupMembers
 from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.policies import PolicyService
 from ckptd.core.service import CheckpointService
-from ckptd.domain import Caller, Progress
+from ckptd.domain import Caller, Event, Progress
 from ckptd.transport.grpc import convert
 from ckptd.transport.grpc.group_rpcs import GroupRpcs
 from ckptd.transport.grpc.peercred import caller_from_peer
@@ -145,16 +145,19 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
         )
 
     def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[Any]:
-        self._caller(context)
+        caller = self._caller(context)
         kinds = tuple(request.kinds)
 
-        def wanted(kind: str) -> bool:
+        def wanted(e: Event) -> bool:
+            if not caller.is_root and e.uid not in (caller.uid, -1):
+                return False  # other users' jobs are none of the caller's business
+            kind = e.kind.value
             return not kinds or any(kind == k or kind.startswith(f"{k}.") for k in kinds)
 
         bus = self._service.events
         if not request.follow:
             for e in bus.recent(request.backlog or 100):
-                if wanted(e.kind.value):
+                if wanted(e):
                     yield convert.event(e)
             return
         sub = bus.subscribe(backlog=request.backlog)
@@ -162,7 +165,7 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
         try:
             while context.is_active() and not sub.closed:
                 item = sub.next(0.5)
-                if item is not None and wanted(item.kind.value):
+                if item is not None and wanted(item):
                     yield convert.event(item)
         finally:
             sub.close()
