@@ -39,7 +39,7 @@ from ckptd.domain import (
     RestoreRequest,
     VerifyReport,
 )
-from ckptd.errors import CkptdError, CorruptCheckpoint, PermissionDenied
+from ckptd.errors import Cancelled, CkptdError, CorruptCheckpoint, PermissionDenied
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class CheckpointService:
         self._locks = PidLocks()
         self._in_flight: set[str] = set()
         self._in_flight_lock = threading.Condition()
+        self._closing = False
 
     # ---- operations -------------------------------------------------------------------------
 
@@ -83,6 +84,7 @@ class CheckpointService:
         gate: Callable[[str], None] | None = None,
     ) -> CheckpointRecord:
         """``gate``: see ``DumpContext.gate`` (group checkpoints)."""
+        self._refuse_if_closing(request.pid)
         with self._locks.hold(request.pid, "a checkpoint"):
             ctx = self._dump.new_context(caller, request)
             ctx.gate = gate
@@ -305,6 +307,22 @@ class CheckpointService:
                 f"{caller.uid}",
                 checkpoint_id=record.id,
             )
+
+    def close(self) -> None:
+        """The daemon is stopping: refuse new dumps (a dump cut by the exit would leave its
+        tree stopped); running ones finish. Restores stay allowed: a failed migration's
+        rollback must still bring its job back."""
+        with self._in_flight_lock:
+            self._closing = True
+
+    def _refuse_if_closing(self, pid: int) -> None:
+        if self._closing:
+            raise Cancelled("the daemon is stopping: no new checkpoint", pid=pid)
+
+    def operation(self, op_id: str) -> contextlib.AbstractContextManager[None]:
+        """Mark a longer operation in flight (a migration: dump, send, finish) so that a
+        stopping daemon waits for it."""
+        return self._operation(op_id)
 
     @contextlib.contextmanager
     def _operation(self, op_id: str) -> Iterator[None]:

@@ -205,6 +205,7 @@ class Daemon:
         log.info("stopping: waiting up to %.0fs for running operations", cfg.shutdown_grace_s)
         sdnotify.notify("STOPPING=1")
         health_servicer.enter_graceful_shutdown()
+        wired.service.close()
         background.stop()
         proxy.stop()
         if peer_server is not None:

@@ -246,3 +246,13 @@ def test_wait_idle_waits_for_a_running_dump(world: World) -> None:
     assert time.monotonic() - t0 < 4
     worker.join(5)
     assert len(world.store.list()) == 1
+
+
+def test_a_closing_service_refuses_new_dumps_but_still_restores(world: World) -> None:
+    from ckptd.errors import Cancelled
+
+    record = world.dump(JOB)
+    world.service.close()
+    with pytest.raises(Cancelled, match="stopping"):
+        world.dump(OTHER_JOB)
+    assert world.restore(checkpoint_id=record.id).pid == JOB

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -137,9 +138,15 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
         if migrate is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this daemon cannot migrate")
         assert migrate is not None
+        service = self._service
+
+        def run(caller: Caller, sink: Callable[[Progress], None]) -> Any:
+            with service.operation(f"m{secrets.token_hex(4)}"):
+                return migrate.run(caller, req, sink)
+
         return self._stream(
             context,
-            lambda caller, sink: migrate.run(caller, req, sink),
+            run,
             lambda p: pb.MigrateEvent(progress=p),
             lambda o: pb.MigrateEvent(result=convert.migrate_result(o)),
         )
