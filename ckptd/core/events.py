@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ckptd.core.ports import Clock
@@ -51,12 +51,6 @@ class Subscription:
             self.closed = True
             self._cond.notify_all()
         self._bus._unsubscribe(self)
-
-    def __iter__(self) -> Iterator[Event]:
-        while not self.closed:
-            event = self.next(1.0)
-            if event is not None:
-                yield event
 
 
 class EventBus:

@@ -94,8 +94,8 @@ class PolicyService:
             )
         if policy.keep < 0:
             raise InvalidTarget("--keep must be positive")
-        if policy.pid:
-            status = self._processes.status(policy.pid)
+        status = self._processes.status(policy.pid) if policy.pid else None
+        if status is not None:
             if status.state is PidState.FREE:
                 raise InvalidTarget(f"no process with pid {policy.pid}", pid=policy.pid)
             if not caller.is_root and status.uid != caller.uid:
@@ -107,21 +107,17 @@ class PolicyService:
             old = self._policies.get(policy.name)
             if old is not None:
                 self._check_owner(caller, old)
+                same_job = policy.pid in (0, old.pid)
                 policy = replace(
                     policy, last_fired=old.last_fired, last_checkpoint_id=old.last_checkpoint_id,
                     last_error=old.last_error, drained_checkpoint_id=old.drained_checkpoint_id,
-                    pid=policy.pid or old.pid,
-                    started=old.started if (policy.pid or old.pid) == old.pid else 0,
+                    pid=old.pid if same_job else policy.pid, uid=old.uid,
+                    started=old.started if same_job else status.start_time if status else 0,
                 )
-            if old is not None:
-                owner = old.uid
-            elif not caller.is_root:
-                owner = caller.uid
             else:
-                owner = self._processes.status(policy.pid).uid if policy.pid else 0
-            policy = replace(policy, uid=owner)
-            if policy.pid and (old is None or policy.pid != old.pid or not old.started):
-                policy = replace(policy, started=self._processes.status(policy.pid).start_time)
+                owner = status.uid if caller.is_root and status else caller.uid
+                policy = replace(policy, uid=owner,
+                                 started=status.start_time if status else 0)
             self._policies[policy.name] = policy
             self._save()
         self._events.publish(EventKind.POLICY_SET, pid=policy.pid, name=policy.name,
@@ -319,16 +315,6 @@ class PolicyService:
                              source=source)
         log.warning("spot notice from %s (%s): draining protected jobs", source, detail)
         return self.drain(ROOT, reason=f"spot notice ({source})")
-
-    def forget_exited(self, pid: int) -> None:
-        """The job ``pid`` ended on its own (``ckptctl run`` saw it): drop its policies."""
-        with self._lock:
-            gone = [n for n, p in self._policies.items()
-                    if p.pid == pid and not p.drained_checkpoint_id]
-            for n in gone:
-                self._policies.pop(n)
-            if gone:
-                self._save()
 
     # ---- helpers ----------------------------------------------------------------------------
 

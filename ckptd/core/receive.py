@@ -150,7 +150,7 @@ class Receiver:
         indices of those this store lacks (to be sent). An image is offered in slices, in
         order, starting at page 0 (which creates it)."""
         s = self._session(session_id)
-        images = self._images(s)
+        images = s.images
         if images is None:
             return []
         _check_name(name, s.record.id)
@@ -189,7 +189,7 @@ class Receiver:
 
     def offer_file(self, session_id: str, name: str, data: bytes) -> None:
         s = self._session(session_id)
-        images = self._images(s)
+        images = s.images
         if images is None:
             return
         _check_name(name, s.record.id)
@@ -199,7 +199,7 @@ class Receiver:
         """Pages ``first .. first+count-1`` of image ``name``; each must hash to the reference
         offered for its place (else CorruptCheckpoint, and nothing of the batch is kept)."""
         s = self._session(session_id)
-        images = self._images(s)
+        images = s.images
         if images is None:
             return
         refs = s.refs.get(name)
@@ -257,7 +257,7 @@ class Receiver:
         s.touched = float("inf")  # finishing: never expired while the restore runs
         staged: tuple[CheckpointRecord, Path] | None = None
         try:
-            images = self._images(s)
+            images = s.images
             if images is not None:
                 self._assemble(s, images)
                 staged = (s.record, images)
@@ -351,10 +351,6 @@ class Receiver:
             )
         s.touched = self._clock.monotonic()
         return s
-
-    @staticmethod
-    def _images(s: _Session) -> Path | None:
-        return s.images
 
     def _drop(self, session_id: str) -> None:
         with self._mutex:

@@ -22,6 +22,7 @@ from ckptd.transport.cli.output import (
     err,
     out,
     print_json,
+    stream_result,
 )
 
 Command = Callable[[str, Callable[[Any, argparse.Namespace], int], str], argparse.ArgumentParser]
@@ -72,7 +73,7 @@ def dump_by_name(ctx: Any, name: str, *, leave_running: bool, keep: int) -> int:
     if leave_running:
         call = ctx.client.Dump(pb.DumpRequest(pid=policy.pid, leave_running=True, name=name,
                                               keep=keep or policy.keep), timeout=ctx.timeout)
-        ck = next((e.checkpoint for e in call if e.WhichOneof("event") == "checkpoint"), None)
+        ck = stream_result(call, "checkpoint")
         if ck is None:
             raise CliError(f"ckptd ended the checkpoint of {name} without a result")
         data = convert.checkpoint_to_dict(ck)

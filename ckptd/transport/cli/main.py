@@ -25,7 +25,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 import grpc
 
@@ -48,6 +48,7 @@ from ckptd.transport.cli.output import err as _err
 from ckptd.transport.cli.output import one_line as _one_line
 from ckptd.transport.cli.output import out as _out
 from ckptd.transport.cli.output import print_json as _print_json
+from ckptd.transport.cli.output import stream_result as _stream_result
 from ckptd.transport.grpc.status import ERROR_KIND_KEY
 
 DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
@@ -352,24 +353,6 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _stream_result(call: _StreamCall[Any], result_field: str) -> Any:
-    """Follow a Dump/Restore stream: progress on a terminal's stderr, then its one result."""
-    progress = render.ProgressLine(sys.stderr)
-    result: Any = None
-    try:
-        for event in call:
-            kind = event.WhichOneof("event")
-            if kind == "progress":
-                p = event.progress
-                progress.update(p.stage, p.message, p.fraction)
-            elif kind == result_field:
-                result = getattr(event, result_field)
-    except KeyboardInterrupt:
-        call.cancel()
-        raise
-    finally:
-        progress.clear()
-    return result
 
 
 # --------------------------------------------------------------------------------------------

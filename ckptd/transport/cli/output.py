@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from ckptd.transport.cli import render
 
 PROG = "ckptctl"
 
@@ -45,3 +48,29 @@ def print_json(value: Any) -> None:
 
 def one_line(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+class StreamCall(Protocol):
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def cancel(self) -> bool: ...
+
+
+def stream_result(call: StreamCall, result_field: str) -> Any:
+    """Follow a Dump/Restore/Migrate stream: progress on a terminal's stderr, then its result."""
+    progress = render.ProgressLine(sys.stderr)
+    result: Any = None
+    try:
+        for event in call:
+            kind = event.WhichOneof("event")
+            if kind == "progress":
+                p = event.progress
+                progress.update(p.stage, p.message, p.fraction)
+            elif kind == result_field:
+                result = getattr(event, result_field)
+    except KeyboardInterrupt:
+        call.cancel()
+        raise
+    finally:
+        progress.clear()
+    return result
