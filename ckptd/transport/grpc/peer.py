@@ -27,7 +27,7 @@ from ckptd.domain import Caller, CheckpointRecord, CompatReport, PeerProbe, Remo
 from ckptd.domain.model import ROOT
 from ckptd.errors import InvalidTarget, PeerError
 from ckptd.transport.grpc.group_rpcs import GroupRpcs
-from ckptd.transport.grpc.status import code_for, details_for, error_for
+from ckptd.transport.grpc.status import abort_with, error_for
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,13 +106,7 @@ class PeerServicer(GroupRpcs, pb_grpc.PeerServicer):
         try:
             return fn()
         except Exception as exc:
-            code = code_for(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.error("peer request from %s failed: %s", context.peer(), exc, exc_info=exc)
-            else:
-                log.info("peer request from %s refused: %s", context.peer(), exc)
-            context.abort(code, details_for(exc))
-            raise  # unreachable: abort raises
+            abort_with(context, exc, f"peer request from {context.peer()}")
 
     def Probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> Any:
         probe = self._call(context, lambda: self._receiver.probe(record_from(request.record_json)))

@@ -7,7 +7,6 @@ could hurt the target, finishing is safe.
 
 from __future__ import annotations
 
-import logging
 import queue
 import secrets
 import threading
@@ -28,9 +27,8 @@ from ckptd.domain import Caller, Event, Progress
 from ckptd.transport.grpc import convert
 from ckptd.transport.grpc.group_rpcs import GroupRpcs
 from ckptd.transport.grpc.peercred import caller_from_peer
-from ckptd.transport.grpc.status import ERROR_KIND_KEY, code_for, details_for
+from ckptd.transport.grpc.status import abort_with
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _DONE = object()
@@ -72,14 +70,7 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
 
     @staticmethod
     def _fail(context: grpc.ServicerContext, exc: BaseException) -> None:
-        code = code_for(exc)
-        if code is grpc.StatusCode.INTERNAL:
-            log.error("request failed: %s", exc, exc_info=exc)
-        else:
-            log.info("request refused: %s", exc)
-        # marks the status as the daemon's own answer (not a transport failure)
-        context.set_trailing_metadata(((ERROR_KIND_KEY, type(exc).__name__),))
-        context.abort(code, details_for(exc))
+        abort_with(context, exc, "request")
 
     def _stream(
         self,

@@ -15,6 +15,9 @@
 
 from __future__ import annotations
 
+import logging
+from typing import NoReturn
+
 import grpc
 
 from ckptd import errors
@@ -23,6 +26,8 @@ ERROR_KIND_KEY = "ckptd-error"
 """Trailing metadata key of a status the daemon chose (its value: the error's class name), so
 that a client tells the daemon's own UNAVAILABLE (a peer daemon unreachable) from not reaching
 the daemon at all."""
+
+log = logging.getLogger("ckptd.transport.grpc")
 
 _CODES: tuple[tuple[type[errors.CkptdError], grpc.StatusCode], ...] = (
     (errors.ProcessNotFound, grpc.StatusCode.NOT_FOUND),
@@ -59,3 +64,16 @@ def details_for(exc: BaseException) -> str:
         return str(exc)
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"internal error: {text}; see the daemon's log (journalctl -u ckptd)"
+
+
+def abort_with(context: grpc.ServicerContext, exc: BaseException, what: str) -> NoReturn:
+    """End the call with ``exc``'s code and one-line message (marked as the daemon's own
+    answer); internal errors are logged with their traceback, refusals as a line."""
+    code = code_for(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.error("%s failed: %s", what, exc, exc_info=exc)
+    else:
+        log.info("%s refused: %s", what, exc)
+    context.set_trailing_metadata(((ERROR_KIND_KEY, type(exc).__name__),))
+    context.abort(code, details_for(exc))
+    raise AssertionError("unreachable: abort raises")
