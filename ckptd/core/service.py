@@ -16,6 +16,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe, resume_tree
@@ -141,10 +142,11 @@ class CheckpointService:
         record from these images, verified but not yet committed (a migration's target, which
         commits them once the tree runs)."""
         ctx = self._restore.new_context(caller, request, f"r{secrets.token_hex(4)}")
-        ctx.gate = gate
         if staged is not None:
             ctx.record, ctx.images_dir = staged
         record = self._restore.resolve(ctx)
+        if gate is not None:
+            ctx.gate = self._journaled_gate(ctx.op_id, record, gate)
         self.events.publish(EventKind.RESTORE_STARTED, pid=record.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
                             message=f"restore of {record.id} started")
@@ -157,6 +159,9 @@ class CheckpointService:
                                     checkpoint_id=record.id, name=record.name, uid=record.uid,
                                     message=str(exc), error=type(exc).__name__)
                 raise
+            finally:
+                if gate is not None:
+                    self._journal.end(ctx.op_id)  # the held tree runs, or was killed
         self.events.publish(EventKind.RESTORE_DONE, pid=outcome.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
                             message=f"restored as pid {outcome.pid}",
@@ -164,6 +169,19 @@ class CheckpointService:
         self._prune_work_dirs()
         log.info("restored %s as pid %d", outcome.checkpoint_id, outcome.pid)
         return outcome
+
+    def _journaled_gate(
+        self, op_id: str, record: CheckpointRecord, gate: Callable[[int], None]
+    ) -> Callable[[int], None]:
+        """A group restore holds its tree stopped at the gate: journaled, so that a daemon
+        killed meanwhile kills it at its next start (the group was never let run)."""
+
+        def held(pid: int) -> None:
+            self._journal.begin(op_id, {"op": "held-restore", "checkpoint_id": record.id,
+                                        "pids": [p.pid for p in record.processes]})
+            gate(pid)
+
+        return held
 
     def list(self, caller: Caller, pid: int = 0, name: str = "") -> list[CheckpointRecord]:
         return [
@@ -247,6 +265,10 @@ class CheckpointService:
         done: builtins.list[str] = []
         committed = {r.id for r in self._store.list()}
         for op_id, facts in list(self._journal.pending()):
+            if facts.get("op") == "held-restore":
+                done.append(self._undo_held_restore(facts))
+                self._journal.end(op_id)
+                continue
             if facts.get("op") != "dump":
                 self._journal.end(op_id)
                 continue
@@ -275,6 +297,17 @@ class CheckpointService:
         for line in done:
             log.warning("recovery: %s", line)
         return done
+
+    def _undo_held_restore(self, facts: dict[str, Any]) -> str:
+        """A group member restored and held stopped by a killed daemon: its group never let
+        it run, so it goes (its checkpoint stays). A pid no longer stopped is left alone."""
+        pids = [int(p) for p in facts.get("pids", [])]
+        self._wait_untraced(pids)
+        killed = [p for p in pids if self._processes.status(p).state is PidState.STOPPED]
+        for pid in killed:
+            self._processes.signal(pid, signal.SIGKILL)
+        return (f"undid held group restore of {facts.get('checkpoint_id')}: killed "
+                f"{killed or 'nothing'}")
 
     def _resume_cuda(self, cuda: builtins.list[int]) -> None:
         """Whatever state the driver was left in, bring these processes' CUDA back to

@@ -27,6 +27,7 @@ from .support import (
     start_detached,
     wait_for_done,
     wait_for_lines,
+    wait_until,
     with_interval,
     workload,
 )
@@ -196,3 +197,30 @@ def test_a_daemon_killed_while_holding_a_member_resumes_it_at_restart(
     assert proc_state(pid) not in ("T", "t")
     assert assert_ok(again.ctl("list"), "list") == []
     assert wait_for_done(out) == ref
+
+
+def test_a_daemon_killed_while_holding_a_restored_member_kills_it_at_restart(
+    start_daemon: Callable[..., Daemon], procs: Procs, tmp_path: Path
+) -> None:
+    """A group restore held (stopped, never let run) by a daemon that is SIGKILLed: the next
+    start kills the held tree instead of leaving it stopped forever; the checkpoint stays."""
+    from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+
+    from .conftest import criu_path
+
+    d = Daemon(tmp_path / "killed", "--criu", str(criu_path()))  # not the fixture's: killed
+    out = tmp_path / "r0.out"
+    cmd = workload("counter", "--steps", 100_000, "--mem-mib", 8)
+    pid = start_detached(procs, with_interval(cmd, INTERVAL), out)
+    wait_for_lines(out, 3)
+    ck = assert_ok(d.ctl("dump", pid), "dump")["id"]
+    with Client(str(d.socket)) as client:
+        held = client.stub.GroupPrepareRestore(pb.GroupPrepareRestoreRequest(
+            group_id="r-kill", checkpoint_id=ck, timeout_s=300), timeout=60)
+    procs.add(held.pid)
+    assert proc_state(held.pid) in ("T", "t"), "held: stopped"
+    d.proc.kill()
+    d.proc.wait()
+    again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir))
+    wait_until(lambda: not is_alive(held.pid), 10, "the held tree to be killed at start")
+    assert [c["id"] for c in assert_ok(again.ctl("list"), "list")] == [ck]

@@ -103,3 +103,19 @@ def test_users_see_and_record_only_groups_of_their_own_checkpoints(world: World)
     elsewhere = GroupRecord("g9", "", 1.0, (GroupMember("m", "unix:y", "ck-none", 1),))
     assert g.owned_by(own, USER) and not g.owned_by(mixed, USER)
     assert not g.owned_by(elsewhere, USER) and g.owned_by(mixed, ROOT)
+
+
+def test_a_daemon_killed_while_holding_a_restored_member_kills_it_at_restart(
+    world: World,
+) -> None:
+    """The held tree is stopped and its group never let it run: the next start undoes it."""
+    record = world.dump(JOB)
+    g = members(world)
+    g.prepare_restore(ROOT, "r9", record.id)
+    assert set(world.states(*JOB_TREE)) == {"stopped"}
+    assert [f.get("op") for _op, f in world.journal.pending()] == ["held-restore"]
+    done = world.new_service().recover()  # a restarted daemon, same journal
+    assert any("undid held group restore" in line for line in done)
+    assert all(world.processes.state(p) is PidState.FREE for p in JOB_TREE)
+    assert list(world.journal.pending()) == []
+    g.abort(ROOT, "r9")  # release the old daemon's waiting thread
