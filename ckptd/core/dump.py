@@ -17,20 +17,22 @@ Order, and what undoes each step if a later one fails:
 
 Invariants: the target is never left frozen or stopped by a failed dump (CRIU leaves the tree
 stopped, not killed, so a failed commit can still resume it); a checkpoint is listed only once
-committed; the tree is killed only after its checkpoint is durable.
+committed; the tree is killed only after its checkpoint is durable. Every process the recipe
+signals is held (``core.held``) from when it was identified: pids in CRIU's images are the
+tree's own namespace's, mapped through /proc, never signalled as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
+from ckptd.core.held import HeldTree, map_image_pids
 from ckptd.core.ports import (
     CheckpointStore,
     Clock,
@@ -54,7 +56,7 @@ from ckptd.domain import (
     StdioFact,
     new_checkpoint_id,
 )
-from ckptd.errors import CkptdError, CriuUnavailable, PermissionDenied
+from ckptd.errors import CkptdError, CriuUnavailable, PermissionDenied, ProcessNotFound
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ class DumpContext:
     gate: Callable[[str], None] | None = None
     """Group checkpoints: called with the checkpoint id once the tree is dumped and before
     anything is committed; returns to commit, raises to abort (the tree is resumed)."""
+    held: HeldTree | None = None
+    """The tree's processes, held since ``inspect`` (and those CRIU found later)."""
 
 
 class DumpRecipe:
@@ -132,6 +136,9 @@ class DumpRecipe:
             exc.pid = exc.pid or ctx.request.pid
             exc.checkpoint_id = exc.checkpoint_id or ctx.checkpoint_id
             raise
+        finally:
+            if ctx.held is not None:
+                ctx.held.close()
         assert ctx.record is not None
         return ctx.record
 
@@ -141,12 +148,19 @@ class DumpRecipe:
         status = self._criu.status()
         if not status.ok:
             raise CriuUnavailable(f"cannot checkpoint: {status.message}", pid=ctx.request.pid)
-        ctx.tree = check_dump_target(
+        tree = check_dump_target(
             self._processes, ctx.caller, ctx.request.pid, self._config.daemon_pid
         )
+        if ctx.held is not None:
+            ctx.held.close()  # preview() may inspect more than once
+        ctx.held = HeldTree(self._processes)
+        ctx.tree = tuple(ctx.held.hold_facts(tree))
+        if not ctx.tree or ctx.tree[0].pid != ctx.request.pid:
+            raise ProcessNotFound(f"pid {ctx.request.pid} exited while it was inspected",
+                                  pid=ctx.request.pid)
         ctx.stdio = self._processes.stdio(ctx.tree)
         ctx.stopped_before = frozenset(
-            p.pid for p in ctx.tree if self._processes.status(p.pid).state is PidState.STOPPED
+            p.pid for p in ctx.tree if ctx.held.state(p.pid) is PidState.STOPPED
         )
         self._gpu.inspect(ctx.gpu, ctx.tree)
         ctx.fingerprint = replace(self._node.fingerprint(ctx.tree), criu_version=status.version)
@@ -158,6 +172,7 @@ class DumpRecipe:
                 "op": "dump",
                 "checkpoint_id": ctx.checkpoint_id,
                 "pids": [p.pid for p in ctx.tree],
+                "members": ctx.held.members() if ctx.held is not None else [],
                 "stopped_before": sorted(ctx.stopped_before),
                 "leave_running": ctx.request.leave_running,
                 "cuda_pids": list(ctx.gpu.cuda_pids),
@@ -218,25 +233,31 @@ class DumpRecipe:
                     )
 
     def _dumped_tree(self, ctx: DumpContext, pids: tuple[int, ...]) -> tuple[ProcessFact, ...]:
-        """The tree CRIU actually froze: children may have come and gone since ``inspect``."""
+        """The tree CRIU actually froze (children may have come and gone since ``inspect``),
+        each held. ``pids`` are CRIU's: pids in the root's namespace, mapped through /proc."""
+        assert ctx.held is not None
         try:
-            live = {f.pid: f for f in self._processes.tree(ctx.request.pid)}
+            live = self._processes.tree(ctx.request.pid)
         except CkptdError:
-            live = {}
+            live = ()
+        if live and live[0].start_time != ctx.tree[0].start_time:
+            live = ()  # the root's pid is another process's now: nothing of it is ours
         if not pids:
-            return tuple(live.values()) or ctx.tree
-        known = {f.pid: f for f in ctx.tree}
-        root = ctx.tree[0]
-        return tuple(
-            known.get(pid) or live.get(pid) or replace(root, pid=pid, ppid=0, comm="?", cmdline=())
-            for pid in pids
-        )
+            return tuple(ctx.held.hold_facts(live)) or ctx.tree
+        facts, unknown = map_image_pids(pids, ctx.tree, live)
+        if unknown:
+            log.warning("dump of pid %d: CRIU dumped pids %s (in the tree's namespace) that "
+                        "are gone here; nothing is sent to them", ctx.request.pid, unknown)
+        return tuple(ctx.held.hold_facts(facts))
 
     def _resume_tree(self, ctx: DumpContext) -> None:
-        pids = {p.pid for p in ctx.tree}
+        if ctx.held is None:
+            return
         with contextlib.suppress(CkptdError):
-            pids |= {p.pid for p in self._processes.tree(ctx.request.pid)}
-        resume_tree(self._processes, sorted(pids), ctx.stopped_before)
+            live = self._processes.tree(ctx.request.pid)
+            if live and live[0].start_time == ctx.tree[0].start_time:
+                ctx.held.hold_facts(live)
+        ctx.held.resume(ctx.stopped_before)
 
     def preview(self, caller: Caller, request: DumpRequest) -> CheckpointRecord:
         """The record a dump of ``request`` would make now, without touching the tree (for a
@@ -277,23 +298,9 @@ class DumpRecipe:
         """Kill the tree (unless leave-running) and wait until every process of it is dead
         (a zombie or gone): a restore right after, here or on a node sharing the pid space,
         must find the pids free."""
-        if not ctx.request.leave_running:
-            for proc in ctx.tree:
-                self._processes.signal(proc.pid, signal.SIGKILL)
-            deadline = self._clock.monotonic() + KILL_WAIT_S
-            for proc in ctx.tree:
-                while self._processes.status(proc.pid).state in (
-                    PidState.RUNNING, PidState.STOPPED
-                ) and self._clock.monotonic() < deadline:
-                    self._clock.sleep(0.005)
+        if not ctx.request.leave_running and ctx.held is not None:
+            alive = ctx.held.kill(KILL_WAIT_S, self._clock)
+            if alive:
+                log.error("dump %s: pids %s still alive %.0fs after SIGKILL",
+                          ctx.checkpoint_id, alive, KILL_WAIT_S)
         self._journal.end(ctx.checkpoint_id)
-
-
-def resume_tree(processes: ProcessTable, pids: list[int], stopped_before: frozenset[int]) -> None:
-    """Send SIGCONT to every process of ``pids`` that is stopped now but was not before."""
-    for pid in pids:
-        if pid in stopped_before:
-            continue
-        if processes.status(pid).state is PidState.STOPPED:
-            log.warning("resuming pid %d left stopped by a failed dump", pid)
-            processes.signal(pid, signal.SIGCONT)

@@ -24,6 +24,7 @@ from ckptd.domain import (
     GroupRecord,
     NodeFingerprint,
     PeerProbe,
+    PidState,
     PidStatus,
     Policy,
     ProcessFact,
@@ -43,15 +44,47 @@ class Clock(Protocol):
     def sleep(self, seconds: float) -> None: ...
 
 
+class ProcessHandle(Protocol):
+    """One process, held from the moment it was identified (a pidfd on Linux).
+
+    Invariant: whatever a handle does reaches the process it was opened on, or nothing:
+    once that process is gone its pid may belong to another, and the handle never touches
+    it. Pids are the daemon's (its pid namespace). Close it when done (idempotent)."""
+
+    @property
+    def pid(self) -> int:
+        """The pid it had when identified (the daemon's namespace)."""
+        ...
+
+    @property
+    def start_time(self) -> int: ...
+
+    def signal(self, signo: int) -> bool:
+        """Send ``signo`` to this process; False when it is gone (reaped)."""
+        ...
+
+    def state(self) -> PidState:
+        """RUNNING, STOPPED, ZOMBIE (exited, not reaped), or FREE (gone)."""
+        ...
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for it to exit (zombie or gone); True when it has."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class ProcessTable(Protocol):
-    """Read-only view of the host's processes, plus the signals the core may need."""
+    """Read-only view of the host's processes; signals only through ``ProcessHandle`` s."""
 
     def status(self, pid: int) -> PidStatus:
         """What occupies ``pid`` now (``PidState.FREE`` when nothing)."""
         ...
 
     def tree(self, pid: int) -> tuple[ProcessFact, ...]:
-        """``pid`` and all its descendants, root first. Raises ProcessNotFound."""
+        """``pid`` and all its descendants, root first, each with its start time and its
+        ``ns_pid`` (its pid in the root's pid namespace when that is not the daemon's).
+        Raises ProcessNotFound."""
         ...
 
     def ancestors(self, pid: int) -> tuple[int, ...]:
@@ -62,8 +95,14 @@ class ProcessTable(Protocol):
         """Descriptors 0-2 of every process of ``tree``, with external ones marked."""
         ...
 
-    def signal(self, pid: int, signo: int) -> bool:
-        """Send ``signo``; False when the process no longer exists."""
+    def open(self, pid: int, start_time: int = 0) -> ProcessHandle | None:
+        """A handle on the process at ``pid`` now; None when the pid is free or (with
+        ``start_time`` not 0) holds a process that started at another time."""
+        ...
+
+    def foreign_namespaces(self, pid: int) -> frozenset[str]:
+        """The namespaces (``pid``, ``mnt``, ``net``, ``ipc``, ``uts``, ``user``, ``cgroup``,
+        ``time``) in which ``pid`` differs from the daemon; empty when it is gone."""
         ...
 
 

@@ -7,15 +7,19 @@ Order, and what undoes each step if a later one fails:
                   files, kernel, CRIU, libc; CUDA trees: GPU model, count, memory, driver);
                   refuses with every blocking difference, and with every warning unless
                   the request says ``ignore_warnings``
-    pids          every pid of the tree must be free (a zombie is waited for, bounded)     -
+    pids          every pid of the tree must be free (a zombie is waited for, bounded);   -
+                  a tree that was the init of its own pid namespace gets a new one: its
+                  pids cannot clash
     checkout      CRIU's image directory from the store                                   release it
     stdio         replacements for stdio whose other end was outside the tree             close ours
     criu-restore  CRIU recreates the tree and resumes it                                  -
     gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock;          -
                   if that fails the restored tree is killed (it could never run)
 
-Invariants: nothing on the node changes before ``pids`` passed (and CRIU is never called
-for a checkpoint that does not fit the node); a failed CRIU restore leaves
+Invariants: the restored processes are held (``core.held``) from CRIU's post-restore
+notification on, before they run, and signalled only through those handles; nothing on the
+node changes before ``pids`` passed (and CRIU is never called for a checkpoint that does not
+fit the node); a failed CRIU restore leaves
 no part of the tree behind (CRIU kills what it created); the restored tree is not a child of
 the daemon (CRIU's process forks it and exits), so stopping the daemon never touches it.
 """
@@ -32,6 +36,7 @@ from pathlib import Path
 from ckptd.core.compat import check_restore, gpu_problems, refuse_unless_compatible
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
+from ckptd.core.held import HeldTree, pid_map
 from ckptd.core.ports import (
     CheckpointStore,
     Clock,
@@ -49,6 +54,7 @@ from ckptd.domain import (
     CheckpointRecord,
     CompatReport,
     PidState,
+    ProcessFact,
     RestoreOutcome,
     RestoreRequest,
 )
@@ -80,6 +86,10 @@ class RestoreContext:
     gate: Callable[[int], None] | None = None
     """Group restores: CRIU leaves the tree stopped; called with its root pid; returns to let
     it run (SIGCONT), raises to kill it."""
+    held: HeldTree | None = None
+    """The restored processes, held from CRIU's post-restore notification (before they run)."""
+    restored: tuple[ProcessFact, ...] = ()
+    """The restored tree as /proc shows it (pids on this node; ``ns_pid`` in its namespace)."""
 
 
 def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
@@ -154,6 +164,9 @@ class RestoreRecipe:
                 exc.checkpoint_id = exc.checkpoint_id or ctx.record.id
                 exc.pid = exc.pid or ctx.record.pid
             raise
+        finally:
+            if ctx.held is not None:
+                ctx.held.close()
         assert ctx.record is not None and ctx.output_path is not None
         return RestoreOutcome(
             checkpoint_id=ctx.record.id,
@@ -235,33 +248,32 @@ class RestoreRecipe:
             return
         assert ctx.record is not None
         ctx.gate(ctx.pid)
-        for proc in ctx.record.processes:
-            self._processes.signal(proc.pid, signal.SIGCONT)
+        assert ctx.held is not None
+        ctx.held.signal_all(signal.SIGCONT)
 
     def _kill_restored(self, ctx: RestoreContext) -> None:
-        if ctx.gate is None or ctx.record is None or not ctx.pid:
+        if ctx.gate is None or ctx.held is None:
             return
-        for proc in ctx.record.processes:
-            self._processes.signal(proc.pid, signal.SIGKILL)
+        ctx.held.signal_all(signal.SIGKILL)
 
     def _gpu_restore(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
         if ctx.record.gpu is None:
             return
-        session = GpuSession(
-            cuda_pids=ctx.record.gpu.cuda_pids,
-            locked=list(ctx.record.gpu.cuda_pids),
-            checkpointed=list(ctx.record.gpu.cuda_pids),
-        )
+        restored = pid_map(ctx.record.processes, ctx.restored)
+        cuda = tuple(restored.get(p, p) for p in ctx.record.gpu.cuda_pids)
+        session = GpuSession(cuda_pids=cuda, locked=list(cuda), checkpointed=list(cuda))
         try:
             self._gpu.resume(session, ctx.gpu_map)
         except Exception:
-            for proc in ctx.record.processes:
-                self._processes.signal(proc.pid, signal.SIGKILL)
+            if ctx.held is not None:
+                ctx.held.signal_all(signal.SIGKILL)
             raise
 
     def _wait_pids_free(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
+        if ctx.record.own_pid_namespace:
+            return  # restored into a new pid namespace: its pids are all free there
         deadline = self._clock.monotonic() + self._config.zombie_wait_s
         for proc in ctx.record.processes:
             while True:
@@ -314,4 +326,44 @@ class RestoreRecipe:
             images_dir=ctx.images_dir, work_dir=work_dir, inherit_fds=ctx.inherit_fds,
             leave_stopped=ctx.gate is not None,
         )
-        ctx.pid = self._criu.restore(job, self._hooks)
+        ctx.pid = self._criu.restore(job, _HoldOnPostRestore(self._hooks, self, ctx))
+        if ctx.held is None:  # CRIU did not say the root pid at post-restore
+            self.hold_restored(ctx, ctx.pid)
+
+    def hold_restored(self, ctx: RestoreContext, root_pid: int) -> None:
+        """Hold the restored tree rooted at ``root_pid`` (a pid on this node)."""
+        if ctx.held is not None or root_pid <= 0:
+            return
+        ctx.held = HeldTree(self._processes)
+        try:
+            tree = self._processes.tree(root_pid)
+        except CkptdError:
+            log.warning("restored root pid %d is already gone", root_pid)
+            return
+        ctx.restored = tuple(ctx.held.hold_facts(tree))
+
+
+class _HoldOnPostRestore(CriuHooks):
+    """The recipe's hooks, plus: hold the restored tree at ``post_restore``, when it exists
+    and has not run yet (so no pid of it can have been reused by the time it is held)."""
+
+    def __init__(self, inner: CriuHooks, recipe: RestoreRecipe, ctx: RestoreContext) -> None:
+        self._inner = inner
+        self._recipe = recipe
+        self._ctx = ctx
+
+    def pre_restore(self, pid: int) -> None:
+        self._inner.pre_restore(pid)
+
+    def setup_namespaces(self, pid: int) -> None:
+        self._inner.setup_namespaces(pid)
+
+    def post_restore(self, pid: int) -> None:
+        self._recipe.hold_restored(self._ctx, pid)
+        self._inner.post_restore(pid)
+
+    def pre_resume(self, pid: int) -> None:
+        self._inner.pre_resume(pid)
+
+    def post_resume(self, pid: int) -> None:
+        self._inner.post_resume(pid)

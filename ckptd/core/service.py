@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ckptd.core.config import CoreConfig
-from ckptd.core.dump import DumpRecipe, resume_tree
+from ckptd.core.dump import DumpRecipe
 from ckptd.core.events import EventBus
 from ckptd.core.gpu import GpuSession, GpuSteps
+from ckptd.core.held import HeldTree
 from ckptd.core.locks import PidLocks
 from ckptd.core.ports import CheckpointStore, Clock, Journal, ProcessTable
 from ckptd.core.recipe import ProgressSink, no_progress
-from ckptd.core.restore import RestoreRecipe
+from ckptd.core.restore import RestoreContext, RestoreRecipe
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -34,7 +35,6 @@ from ckptd.domain import (
     EventKind,
     GcReport,
     NodeReport,
-    PidState,
     Progress,
     RestoreOutcome,
     RestoreRequest,
@@ -146,7 +146,7 @@ class CheckpointService:
             ctx.record, ctx.images_dir = staged
         record = self._restore.resolve(ctx)
         if gate is not None:
-            ctx.gate = self._journaled_gate(ctx.op_id, record, gate)
+            ctx.gate = self._journaled_gate(ctx, record, gate)
         self.events.publish(EventKind.RESTORE_STARTED, pid=record.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
                             message=f"restore of {record.id} started")
@@ -171,14 +171,17 @@ class CheckpointService:
         return outcome
 
     def _journaled_gate(
-        self, op_id: str, record: CheckpointRecord, gate: Callable[[int], None]
+        self, ctx: RestoreContext, record: CheckpointRecord, gate: Callable[[int], None]
     ) -> Callable[[int], None]:
-        """A group restore holds its tree stopped at the gate: journaled, so that a daemon
-        killed meanwhile kills it at its next start (the group was never let run)."""
+        """A group restore holds its tree stopped at the gate: journaled (pids on this node
+        with their start times), so that a daemon killed meanwhile kills exactly that tree at
+        its next start (the group was never let run)."""
 
         def held(pid: int) -> None:
-            self._journal.begin(op_id, {"op": "held-restore", "checkpoint_id": record.id,
-                                        "pids": [p.pid for p in record.processes]})
+            members = ctx.held.members() if ctx.held is not None else []
+            self._journal.begin(ctx.op_id, {"op": "held-restore", "checkpoint_id": record.id,
+                                            "pids": [m[0] for m in members],
+                                            "members": members})
             gate(pid)
 
         return held
@@ -272,40 +275,50 @@ class CheckpointService:
             if facts.get("op") != "dump":
                 self._journal.end(op_id)
                 continue
-            pids = [int(p) for p in facts.get("pids", [])]
             ckpt = str(facts.get("checkpoint_id", op_id))
-            self._wait_untraced(pids)
-            cuda = [int(p) for p in facts.get("cuda_pids", [])]
-            leave_running = bool(facts.get("leave_running", False))
-            if ckpt in committed:
-                if not leave_running:
-                    # The dumped tree waits, stopped, to be killed (its CUDA state with it);
-                    # a pid in another state may have been reused since: leave it alone.
-                    for pid in pids:
-                        if self._processes.status(pid).state is PidState.STOPPED:
-                            self._processes.signal(pid, signal.SIGKILL)
-                else:
-                    self._resume_cuda(cuda)
-                self._store.abort(ckpt)  # its staging and lease; never the checkpoint
-                done.append(f"finished dump {ckpt}: it was committed")
-            else:
-                self._store.abort(ckpt)
-                resume_tree(self._processes, pids, frozenset(facts.get("stopped_before", [])))
-                self._resume_cuda(cuda)  # after the tree runs: the driver needs its thread
-                done.append(f"rolled back dump {ckpt}: nothing listed, tree {pids} resumed")
+            with self._reopen(facts) as held:
+                done.append(self._finish_dump(ckpt, facts, held, ckpt in committed))
             self._journal.end(op_id)
         for line in done:
             log.warning("recovery: %s", line)
         return done
 
+    def _reopen(self, facts: dict[str, Any]) -> HeldTree:
+        """The journaled tree, reopened: each pid only if it still is the process recorded
+        (same start time). An entry written before start times were journaled names pids
+        only; those are acted on only while stopped, as CRIU left them (as before)."""
+        if "members" in facts:
+            return HeldTree.from_members(self._processes, facts["members"])
+        return HeldTree.from_members(self._processes, [int(p) for p in facts.get("pids", [])])
+
+    def _finish_dump(
+        self, ckpt: str, facts: dict[str, Any], held: HeldTree, committed: bool
+    ) -> str:
+        self._wait_untraced(held)
+        cuda = [p for p in (int(p) for p in facts.get("cuda_pids", [])) if p in held]
+        if committed:
+            if not bool(facts.get("leave_running", False)):
+                # The dumped tree waits, stopped, to be killed (its CUDA state with it);
+                # a process in another state is no longer the one dumped: leave it alone.
+                for pid in held.stopped():
+                    held.signal(pid, signal.SIGKILL)
+            else:
+                self._resume_cuda(cuda)
+            self._store.abort(ckpt)  # its staging and lease; never the checkpoint
+            return f"finished dump {ckpt}: it was committed"
+        self._store.abort(ckpt)
+        resumed = held.resume(frozenset(int(p) for p in facts.get("stopped_before", [])))
+        self._resume_cuda(cuda)  # after the tree runs: the driver needs its thread
+        return (f"rolled back dump {ckpt}: nothing listed, tree {held.pids} resumed "
+                f"(SIGCONT to {resumed or 'none'})")
+
     def _undo_held_restore(self, facts: dict[str, Any]) -> str:
         """A group member restored and held stopped by a killed daemon: its group never let
-        it run, so it goes (its checkpoint stays). A pid no longer stopped is left alone."""
-        pids = [int(p) for p in facts.get("pids", [])]
-        self._wait_untraced(pids)
-        killed = [p for p in pids if self._processes.status(p).state is PidState.STOPPED]
-        for pid in killed:
-            self._processes.signal(pid, signal.SIGKILL)
+        it run, so it goes (its checkpoint stays). A process no longer stopped, or no longer
+        the one restored, is left alone."""
+        with self._reopen(facts) as held:
+            self._wait_untraced(held)
+            killed = [p for p in held.stopped() if held.signal(p, signal.SIGKILL)]
         return (f"undid held group restore of {facts.get('checkpoint_id')}: killed "
                 f"{killed or 'nothing'}")
 
@@ -319,13 +332,13 @@ class CheckpointService:
         except CkptdError as exc:
             log.error("recovery: CUDA resume of %s failed: %s", cuda, exc)
 
-    def _wait_untraced(self, pids: builtins.list[int]) -> None:
+    def _wait_untraced(self, held: HeldTree) -> None:
         """A CRIU started by the killed daemon may still hold the tree (ptrace); it finishes
         or gives up on its own. Wait for it (bounded) before deciding anything."""
         deadline = self._clock.monotonic() + self._config.recovery_wait_s
-        while any(self._processes.status(p).traced for p in pids):
+        while any(self._processes.status(p).traced for p in held.pids):
             if self._clock.monotonic() >= deadline:
-                log.error("recovery: pids %s still traced after %.0fs", pids,
+                log.error("recovery: pids %s still traced after %.0fs", held.pids,
                           self._config.recovery_wait_s)
                 return
             self._clock.sleep(0.1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ckptd.core.ports import ProcessTable
-from ckptd.domain import Caller, PidState, ProcessFact
+from ckptd.domain import Caller, PidState, PidStatus, ProcessFact
 from ckptd.errors import InvalidTarget, PermissionDenied, ProcessNotFound, TargetRefused
 
 
@@ -47,6 +47,7 @@ def check_dump_target(
             hint="start the job in a session of its own, e.g. `setsid CMD ...`",
             pid=pid,
         )
+    check_namespaces(processes, pid, status)
     if not caller.is_root and status.uid != caller.uid:
         raise PermissionDenied(
             f"pid {pid} belongs to uid {status.uid}, the caller is uid {caller.uid}", pid=pid
@@ -63,3 +64,49 @@ def check_dump_target(
                     pid=pid,
                 )
     return tree
+
+
+HANDLED_NAMESPACES = frozenset({"pid", "uts", "ipc", "net", "cgroup", "time"})
+"""Namespaces of its own a tree may have: CRIU dumps them and a restore creates new ones
+(a network namespace comes back with its loopback and sockets, not links to the node)."""
+
+_NOT_YET = {
+    "mnt": "a mount namespace of its own (a container's root filesystem and mounts, which "
+           "ckptd does not record yet: container support is issue #12)",
+    "user": "a user namespace of its own (rootless containers; CRIU cannot restore its uid "
+            "maps from ckptd yet)",
+}
+
+
+def check_namespaces(processes: ProcessTable, pid: int, status: PidStatus) -> None:
+    """Refuse, before anything is touched, a target whose namespaces CRIU or ckptd cannot
+    bring back: a process inside a pid namespace that is not its init, a nested one, or a
+    namespace kind not handled yet."""
+    foreign = processes.foreign_namespaces(pid)
+    what = f"pid {pid} ({status.comm})"
+    if "pid" in foreign and status.ns_pids:
+        inner = status.ns_pids[-1]
+        if inner != 1:
+            raise TargetRefused(
+                f"{what} is pid {inner} inside a pid namespace of its own, not that "
+                "namespace's init: CRIU checkpoints a pid namespace only whole, from its init",
+                hint="checkpoint the namespace's init (pid 1 inside it; for a container, its "
+                     "init process) instead",
+                pid=pid,
+            )
+        if len(status.ns_pids) > 2:
+            raise TargetRefused(
+                f"{what} is the init of a pid namespace nested {len(status.ns_pids) - 1} "
+                "levels below the daemon's: ckptd restores one level only",
+                hint="checkpoint the outermost namespace's init, or run ckptd inside the "
+                     "outer namespace",
+                pid=pid,
+            )
+    for kind, why in _NOT_YET.items():
+        if kind in foreign:
+            raise TargetRefused(
+                f"{what} has {why}",
+                hint="run the job in the node's mount and user namespaces (e.g. `unshare "
+                     "--fork --pid CMD`, without --mount/--mount-proc/--user)",
+                pid=pid,
+            )

@@ -64,6 +64,10 @@ class PidStatus:
     start_time: int = 0
     """When the process started (clock ticks since boot; 0 when unknown): with the pid, it
     names one process (a pid alone may be reused)."""
+    ns_pids: tuple[int, ...] = ()
+    """The process's pid in each pid namespace from the daemon's down to its own (NSpid):
+    ``(pid,)`` in the daemon's namespace, ``(pid, 1)`` for the init of a namespace of its
+    own; empty when unknown."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,16 @@ class ProcessFact:
     gid: int
     threads: int = 1
     rss: int = 0
+    start_time: int = 0
+    """Clock ticks since boot (0: unknown); with ``pid`` it names one process."""
+    ns_pid: int = 0
+    """Its pid in the pid namespace of the tree's root (what CRIU's images hold and what a
+    restore recreates); 0 means the same as ``pid`` (the tree shares the daemon's)."""
+
+    @property
+    def image_pid(self) -> int:
+        """The pid CRIU's images know this process by."""
+        return self.ns_pid or self.pid
 
 
 class StdioKind(enum.StrEnum):
@@ -348,6 +362,13 @@ class CheckpointRecord:
     """Set when the tree used CUDA: what a restore needs of the node's GPUs."""
     fingerprint: NodeFingerprint | None = None
     """The node's facts and the files the tree used, at dump (None: an older checkpoint)."""
+
+    @property
+    def own_pid_namespace(self) -> bool:
+        """The tree is the init of a pid namespace of its own (``unshare --fork --pid``, a
+        container): a restore creates a new namespace, so its pids cannot clash with the
+        node's, and the restored processes get new pids on the node."""
+        return bool(self.processes) and self.processes[0].ns_pid == 1
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -6,7 +6,8 @@ asked, and can be told to fail; together they let ``DumpRecipe``, ``RestoreRecip
 suites (``tests/contract``) as the real adapters.
 
 - ``FakeClock``: ``Clock``; ``sleep`` advances time at once.
-- ``FakeProcessTable`` / ``FakeProcess``: ``ProcessTable`` over a dict of fake processes.
+- ``FakeProcessTable`` / ``FakeProcess`` / ``FakeHandle``: ``ProcessTable`` over a dict of fake
+  processes, and ``ProcessHandle`` s bound to one fake process each.
 - ``FakeCriu``: ``Criu`` acting on a ``FakeProcessTable``, writing fake images.
 - ``MemoryStore``: ``CheckpointStore`` with records in memory, images in a real directory.
 - ``MemoryBlobStore``: ``BlobStore`` in memory (for ``ContentStore``), with crash simulation and
@@ -28,7 +29,7 @@ from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._node import FakeFile, FakeNodeInspector
 from ckptd.testing._peer import LoopbackPeerConnector, LoopbackPeerLink, LoopbackPeerSession
 from ckptd.testing._policies import MemoryPolicyRepo
-from ckptd.testing._processes import FakeProcess, FakeProcessTable, KillMode
+from ckptd.testing._processes import FakeHandle, FakeProcess, FakeProcessTable, KillMode
 from ckptd.testing._stdio import FakeStdioProvider
 from ckptd.testing._store import MemoryStore
 
@@ -41,6 +42,7 @@ __all__ = [
     "FakeCudaProcess",
     "FakeFile",
     "FakeGpu",
+    "FakeHandle",
     "FakeNodeInspector",
     "FakeProcess",
     "FakeProcessTable",

@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,12 +57,15 @@ class FakeCriu:
     ``leave_running`` puts every process back in the state it had; else ``leave_stopped``
     leaves them all STOPPED; else they are terminated (``FakeProcessTable.terminate``: no
     signal is recorded). Both directories must exist (else ``CriuFailed``), as must the root.
-    The result's ``pids`` are the seized tree's, root first.
+    The result's ``pids`` are the seized tree's as CRIU's images name them (``image_pid``: pids
+    in the root's pid namespace when it is the init of its own), root first.
 
     Restore, like CRIU: reads the images (missing or bad -> ``CriuFailed``), calls
     ``pre_restore(0)``; fails if a pid of the tree is not free, or if a stdio
     ``external_key`` of the images has no ``InheritFd`` in the job or its fd is not open;
-    ``setup_namespaces``; recreates the processes (the root's parent becomes pid 1; a process
+    ``setup_namespaces``; recreates the processes (the root's parent becomes pid 1; a tree
+    that was the init of its own pid namespace gets new pids above every pid in use, keeping
+    its ``ns_pid`` s, and the pid check is skipped as in a new namespace; a process
     stopped before the dump comes back STOPPED, the others are held stopped until resumed);
     ``post_restore``, ``pre_resume``; resumes them; ``post_resume``; returns the root pid.
 
@@ -174,7 +177,7 @@ class FakeCriu:
             freezing_s=self.frozen_s / 10,
             pages_written=len(tree),
             duration_s=self.frozen_s * 2,
-            pids=tuple(p.pid for p in tree),
+            pids=tuple(p.image_pid for p in tree),
         )
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
@@ -187,6 +190,9 @@ class FakeCriu:
             raise CriuUnavailable(status.message)
         what = "restore"
         tree, stdio, stopped = self._read_images(job.images_dir, what)
+        own_ns = tree[0].ns_pid == 1
+        if own_ns:
+            tree, stdio, stopped = self._renumbered(tree, stdio, stopped)
         root = tree[0].pid
         created: list[int] = []
         fail, after = self.fail_restore, self.fail_restore_after
@@ -195,6 +201,7 @@ class FakeCriu:
             for proc in tree:
                 if self.processes.status(proc.pid).state is not PidState.FREE:
                     raise _Abort(self._failed(what, f"can't fork for {proc.pid}: pid in use", root))
+
             given = {i.key: i.fd for i in job.inherit_fds}
             for fact in stdio:
                 if not fact.external_key:
@@ -223,6 +230,8 @@ class FakeCriu:
                     cmdline=proc.cmdline,
                     threads=proc.threads,
                     stdio=[s for s in stdio if s.pid == proc.pid],
+                    ns_pid=proc.ns_pid,
+                    namespaces=frozenset({"pid"}) if own_ns else frozenset(),
                 )
                 created.append(proc.pid)
             self._hook(hooks, "post_restore", root, what, fail, after)
@@ -243,6 +252,19 @@ class FakeCriu:
         return root
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _renumbered(
+        self, tree: tuple[ProcessFact, ...], stdio: tuple[StdioFact, ...], stopped: frozenset[int]
+    ) -> tuple[tuple[ProcessFact, ...], tuple[StdioFact, ...], frozenset[int]]:
+        """A new pid namespace: new node pids above every pid in use, same ``ns_pid`` s."""
+        with self._lock:
+            base = max([*self.processes.processes, 30000]) + 1
+        new = {p.pid: base + i for i, p in enumerate(tree)}
+        return (
+            tuple(replace(p, pid=new[p.pid], ppid=new.get(p.ppid, p.ppid)) for p in tree),
+            tuple(replace(s, pid=new.get(s.pid, s.pid)) for s in stdio),
+            frozenset(new.get(p, p) for p in stopped),
+        )
 
     def _event(self, text: str) -> None:
         if self.events is not None:

@@ -47,6 +47,10 @@ class FakeProcess:
     stdio: tuple[StdioFact, ...] = ()
     session: int = -1
     start_time: int = 0
+    ns_pid: int = 0
+    """Its pid in the pid namespace of the tree root it belongs to (0: the daemon's)."""
+    namespaces: frozenset[str] = frozenset()
+    """The namespaces it does not share with the daemon (``foreign_namespaces``)."""
 
     def fact(self) -> ProcessFact:
         """This process as ``ProcessTable.tree`` reports it."""
@@ -58,6 +62,8 @@ class FakeProcess:
             uid=self.uid,
             gid=self.gid,
             threads=self.threads,
+            start_time=self.start_time,
+            ns_pid=self.ns_pid,
         )
 
     def pid_status(self) -> PidStatus:
@@ -71,7 +77,44 @@ class FakeProcess:
             kernel_thread=self.kernel_thread,
             session=self.session,
             start_time=self.start_time,
+            ns_pids=(self.pid, self.ns_pid) if self.ns_pid else (self.pid,),
         )
+
+
+class FakeHandle:
+    """A ``ProcessHandle`` on one ``FakeProcess`` object: once that object has left the
+    table (reaped) — even if a new process now has its pid — or the handle is closed, it
+    reaches nothing."""
+
+    def __init__(self, table: FakeProcessTable, proc: FakeProcess) -> None:
+        self._table = table
+        self._proc = proc
+        self.closed = False
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def start_time(self) -> int:
+        return self._proc.start_time
+
+    def signal(self, signo: int) -> bool:
+        return not self.closed and self._table._deliver(self._proc, signo)
+
+    def state(self) -> PidState:
+        with self._table._lock:
+            if self.closed or self._table.processes.get(self._proc.pid) is not self._proc:
+                return PidState.FREE
+            return self._proc.state
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """Never blocks: a fake process exits only when a test or a signal makes it."""
+        del timeout_s
+        return self.state() in (PidState.ZOMBIE, PidState.FREE)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class FakeProcessTable:
@@ -84,8 +127,12 @@ class FakeProcessTable:
       breadth first, children in pid order; raises ``ProcessNotFound`` for a free pid;
     - ``ancestors(pid)`` follows ``ppid`` up to pid 1 (included) or to a pid not in the table;
     - ``stdio(tree)`` concatenates the ``stdio`` of each process of ``tree``;
-    - ``signal(pid, signo)`` records ``(pid, signo)`` in ``signals`` (every call, delivered or
-      not) and returns False when ``pid`` is free. Effects: SIGKILL terminates the process
+    - ``open(pid, start_time)`` gives a ``FakeHandle`` bound to the process object at ``pid``
+      (None when free, or when ``start_time`` is given and differs); every process gets a
+      distinct start time when added (unless one is given);
+    - a handle's ``signal`` (and the test helper ``signal(pid, signo)``) records
+      ``(pid, signo)`` in ``signals`` only when delivered, and returns False when its process
+      is gone. Effects: SIGKILL terminates the process
       (``kill_mode``: "zombie" leaves a zombie until ``reap``, "free" frees the pid; its live
       children are re-parented to pid 1); SIGSTOP/SIGTSTP/SIGTTIN/SIGTTOU stop a running
       process; SIGCONT resumes a stopped one; a zombie ignores everything; any other signal is
@@ -101,7 +148,10 @@ class FakeProcessTable:
         self.events = events
         self.processes: dict[int, FakeProcess] = {}
         self.signals: list[tuple[int, int]] = []
-        """Every ``signal`` call as ``(pid, signo)``, in order."""
+        """Every signal delivered, as ``(pid, signo)``, in order."""
+        self._next_start = 1000
+        self.handles: list[FakeHandle] = []
+        """Every handle ``open`` gave out (a test may check they were all closed)."""
 
     # ---- set-up helpers --------------------------------------------------------------------
 
@@ -120,9 +170,11 @@ class FakeProcessTable:
         stdio: Sequence[StdioFact] = (),
         session: int = -1,
         start_time: int = 0,
+        ns_pid: int = 0,
+        namespaces: frozenset[str] = frozenset(),
     ) -> FakeProcess:
-        """Add a process (``gid`` defaults to ``uid``, ``cmdline`` to ``(comm,)``). Raises
-        ValueError if ``pid`` is taken or ``state`` is FREE."""
+        """Add a process (``gid`` defaults to ``uid``, ``cmdline`` to ``(comm,)``, ``start_time``
+        to a new one). Raises ValueError if ``pid`` is taken or ``state`` is FREE."""
         if pid <= 0:
             raise ValueError(f"invalid pid {pid}")
         if state is PidState.FREE:
@@ -142,10 +194,16 @@ class FakeProcessTable:
                 threads=threads,
                 stdio=tuple(stdio),
                 session=session,
-                start_time=start_time,
+                start_time=start_time or self._new_start_time(),
+                ns_pid=ns_pid,
+                namespaces=frozenset(namespaces),
             )
             self.processes[pid] = proc
             return proc
+
+    def _new_start_time(self) -> int:
+        self._next_start += 1
+        return self._next_start
 
     def add_tree(
         self, root: int, *children: int, ppid: int = 1, uid: int = 0, comm: str = "job"
@@ -288,15 +346,35 @@ class FakeProcessTable:
                     out.extend(replace(s, pid=fact.pid) for s in proc.stdio)
             return tuple(out)
 
-    def signal(self, pid: int, signo: int) -> bool:
-        """Record the signal and apply its effect (see the class doc); False if ``pid`` is free."""
+    def open(self, pid: int, start_time: int = 0) -> FakeHandle | None:
         with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None or (start_time and proc.start_time != start_time):
+                return None
+            handle = FakeHandle(self, proc)
+            self.handles.append(handle)
+            return handle
+
+    def foreign_namespaces(self, pid: int) -> frozenset[str]:
+        with self._lock:
+            proc = self.processes.get(pid)
+            return proc.namespaces if proc is not None else frozenset()
+
+    def signal(self, pid: int, signo: int) -> bool:
+        """Test helper (not part of the port): signal whatever process is at ``pid`` now."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            return False if proc is None else self._deliver(proc, signo)
+
+    def _deliver(self, proc: FakeProcess, signo: int) -> bool:
+        """Apply ``signo`` to ``proc`` if it is still in the table (see the class doc)."""
+        with self._lock:
+            if self.processes.get(proc.pid) is not proc:
+                return False
+            pid = proc.pid
             self.signals.append((pid, signo))
             if self.events is not None:
                 self.events.append(f"signal {pid} {_signal_name(signo)}")
-            proc = self.processes.get(pid)
-            if proc is None:
-                return False
             if proc.state is PidState.ZOMBIE or signo == 0:
                 return True
             if signo == _signal.SIGKILL:
@@ -307,7 +385,6 @@ class FakeProcessTable:
             elif signo == _signal.SIGCONT and proc.state is PidState.STOPPED:
                 proc.state = PidState.RUNNING
             return True
-
 
 if TYPE_CHECKING:
 

@@ -119,6 +119,15 @@ class ProcessHarness:
         the read end of, /dev/null, or a regular file."""
         raise NotImplementedError
 
+    def reuse_pid(self, pid: int) -> int:
+        """End and reap the child at ``pid``, then start a new child at that same pid."""
+        raise NotImplementedError
+
+    def spawn_pidns_tree(self) -> tuple[int, tuple[int, ...]]:
+        """The init of a pid namespace of its own (pid 1 in it) with two children there:
+        (root, children), pids in this namespace."""
+        raise NotImplementedError
+
     def wait_state(self, pid: int, state: PidState, timeout: float = 5.0) -> PidState:
         """Poll ``table.status(pid)`` until it is ``state`` (signals are asynchronous)."""
         deadline = time.monotonic() + timeout
@@ -201,6 +210,33 @@ class ProcFsHarness(ProcessHarness):
         self._files.append(out)
         return self._popen(["sleep", "60"], stdout=out)
 
+    def reuse_pid(self, pid: int) -> int:
+        (old,) = [p for p in self._children if p.pid == pid]
+        old.kill()
+        old.wait()
+        for _ in range(50):  # other processes on the node may take the pid first: retry
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+            proc = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+            self._children.append(proc)
+            if proc.pid == pid:
+                return pid
+        raise AssertionError(f"could not start a process at pid {pid} again")
+
+    def spawn_pidns_tree(self) -> tuple[int, tuple[int, ...]]:
+        outer = self._popen(["unshare", "--fork", "--pid", "--kill-child",
+                             "sh", "-c", "sleep 60 & sleep 60 & wait"])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            inits = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
+            if inits:
+                root = int(inits[0])
+                kids = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+                if len(kids) == 2 and {Path(f"/proc/{k}/comm").read_text().strip()
+                                       for k in kids} == {"sleep"}:
+                    return root, tuple(sorted(int(k) for k in kids))
+            time.sleep(0.01)
+        raise AssertionError(f"unshare {outer} did not start its namespace")
+
     def close(self) -> None:
         for proc in self._children:
             if proc.poll() is None:
@@ -253,6 +289,24 @@ class FakeHarness(ProcessHarness):
 
     def free_pid(self) -> int:
         return self._pid()
+
+    def reuse_pid(self, pid: int) -> int:
+        self.fake.signal(pid, signal.SIGKILL)
+        self.fake.reap(pid)
+        self.fake.add_process(pid, self.self_pid, comm="sleep", uid=self.uid)
+        return pid
+
+    def spawn_pidns_tree(self) -> tuple[int, tuple[int, ...]]:
+        root = self._pid()
+        self.fake.add_process(root, self.self_pid, comm="sh", uid=self.uid, ns_pid=1,
+                              namespaces=frozenset({"pid"}))
+        kids = []
+        for inner in (2, 3):
+            kid = self._pid()
+            self.fake.add_process(kid, root, comm="sleep", uid=self.uid, ns_pid=inner,
+                                  namespaces=frozenset({"pid"}))
+            kids.append(kid)
+        return root, tuple(kids)
 
     def spawn_mixed_uid(self, real_uid: int) -> int:
         del real_uid  # a fake process has one uid: the one that decides
@@ -396,6 +450,33 @@ class GpuHarness:
     def progresses(self, pid: int, timeout: float = 10.0) -> bool:
         """Whether ``pid`` computes on: prints a new step within ``timeout``."""
         raise NotImplementedError
+
+    def reuse_pid(self, pid: int) -> int:
+        (old,) = [p for p in self._children if p.pid == pid]
+        old.kill()
+        old.wait()
+        for _ in range(50):  # other processes on the node may take the pid first: retry
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+            proc = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+            self._children.append(proc)
+            if proc.pid == pid:
+                return pid
+        raise AssertionError(f"could not start a process at pid {pid} again")
+
+    def spawn_pidns_tree(self) -> tuple[int, tuple[int, ...]]:
+        outer = self._popen(["unshare", "--fork", "--pid", "--kill-child",
+                             "sh", "-c", "sleep 60 & sleep 60 & wait"])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            inits = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
+            if inits:
+                root = int(inits[0])
+                kids = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+                if len(kids) == 2 and {Path(f"/proc/{k}/comm").read_text().strip()
+                                       for k in kids} == {"sleep"}:
+                    return root, tuple(sorted(int(k) for k in kids))
+            time.sleep(0.01)
+        raise AssertionError(f"unshare {outer} did not start its namespace")
 
     def close(self) -> None:
         for proc in self._children:

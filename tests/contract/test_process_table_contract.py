@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -13,6 +14,14 @@ from ckptd.domain import PidState, StdioFact, StdioKind
 from ckptd.errors import ProcessNotFound
 
 from .harness import ProcessHarness
+
+needs_root_for_real = pytest.mark.usefixtures("root_for_real")
+
+
+@pytest.fixture
+def root_for_real(processes: ProcessHarness) -> None:
+    if processes.real and os.geteuid() != 0:
+        pytest.skip("needs root on the real table (ns_last_pid, unshare)")
 
 
 def test_status_of_a_free_pid(processes: ProcessHarness) -> None:
@@ -46,14 +55,25 @@ def test_status_of_a_zombie(processes: ProcessHarness) -> None:
 def test_status_of_a_stopped_child_and_sigcont(processes: ProcessHarness) -> None:
     pid = processes.stopped()
     assert processes.table.status(pid).state is PidState.STOPPED
-    assert processes.table.signal(pid, signal.SIGCONT) is True
+    handle = processes.table.open(pid)
+    assert handle is not None
+    assert handle.state() is PidState.STOPPED
+    assert handle.signal(signal.SIGCONT) is True
     assert processes.wait_state(pid, PidState.RUNNING) is PidState.RUNNING
+    assert handle.state() is PidState.RUNNING
+    handle.close()
 
 
 def test_sigkill_leaves_an_unreaped_child_a_zombie(processes: ProcessHarness) -> None:
     pid = processes.spawn()
-    assert processes.table.signal(pid, signal.SIGKILL) is True
+    handle = processes.table.open(pid)
+    assert handle is not None
+    assert handle.wait_exit(0.05) is False
+    assert handle.signal(signal.SIGKILL) is True
+    assert handle.wait_exit(5.0) is True
     assert processes.wait_state(pid, PidState.ZOMBIE) is PidState.ZOMBIE
+    assert handle.state() is PidState.ZOMBIE
+    handle.close()
 
 
 def test_tree_includes_children_root_first(processes: ProcessHarness) -> None:
@@ -89,14 +109,65 @@ def test_ancestors_of_a_child_include_the_test_process(processes: ProcessHarness
     assert children[0] not in chain
 
 
-def test_signal_returns_false_for_a_free_pid(processes: ProcessHarness) -> None:
-    assert processes.table.signal(processes.free_pid(), signal.SIGCONT) is False
+def test_no_handle_on_a_free_pid(processes: ProcessHarness) -> None:
+    assert processes.table.open(processes.free_pid()) is None
 
 
-def test_signal_zero_probes_a_live_process(processes: ProcessHarness) -> None:
+def test_handle_checks_the_start_time(processes: ProcessHarness) -> None:
     pid = processes.spawn()
-    assert processes.table.signal(pid, 0) is True
+    start = processes.table.status(pid).start_time
+    assert start > 0
+    assert processes.table.open(pid, start + 1) is None
+    handle = processes.table.open(pid, start)
+    assert handle is not None
+    assert (handle.pid, handle.start_time) == (pid, start)
+    assert handle.signal(0) is True
     assert processes.table.status(pid).state is PidState.RUNNING
+    handle.close()
+    handle.close()  # idempotent
+    assert handle.signal(0) is False
+
+
+@needs_root_for_real
+def test_a_handle_never_reaches_a_process_that_took_its_pid(processes: ProcessHarness) -> None:
+    """The process exits, is reaped, and its pid goes to a newcomer: the handle reaches
+    nothing, and reopening with the recorded start time finds nothing."""
+    pid = processes.spawn()
+    handle = processes.table.open(pid)
+    assert handle is not None
+    assert processes.reuse_pid(pid) == pid
+    newcomer = processes.table.status(pid)
+    assert newcomer.state is PidState.RUNNING
+    assert handle.state() is PidState.FREE
+    assert handle.signal(signal.SIGKILL) is False
+    assert handle.wait_exit(0.0) is True
+    assert processes.table.open(pid, handle.start_time) is None
+    time.sleep(0.05)
+    assert processes.table.status(pid).state is PidState.RUNNING  # the newcomer lives
+    assert processes.table.status(pid).start_time == newcomer.start_time
+    handle.close()
+
+
+def test_a_process_in_the_daemons_namespaces_has_none_of_its_own(
+    processes: ProcessHarness,
+) -> None:
+    pid = processes.spawn()
+    assert processes.table.foreign_namespaces(pid) == frozenset()
+    assert processes.table.status(pid).ns_pids == (pid,)
+    assert all(f.ns_pid == 0 and f.image_pid == pid for f in processes.table.tree(pid))
+
+
+@needs_root_for_real
+def test_tree_of_a_pid_namespace_init_names_its_pids_inside(processes: ProcessHarness) -> None:
+    root, children = processes.spawn_pidns_tree()
+    assert "pid" in processes.table.foreign_namespaces(root)
+    assert processes.table.status(root).ns_pids == (root, 1)
+    tree = processes.table.tree(root)
+    assert [f.pid for f in tree] == [root, *children]
+    assert tree[0].image_pid == 1
+    inner = sorted(f.ns_pid for f in tree[1:])
+    assert len(inner) == 2 and all(p > 1 for p in inner)
+    assert all(f.start_time > 0 for f in tree)
 
 
 def _stdout(processes: ProcessHarness, pid: int) -> StdioFact:

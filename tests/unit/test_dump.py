@@ -262,12 +262,14 @@ def test_stopped_before_is_journaled(world: World) -> None:
     world.processes.processes[1002].state = PidState.STOPPED
     seen: list[dict[str, Any]] = []
     world.hooks.on["post_dump"] = lambda pid: seen.extend(f for _op, f in world.journal.pending())
+    starts = {p: world.processes.processes[p].start_time for p in JOB_TREE}
     record = world.dump(JOB)
     assert seen == [
         {
             "op": "dump",
             "checkpoint_id": record.id,
             "pids": list(JOB_TREE),
+            "members": [[p, starts[p]] for p in JOB_TREE],
             "stopped_before": [1002],
             "leave_running": False,
             "cuda_pids": [],

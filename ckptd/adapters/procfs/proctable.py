@@ -1,4 +1,4 @@
-"""``ProcessTable`` over /proc (host pid namespace).
+"""``ProcessTable`` over /proc (the daemon's pid namespace); signals through pidfds.
 
 A process that dies while its /proc files are read (the kernel answers ENOENT or ESRCH) is
 reported as gone, never as an error: callers poll processes they just killed."""
@@ -9,11 +9,17 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ckptd.adapters.procfs.pidfd import PidfdHandle, read_stat, state_of
 from ckptd.domain import PidState, PidStatus, ProcessFact, StdioFact, StdioKind
 from ckptd.errors import ProcessNotFound
 
 PF_KTHREAD = 0x00200000
-_STOPPED = {"T", "t"}
+
+
+def _ns_pid(status: str, level: int) -> int:
+    """The pid at ``level`` of NSpid (0 for level 0 or when unknown)."""
+    pids = _ns_pids(status)
+    return pids[level] if 0 < level < len(pids) else 0
 
 
 def owner_uid(status: str) -> int:
@@ -28,13 +34,17 @@ def owner_uid(status: str) -> int:
 
 
 def _read_stat(pid: int, proc: Path) -> list[str] | None:
-    """Fields of /proc/PID/stat with ``comm`` as field 1 (it may contain spaces)."""
-    try:
-        raw = (proc / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-        return None
-    lpar, rpar = raw.index("("), raw.rindex(")")
-    return [raw[:lpar].strip(), raw[lpar + 1 : rpar], *raw[rpar + 2 :].split()]
+    return read_stat(pid, proc)
+
+
+def _ns_pids(status: str) -> tuple[int, ...]:
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return tuple(int(p) for p in line.split()[1:])
+    return ()
+
+
+NAMESPACES = ("pid", "mnt", "net", "ipc", "uts", "user", "cgroup", "time")
 
 
 class ProcFsTable:
@@ -48,13 +58,9 @@ class ProcFsTable:
         state_char, ppid, session, flags = (
             fields[2], int(fields[3]), int(fields[5]), int(fields[8])
         )
+        del state_char
         start_time = int(fields[21]) if len(fields) > 21 else 0
-        if state_char in ("Z", "X"):
-            state = PidState.ZOMBIE
-        elif state_char in _STOPPED:
-            state = PidState.STOPPED
-        else:
-            state = PidState.RUNNING
+        state = state_of(fields)
         try:
             status_text = (self._proc / str(pid) / "status").read_text()
         except (FileNotFoundError, ProcessLookupError):
@@ -66,11 +72,13 @@ class ProcFsTable:
         )
         return PidStatus(
             pid, state, ppid=ppid, comm=fields[1], uid=uid, traced=traced, session=session,
-            start_time=start_time,
+            start_time=start_time, ns_pids=_ns_pids(status_text),
             kernel_thread=bool(flags & PF_KTHREAD),  # reliable; pid 2 may be anything in a pid ns
         )
 
-    def _fact(self, pid: int) -> ProcessFact | None:
+    def _fact(self, pid: int, level: int = 0) -> ProcessFact | None:
+        """``pid``'s facts; ``ns_pid`` its pid at ``level`` of its NSpid (the level of the
+        tree root's own pid namespace; 0: the daemon's, where ``ns_pid`` is left 0)."""
         base = self._proc / str(pid)
         fields = _read_stat(pid, self._proc)
         if fields is None:
@@ -94,6 +102,8 @@ class ProcFsTable:
             gid=int(ids.get("Gid", 0)),
             threads=int(ids.get("Threads", 1)),
             rss=int(ids.get("VmRSS", 0)) * 1024,
+            start_time=int(fields[21]) if len(fields) > 21 else 0,
+            ns_pid=_ns_pid(status, level),
         )
 
     def _children(self, pid: int) -> list[int]:
@@ -110,14 +120,18 @@ class ProcFsTable:
         return sorted(set(kids))
 
     def tree(self, pid: int) -> tuple[ProcessFact, ...]:
-        root = self._fact(pid)
+        try:
+            level = len(_ns_pids((self._proc / str(pid) / "status").read_text())) - 1
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            level = 0
+        root = self._fact(pid, level)
         if root is None:
             raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
         out = [root]
         queue = self._children(pid)
         while queue:
             child = queue.pop(0)
-            fact = self._fact(child)
+            fact = self._fact(child, level)
             if fact is not None:
                 out.append(fact)
                 queue.extend(self._children(child))
@@ -136,12 +150,20 @@ class ProcFsTable:
             chain.append(current)
         return tuple(chain)
 
-    def signal(self, pid: int, signo: int) -> bool:
-        try:
-            os.kill(pid, signo)
-        except ProcessLookupError:
-            return False
-        return True
+    def open(self, pid: int, start_time: int = 0) -> PidfdHandle | None:
+        return PidfdHandle.open(pid, start_time, self._proc)
+
+    def foreign_namespaces(self, pid: int) -> frozenset[str]:
+        out = set()
+        for name in NAMESPACES:
+            try:
+                mine = os.readlink(self._proc / "self" / "ns" / name)
+                theirs = os.readlink(self._proc / str(pid) / "ns" / name)
+            except OSError:  # gone, or a kernel without this namespace
+                continue
+            if mine != theirs:
+                out.add(name)
+        return frozenset(out)
 
     def stdio(self, tree: Sequence[ProcessFact]) -> tuple[StdioFact, ...]:
         """Stdio of every process; pipes held only on one side by the tree, and terminals

@@ -63,7 +63,7 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
             ctx.client.SetPolicy(pb.SetPolicyRequest(policy=policy, callers_child=True),
                                  timeout=ctx.timeout)
         except grpc.RpcError:
-            job.terminate()
+            _signal_job(job, signal.SIGTERM)
             job.wait()
             raise
         while job.poll() is None and not terminated.wait(0.2):
@@ -82,8 +82,26 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
 
 
 def _pass_on(job: subprocess.Popen[bytes], signo: int) -> None:
-    if job.poll() is None:
-        os.kill(job.pid, signo)
+    _signal_job(job, signo)
+
+
+def _signal_job(job: subprocess.Popen[bytes], signo: int) -> None:
+    """Signal the job we started through a pidfd: never a process that took its pid after it
+    ended (it is our child, so its pid stays its own until we reap it; the pidfd keeps that
+    true whoever reaps it)."""
+    if job.poll() is not None:
+        return
+    try:
+        fd = os.pidfd_open(job.pid)
+    except OSError:
+        return  # already reaped
+    try:
+        if job.returncode is None:
+            signal.pidfd_send_signal(fd, signo)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _forget_unless_drained(ctx: Any, name: str, wait_s: float = 60.0) -> str:
@@ -139,8 +157,7 @@ def _checkpoint_then_stop(
     if response is not None:
         for line in response.errors:
             err(f"checkpoint of {name} before termination failed: {line}; stopping it")
-    if job.poll() is None:
-        job.send_signal(signal.SIGTERM)
+    _signal_job(job, signal.SIGTERM)
     return _status(job.wait())
 
 

@@ -1,0 +1,128 @@
+"""``ProcessHandle`` over a Linux pidfd: signals reach the process that was identified, never
+one that got its pid later.
+
+A pidfd names one process (not a pid): ``pidfd_send_signal`` on it fails with ESRCH once that
+process is reaped, even if its pid has been given to another; the pidfd turns readable when
+the process exits. Identity at opening: the start time is read from /proc/PID/stat *after* the
+pidfd is opened and checked while the pidfd says the process is still alive (a live process
+keeps its pid, so what was read was its own)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+from pathlib import Path
+
+from ckptd.domain import PidState
+
+_STOPPED = {"T", "t"}
+
+
+def read_stat(pid: int, proc: Path) -> list[str] | None:
+    """Fields of /proc/PID/stat with ``comm`` as field 1 (it may contain spaces); None when
+    the process is gone."""
+    try:
+        raw = (proc / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    lpar, rpar = raw.index("("), raw.rindex(")")
+    return [raw[:lpar].strip(), raw[lpar + 1 : rpar], *raw[rpar + 2 :].split()]
+
+
+def state_of(fields: list[str]) -> PidState:
+    if fields[2] in ("Z", "X"):
+        return PidState.ZOMBIE
+    if fields[2] in _STOPPED:
+        return PidState.STOPPED
+    return PidState.RUNNING
+
+
+class PidfdHandle:
+    """A process held by a pidfd (see the module doc). Not thread-safe; close when done."""
+
+    def __init__(self, fd: int, pid: int, start_time: int, proc: Path) -> None:
+        self._fd = fd
+        self._pid = pid
+        self._start_time = start_time
+        self._proc = proc
+
+    @classmethod
+    def open(cls, pid: int, start_time: int = 0, proc: Path = Path("/proc")) -> PidfdHandle | None:
+        """The process at ``pid`` now (and, with ``start_time``, only if it started then);
+        None when there is none (or only a thread of that id, or another process)."""
+        if pid <= 0:
+            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except (ProcessLookupError, OSError):  # ESRCH; EINVAL: a thread id, not a process
+            return None
+        handle = cls(fd, pid, 0, proc)
+        fields = read_stat(pid, proc)
+        if fields is None or not handle._alive() or len(fields) <= 21:
+            handle.close()
+            return None
+        handle._start_time = int(fields[21])
+        if start_time and handle._start_time != start_time:
+            handle.close()
+            return None
+        return handle
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def start_time(self) -> int:
+        return self._start_time
+
+    def _alive(self) -> bool:
+        """Not reaped yet (a zombie counts: it still holds its pid)."""
+        if self._fd < 0:
+            return False
+        try:
+            signal.pidfd_send_signal(self._fd, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def _exited(self, timeout_s: float = 0.0) -> bool:
+        if self._fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        return bool(poller.poll(max(0, int(timeout_s * 1000))))
+
+    def signal(self, signo: int) -> bool:
+        if self._fd < 0:
+            return False
+        try:
+            signal.pidfd_send_signal(self._fd, signo)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def state(self) -> PidState:
+        if not self._alive():
+            return PidState.FREE
+        if self._exited():
+            return PidState.ZOMBIE
+        fields = read_stat(self._pid, self._proc)
+        if not self._alive():  # died while we read: what we read may not be its own
+            return PidState.FREE
+        if fields is None:
+            return PidState.ZOMBIE
+        return state_of(fields)
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        return self._exited(timeout_s)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+    def __repr__(self) -> str:
+        return f"PidfdHandle(pid={self._pid}, start_time={self._start_time})"
