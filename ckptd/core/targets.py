@@ -55,6 +55,7 @@ def check_dump_target(
     tree = processes.tree(pid)
     if not tree:
         raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+    check_no_nested_pid_namespace(processes, pid, status, tree)
     if not caller.is_root:
         for proc in tree:
             if proc.uid != caller.uid:
@@ -108,5 +109,24 @@ def check_namespaces(processes: ProcessTable, pid: int, status: PidStatus) -> No
                 f"{what} has {why}",
                 hint="run the job in the node's mount and user namespaces (e.g. `unshare "
                      "--fork --pid CMD`, without --mount/--mount-proc/--user)",
+                pid=pid,
+            )
+
+
+def check_no_nested_pid_namespace(
+    processes: ProcessTable, pid: int, root: PidStatus, tree: tuple[ProcessFact, ...]
+) -> None:
+    """CRIU cannot dump a tree with a pid namespace nested in it (``unshare --fork --pid``
+    run by the job): refuse before anything is frozen, naming the init to checkpoint."""
+    depth = len(root.ns_pids)
+    for proc in tree[1:]:
+        status = processes.status(proc.pid)
+        if depth and status.ns_pids and len(status.ns_pids) != depth:
+            raise TargetRefused(
+                f"process {proc.pid} ({proc.comm}) in the tree of pid {pid} is in a pid "
+                "namespace nested in the tree's, and CRIU cannot checkpoint nested pid "
+                "namespaces",
+                hint=f"checkpoint the nested namespace's init instead (`ckptctl dump "
+                     f"{proc.pid}` if it is that init)",
                 pid=pid,
             )
