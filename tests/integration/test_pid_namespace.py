@@ -139,7 +139,7 @@ class NsJob:
         return _files(out)
 
     def wait_done(self, timeout: float = 30.0) -> dict[str, str]:
-        wait_until(lambda: (self.out / "done").exists(), timeout, "the job to finish")
+        wait_until((self.out / "done").exists, timeout, "the job to finish")
         return _files(self.out)
 
     def all_gone(self) -> bool:
