@@ -8,7 +8,9 @@ Invariants:
   daemon's pid through ``ProcessFact.image_pid`` of facts read from /proc, never used as a
   pid here (for the init of its own namespace, image pid 1 is not the node's pid 1);
 - a pid read from the journal after a restart is reopened with the start time recorded with
-  it; a pid whose process is no longer that one is left alone.
+  it; a pid whose process is no longer that one is left alone (start times count clock ticks:
+  only a process that lived less than one tick could share one with a newcomer at its pid,
+  and no checkpointed process did). See docs/adr/0008.
 """
 
 from __future__ import annotations

@@ -67,15 +67,17 @@ def check_dump_target(
     return tree
 
 
-HANDLED_NAMESPACES = frozenset({"pid", "uts", "ipc", "net", "cgroup", "time"})
+HANDLED_NAMESPACES = frozenset({"pid", "uts", "ipc", "cgroup", "time"})
 """Namespaces of its own a tree may have: CRIU dumps them and a restore creates new ones
-(a network namespace comes back with its loopback and sockets, not links to the node)."""
+(each checked with a real dump and restore)."""
 
 _NOT_YET = {
     "mnt": "a mount namespace of its own (a container's root filesystem and mounts, which "
            "ckptd does not record yet: container support is issue #12)",
     "user": "a user namespace of its own (rootless containers; CRIU cannot restore its uid "
             "maps from ckptd yet)",
+    "net": "a network namespace of its own (CRIU must lock it during the dump, and ckptd does "
+           "not yet drive CRIU's nftables lock nor recreate its links to the node: issue #12)",
 }
 
 
@@ -107,8 +109,8 @@ def check_namespaces(processes: ProcessTable, pid: int, status: PidStatus) -> No
         if kind in foreign:
             raise TargetRefused(
                 f"{what} has {why}",
-                hint="run the job in the node's mount and user namespaces (e.g. `unshare "
-                     "--fork --pid CMD`, without --mount/--mount-proc/--user)",
+                hint="run the job in the node's mount, user and network namespaces (e.g. "
+                     "`unshare --fork --pid CMD`, without --mount/--mount-proc/--user/--net)",
                 pid=pid,
             )
 

@@ -268,26 +268,23 @@ def test_drain_and_resume_of_a_pid_namespace_job(
 
 
 @pytest.mark.parametrize(
-    ("argv", "needle"),
-    [
-        (["unshare", "--fork", "--pid", "--mount-proc"], "a mount namespace of its own"),
-        (["unshare", "--fork", "--pid", "--mount-proc", "setsid", "sh", "-c",
-          "sleep 600 & exec sleep 600"], "a mount namespace of its own"),
-    ],
-    ids=["mount-ns", "mount-ns-tree"],
+    ("flags", "needle"),
+    [(["--mount-proc"], "a mount namespace of its own"),
+     (["--net"], "a network namespace of its own")],
+    ids=["mount-ns", "net-ns"],
 )
 def test_what_cannot_be_restored_yet_is_refused_before_anything_is_frozen(
-    daemon: Daemon, procs: Procs, argv: list[str], needle: str
+    daemon: Daemon, procs: Procs, flags: list[str], needle: str
 ) -> None:
-    if argv[-1] == "--mount-proc":
-        argv = [*argv, "setsid", "sleep", "600"]
-    unshare = procs.popen(argv, stdin=subprocess.DEVNULL)
+    unshare = procs.popen(["unshare", "--fork", "--pid", *flags, "setsid", "sh", "-c",
+                           "sleep 600 & exec sleep 600"], stdin=subprocess.DEVNULL)
     wait_until(lambda: len(children(unshare.pid)) == 1, 10, "the namespace's init")
     (init,) = children(unshare.pid)
     procs.add(init)
     res = daemon.ctl("dump", init)
-    assert_one_line_error(res, 2, needle, "issue #12")
+    assert_one_line_error(res, 2, needle, "issue #12", "unshare --fork --pid")
     assert_running(init, "after a refused dump")
+    assert proc_state(init) not in ("T", "t")
 
 
 def test_a_process_inside_a_namespace_and_a_nested_namespace_are_refused_naming_the_init(

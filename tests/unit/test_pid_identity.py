@@ -183,7 +183,8 @@ def test_a_tree_with_a_nested_pid_namespace_is_refused(world: World) -> None:
 
 
 @pytest.mark.parametrize(("kind", "needle"), [("mnt", "mount namespace"),
-                                              ("user", "user namespace")])
+                                              ("user", "user namespace"),
+                                              ("net", "network namespace")])
 def test_a_namespace_kind_not_handled_yet_is_refused(
     world: World, kind: str, needle: str
 ) -> None:
@@ -192,9 +193,9 @@ def test_a_namespace_kind_not_handled_yet_is_refused(
     _assert_refused(world, 5000, needle)
 
 
-def test_a_job_in_its_own_uts_ipc_and_network_namespaces_is_dumped(world: World) -> None:
+def test_a_job_in_its_own_uts_ipc_cgroup_and_time_namespaces_is_dumped(world: World) -> None:
     world.processes.add_process(5000, 1, comm="boxed", ns_pid=1,
-                                namespaces=frozenset({"pid", "uts", "ipc", "net"}))
+                                namespaces=frozenset({"pid", "uts", "ipc", "cgroup", "time"}))
     assert world.dump(5000).own_pid_namespace
 
 
