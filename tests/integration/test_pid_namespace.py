@@ -181,6 +181,7 @@ def test_dump_kills_the_job_restore_brings_it_back_in_a_new_namespace_bit_for_bi
 
     shown = assert_ok(daemon.ctl("show", ck["id"]), "show")
     assert [p["pid"] for p in shown["processes"]] == [job.init, *job.kids], "node pids"
+    assert [p["ns_pid"] for p in shown["processes"]] == [1, *decoys.pids], "inner pids"
 
     res = assert_ok(daemon.ctl("restore", "--name", "nsjob"), "restore")
     root = procs.add(res["pid"])

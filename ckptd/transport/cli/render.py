@@ -240,7 +240,7 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
             table(
                 ["PID", "PPID", "COMM", "CMDLINE"],
                 (
-                    [str(p["pid"]), str(p["ppid"]), dash(p["comm"]), dash(" ".join(p["cmdline"]))]
+                    [_pid_cell(p), str(p["ppid"]), dash(p["comm"]), dash(" ".join(p["cmdline"]))]
                     for p in processes
                 ),
                 indent="  ",
@@ -314,6 +314,11 @@ def compat_report(report: Mapping[str, Any]) -> str:
 
 def _cuda(version: int) -> str:
     return f"{version // 1000}.{version % 1000 // 10}" if version else "-"
+
+
+def _pid_cell(proc: Mapping[str, Any]) -> str:
+    """The node pid, and the pid inside the job's own pid namespace when it has one."""
+    return f"{proc['pid']} (ns {proc['ns_pid']})" if proc.get("ns_pid") else str(proc["pid"])
 
 
 def _gpu_facts(gpu: Mapping[str, Any] | None) -> list[str]:

@@ -112,7 +112,7 @@ def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
         processes=[
             pb.ProcessFact(
                 pid=p.pid, ppid=p.ppid, comm=p.comm, cmdline=list(p.cmdline), uid=p.uid,
-                gid=p.gid, threads=p.threads,
+                gid=p.gid, threads=p.threads, ns_pid=p.ns_pid,
             )
             for p in r.processes
         ],

@@ -471,6 +471,7 @@ def test_show_json_has_every_field(capsys: pytest.CaptureFixture[str], daemon: D
         "uid": 1000,
         "gid": 1000,
         "threads": 8,
+        "ns_pid": 0,
     }
     assert data["stdio"][1] == {
         "pid": 4242,
@@ -817,6 +818,18 @@ def test_show_human_prints_gpu_facts() -> None:
     assert "checkpoint 1.50s" in text
     assert "NVIDIA H100 80GB HBM3" in text
     assert "3.0 GiB" in text
+
+
+def test_show_human_names_the_inner_pid_of_a_pid_namespace_job() -> None:
+    ck = convert.checkpoint_to_dict(pb.Checkpoint(id="ck-x", processes=[
+        pb.ProcessFact(pid=41872, ppid=41870, comm="python", ns_pid=1),
+        pb.ProcessFact(pid=41901, ppid=41872, comm="worker", ns_pid=7),
+        pb.ProcessFact(pid=500, ppid=1, comm="plain"),
+    ]))
+    assert [p["ns_pid"] for p in ck["processes"]] == [1, 7, 0]
+    text = render.checkpoint_details(ck)
+    assert "41872 (ns 1)" in text and "41901 (ns 7)" in text
+    assert "500 (ns" not in text
 
 
 def test_show_human_has_no_gpu_part_without_cuda() -> None:

@@ -1016,12 +1016,17 @@ class ProcessFact(_message.Message):
     UID_FIELD_NUMBER: _builtins.int
     GID_FIELD_NUMBER: _builtins.int
     THREADS_FIELD_NUMBER: _builtins.int
+    NS_PID_FIELD_NUMBER: _builtins.int
     pid: _builtins.int
     ppid: _builtins.int
     comm: _builtins.str
     uid: _builtins.int
     gid: _builtins.int
     threads: _builtins.int
+    ns_pid: _builtins.int
+    """Its pid inside the job's own pid namespace (what a restore recreates there); 0 when the
+    job shares the node's pid namespace. `pid` is the node's pid at the dump.
+    """
     @_builtins.property
     def cmdline(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -1034,10 +1039,11 @@ class ProcessFact(_message.Message):
         uid: _builtins.int = ...,
         gid: _builtins.int = ...,
         threads: _builtins.int = ...,
+        ns_pid: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cmdline", b"cmdline", "comm", b"comm", "gid", b"gid", "pid", b"pid", "ppid", b"ppid", "threads", b"threads", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cmdline", b"cmdline", "comm", b"comm", "gid", b"gid", "ns_pid", b"ns_pid", "pid", b"pid", "ppid", b"ppid", "threads", b"threads", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
