@@ -451,33 +451,6 @@ class GpuHarness:
         """Whether ``pid`` computes on: prints a new step within ``timeout``."""
         raise NotImplementedError
 
-    def reuse_pid(self, pid: int) -> int:
-        (old,) = [p for p in self._children if p.pid == pid]
-        old.kill()
-        old.wait()
-        for _ in range(50):  # other processes on the node may take the pid first: retry
-            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-            proc = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
-            self._children.append(proc)
-            if proc.pid == pid:
-                return pid
-        raise AssertionError(f"could not start a process at pid {pid} again")
-
-    def spawn_pidns_tree(self) -> tuple[int, tuple[int, ...]]:
-        outer = self._popen(["unshare", "--fork", "--pid", "--kill-child",
-                             "sh", "-c", "sleep 60 & sleep 60 & wait"])
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            inits = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
-            if inits:
-                root = int(inits[0])
-                kids = Path(f"/proc/{root}/task/{root}/children").read_text().split()
-                if len(kids) == 2 and {Path(f"/proc/{k}/comm").read_text().strip()
-                                       for k in kids} == {"sleep"}:
-                    return root, tuple(sorted(int(k) for k in kids))
-            time.sleep(0.01)
-        raise AssertionError(f"unshare {outer} did not start its namespace")
-
     def close(self) -> None:
         for proc in self._children:
             if proc.poll() is None:
