@@ -287,9 +287,7 @@ class CheckpointService:
         """The journaled tree, reopened: each pid only if it still is the process recorded
         (same start time). An entry written before start times were journaled names pids
         only; those are acted on only while stopped, as CRIU left them (as before)."""
-        if "members" in facts:
-            return HeldTree.from_members(self._processes, facts["members"])
-        return HeldTree.from_members(self._processes, [int(p) for p in facts.get("pids", [])])
+        return HeldTree.from_members(self._processes, facts.get("members", facts.get("pids", [])))
 
     def _finish_dump(
         self, ckpt: str, facts: dict[str, Any], held: HeldTree, committed: bool

@@ -33,10 +33,6 @@ def owner_uid(status: str) -> int:
     return 0
 
 
-def _read_stat(pid: int, proc: Path) -> list[str] | None:
-    return read_stat(pid, proc)
-
-
 def _ns_pids(status: str) -> tuple[int, ...]:
     for line in status.splitlines():
         if line.startswith("NSpid:"):
@@ -52,13 +48,10 @@ class ProcFsTable:
         self._proc = proc
 
     def status(self, pid: int) -> PidStatus:
-        fields = _read_stat(pid, self._proc) if pid > 0 else None
+        fields = read_stat(pid, self._proc) if pid > 0 else None
         if fields is None:
             return PidStatus(pid, PidState.FREE)
-        state_char, ppid, session, flags = (
-            fields[2], int(fields[3]), int(fields[5]), int(fields[8])
-        )
-        del state_char
+        ppid, session, flags = int(fields[3]), int(fields[5]), int(fields[8])
         start_time = int(fields[21]) if len(fields) > 21 else 0
         state = state_of(fields)
         try:
@@ -80,7 +73,7 @@ class ProcFsTable:
         """``pid``'s facts; ``ns_pid`` its pid at ``level`` of its NSpid (the level of the
         tree root's own pid namespace; 0: the daemon's, where ``ns_pid`` is left 0)."""
         base = self._proc / str(pid)
-        fields = _read_stat(pid, self._proc)
+        fields = read_stat(pid, self._proc)
         if fields is None:
             return None
         try:
@@ -141,7 +134,7 @@ class ProcFsTable:
         chain: list[int] = []
         current = pid
         while current > 1:
-            fields = _read_stat(current, self._proc)
+            fields = read_stat(current, self._proc)
             if fields is None:
                 break
             current = int(fields[3])
