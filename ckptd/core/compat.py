@@ -17,7 +17,8 @@ import os
 from collections.abc import Mapping
 
 from ckptd.core.gpu import GpuSteps
-from ckptd.core.ports import NodeInspector
+from ckptd.core.jobfiles import check_files
+from ckptd.core.ports import JobFiles, NodeInspector
 from ckptd.domain import CheckpointRecord, CompatReport, FileKind, FileNeed, NodeFingerprint
 from ckptd.errors import GpuMismatch, GpuUnavailable, Incompatible
 
@@ -32,20 +33,26 @@ def check_restore(
     gpu: GpuSteps | None = None,
     gpu_map: Mapping[str, str] | None = None,
     include_gpu: bool = True,
+    files: JobFiles | None = None,
 ) -> CompatReport:
     """Every blocking difference and every warning between ``record``'s needs and this node
     (``here``; ``criu_version``: this node's CRIU; ``gpu``: its GPU steps, for CUDA trees,
-    whose problems are left out when not ``include_gpu``)."""
+    whose problems are left out when not ``include_gpu``; ``files``: this node's files, to
+    check that the captured ones can be put back), and the notes of what a restore changes."""
     blocking: list[str] = []
     warnings: list[str] = []
+    captured = {f.path for f in record.files}
     if record.fingerprint is not None:
         node = here.here()
         _node(record.fingerprint, node, criu_version, blocking, warnings)
-        changed = _files(record.fingerprint.files, here, blocking, warnings)
+        needs = tuple(n for n in record.fingerprint.files if n.path not in captured)
+        changed = _files(needs, here, blocking, warnings)
         _libc(record.fingerprint, node, changed, warnings)
+    file_blocking, notes = check_files(record, files)
+    blocking.extend(file_blocking)
     if include_gpu and record.gpu is not None:
         blocking.extend(gpu_problems(record, gpu, gpu_map))
-    return CompatReport(blocking=tuple(blocking), warnings=tuple(warnings))
+    return CompatReport(blocking=tuple(blocking), warnings=tuple(warnings), notes=tuple(notes))
 
 
 def gpu_problems(
@@ -147,11 +154,12 @@ def _files(
             blocking.append(f"file {need.path} missing")
             continue
         if need.writable:
-            if now.size < need.size:
+            if now.size != need.size and not need.append_only:
                 changed.add(need.path)
                 blocking.append(
-                    f"file {need.path} shrank: {need.size} -> {now.size} bytes (the tree writes to "
-                    "it; CRIU needs at least its size at dump)"
+                    f"file {need.path} has {now.size} bytes, the checkpoint needs exactly "
+                    f"{need.size} (the tree writes to it and its content was not captured; "
+                    "CRIU refuses a file of another size)"
                 )
             continue
         differs = []

@@ -19,3 +19,8 @@ class CoreConfig:
     keep_work_dirs: int = 20
     recovery_wait_s: float = 60.0
     """At start-up, how long to wait for a CRIU left by a killed daemon to let go of a tree."""
+    file_capture_limit: int = 8 << 30
+    """Largest file the tree writes whose content a checkpoint captures (bytes)."""
+    file_capture_oversize: str = "refuse"
+    """A written file over ``file_capture_limit``: ``refuse`` the dump (naming it), or
+    ``skip`` its capture (said in the checkpoint; a restore then needs it at its size)."""

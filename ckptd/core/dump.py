@@ -8,16 +8,27 @@ Order, and what undoes each step if a later one fails:
     stage           an empty image directory in the store                     abort it
     gpu-lock        lock every CUDA process (before CRIU seizes any)           restore + unlock
     gpu-checkpoint  move device memory into host memory                       (gpu-lock's undo)
-    criu-dump       CRIU dumps the tree and leaves it stopped (or running)     resume the tree
+    criu-dump       CRIU dumps the tree and holds it frozen at its post-dump   CRIU resumes it and
+                    point (images complete, network locked)                    unlocks its network
+    files           capture the content of every file the tree writes          -
+                    (``core.jobfiles``), the tree still frozen
+    let-go          CRIU ends: leave-running, the tree runs on; else it stays  SIGCONT what it
+                    stopped (not with TCP connections: see criu-finish)        stopped
     gpu-resume      leave-running: CUDA restore + unlock                       -
-    gate            group checkpoints only: hold here (tree stopped, images    -
-                    staged) until the group commits, or raise to abort
-    commit          the checkpoint becomes durable, then visible              -
+    gate            group checkpoints only: hold here (tree frozen or, with    -
+                    leave-running, running; images staged) until the group
+                    commits, or raise to abort
+    commit          the checkpoint becomes durable, then visible              delete it
+    criu-finish     a tree with TCP connections: CRIU ends only now, leaving  -
+                    it stopped with its connections locked
     release         leave-running: nothing; else kill the tree                -
 
-Invariants: the target is never left frozen or stopped by a failed dump (CRIU leaves the tree
-stopped, not killed, so a failed commit can still resume it); a checkpoint is listed only once
-committed; the tree is killed only after its checkpoint is durable. Every process the recipe
+Invariants: the target is never left frozen or stopped by a failed dump: CRIU leaves a tree
+stopped, not killed, so a failed commit can still resume it; a tree with established TCP
+connections (in repair mode, its network locked) cannot be resumed by a signal once CRIU is
+done, so CRIU holds it until the commit and a failure has CRIU resume it, connections out of
+repair and network unlocked. A checkpoint is listed only once committed; the tree is killed
+only after its checkpoint is durable. Every process the recipe
 signals is held (``core.held``) from when it was identified: pids in CRIU's images are the
 tree's own namespace's, mapped through /proc, never signalled as they are.
 """
@@ -30,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ckptd.core import jobfiles
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree, map_image_pids
@@ -37,9 +49,11 @@ from ckptd.core.ports import (
     CheckpointStore,
     Clock,
     Criu,
+    CriuDumpInProgress,
     CriuDumpJob,
     CriuDumpResult,
     CriuHooks,
+    JobFiles,
     Journal,
     NodeInspector,
     ProcessTable,
@@ -48,6 +62,7 @@ from ckptd.core.recipe import ProgressSink, Step, run_steps
 from ckptd.core.targets import check_dump_target
 from ckptd.domain import (
     Caller,
+    CapturedFile,
     CheckpointRecord,
     DumpRequest,
     NodeFingerprint,
@@ -75,7 +90,11 @@ class DumpContext:
     stopped_before: frozenset[int] = frozenset()
     images_dir: Path | None = None
     work_dir: Path | None = None
+    criu: CriuDumpInProgress | None = None
+    """CRIU's dump, held at post-dump until ``let-go`` or ``criu-finish`` (or aborted)."""
     criu_result: CriuDumpResult | None = None
+    criu_s: float = 0.0
+    """How long CRIU took to reach post-dump (the tree frozen all along)."""
     record: CheckpointRecord | None = None
     gpu: GpuSession = field(default_factory=GpuSession)
     fingerprint: NodeFingerprint | None = None
@@ -85,6 +104,8 @@ class DumpContext:
     anything is committed; returns to commit, raises to abort (the tree is resumed)."""
     held: HeldTree | None = None
     """The tree's processes, held since ``inspect`` (and those CRIU found later)."""
+    files: tuple[CapturedFile, ...] = ()
+    files_skipped: tuple[str, ...] = ()
 
 
 class DumpRecipe:
@@ -102,9 +123,11 @@ class DumpRecipe:
         gpu: GpuSteps,
         node: NodeInspector,
         hooks: CriuHooks | None = None,
+        files: JobFiles | None = None,
     ) -> None:
         self._gpu = gpu
         self._node = node
+        self._files = files
         self._criu = criu
         self._processes = processes
         self._store = store
@@ -118,10 +141,13 @@ class DumpRecipe:
             Step("stage", self._stage, self._unstage, "preparing the image directory"),
             Step("gpu-lock", self._gpu_lock, self._gpu_resume, "locking CUDA processes"),
             Step("gpu-checkpoint", self._gpu_checkpoint, None, "moving GPU memory to the host"),
-            Step("criu-dump", self._criu_dump, self._resume_tree, "CRIU is dumping the tree"),
+            Step("criu-dump", self._criu_dump, self._abort_criu, "CRIU is dumping the tree"),
+            Step("files", self._capture_files, None, "capturing the files the tree writes"),
+            Step("let-go", self._let_go, None, "letting CRIU finish"),
             Step("gpu-resume", self._gpu_resume_if_running, None, "resuming CUDA"),
             Step("gate", self._gate, None, "waiting for every member of the group"),
-            Step("commit", self._commit, None, "committing the checkpoint"),
+            Step("commit", self._commit, self._uncommit, "committing the checkpoint"),
+            Step("criu-finish", self._finish_criu, None, "letting CRIU finish"),
             Step("release", self._release, None, "releasing the tree"),
         )
 
@@ -137,6 +163,8 @@ class DumpRecipe:
             exc.checkpoint_id = exc.checkpoint_id or ctx.checkpoint_id
             raise
         finally:
+            if ctx.criu is not None:
+                ctx.criu.abort()  # never left holding the tree (no-op once finished)
             if ctx.held is not None:
                 ctx.held.close()
         assert ctx.record is not None
@@ -163,6 +191,9 @@ class DumpRecipe:
             p.pid for p in ctx.tree if ctx.held.state(p.pid) is PidState.STOPPED
         )
         self._gpu.inspect(ctx.gpu, ctx.tree)
+        if self._files is not None:  # refuse a file over the capture limit before freezing
+            jobfiles.refuse_oversized(self._files.written(ctx.tree), self._config,
+                                      ctx.request.pid)
         ctx.fingerprint = replace(self._node.fingerprint(ctx.tree), criu_version=status.version)
 
     def _journal_begin(self, ctx: DumpContext) -> None:
@@ -219,8 +250,10 @@ class DumpRecipe:
             leave_running=ctx.request.leave_running,
             leave_stopped=not ctx.request.leave_running,
         )
-        ctx.criu_result = self._criu.dump(job, self._hooks)
-        ctx.tree = self._dumped_tree(ctx, ctx.criu_result.pids)
+        started = self._clock.monotonic()
+        ctx.criu = self._criu.dump(job, self._hooks)
+        ctx.criu_s = self._clock.monotonic() - started
+        ctx.tree = self._dumped_tree(ctx, ctx.criu.pids)
         self._journal_begin(ctx)  # the pids to kill or resume are the ones CRIU froze
         if not ctx.caller.is_root:
             for proc in ctx.tree:
@@ -250,6 +283,35 @@ class DumpRecipe:
                         "are gone here; nothing is sent to them", ctx.request.pid, unknown)
         return tuple(ctx.held.hold_facts(facts))
 
+    def _abort_criu(self, ctx: DumpContext) -> None:
+        """CRIU resumes what it froze (and unlocks the network); then every process of the
+        tree that was not stopped before the dump is made to run."""
+        if ctx.criu is not None:
+            ctx.criu.abort()
+        self._resume_tree(ctx)
+
+    def _capture_files(self, ctx: DumpContext) -> None:
+        if self._files is None:
+            return
+        assert ctx.images_dir is not None
+        captured = jobfiles.capture(self._files, ctx.tree, ctx.images_dir, self._config,
+                                    ctx.request.pid)
+        ctx.files = tuple(captured.files)
+        ctx.files_skipped = tuple(captured.skipped)
+        for skipped in captured.skipped:
+            log.warning("dump %s: file not captured: %s", ctx.checkpoint_id, skipped)
+            ctx.notes.append(f"not captured: {skipped}")
+
+    def _let_go(self, ctx: DumpContext) -> None:
+        assert ctx.criu is not None
+        if ctx.request.leave_running or not ctx.criu.holds_connections:
+            self._finish_criu(ctx)
+
+    def _finish_criu(self, ctx: DumpContext) -> None:
+        assert ctx.criu is not None
+        if ctx.criu_result is None:
+            ctx.criu_result = ctx.criu.finish()
+
     def _resume_tree(self, ctx: DumpContext) -> None:
         if ctx.held is None:
             return
@@ -263,12 +325,28 @@ class DumpRecipe:
         """The record a dump of ``request`` would make now, without touching the tree (for a
         target node to check it can restore it): same refusals as a dump's first step."""
         ctx = self.new_context(caller, request)
-        self._inspect(ctx)
-        return self._record(ctx)
+        try:
+            self._inspect(ctx)
+            if self._files is not None:  # what the dump will capture (a target checks paths)
+                ctx.files = tuple(
+                    jobfiles.planned(w) for w in self._files.written(ctx.tree)
+                    if w.size <= self._config.file_capture_limit
+                )
+            return self._record(ctx)
+        finally:
+            if ctx.held is not None:
+                ctx.held.close()
 
     def _commit(self, ctx: DumpContext) -> None:
-        assert ctx.criu_result is not None
+        assert ctx.criu is not None
         ctx.record = self._store.commit(self._record(ctx))
+
+    def _uncommit(self, ctx: DumpContext) -> None:
+        """A step after the commit failed (CRIU could not finish: the tree runs on): the
+        checkpoint goes, so that what is listed is what happened."""
+        if ctx.record is not None:
+            self._store.delete(ctx.record.id)
+            ctx.record = None
 
     def _record(self, ctx: DumpContext) -> CheckpointRecord:
         return CheckpointRecord(
@@ -282,12 +360,14 @@ class DumpRecipe:
             leave_running=ctx.request.leave_running,
             processes=ctx.tree,
             stdio=ctx.stdio,
-            frozen_s=ctx.criu_result.frozen_s if ctx.criu_result else 0.0,
+            frozen_s=ctx.criu_result.frozen_s if ctx.criu_result else ctx.criu_s,
             criu_version=self._criu.status().version,
             parent_id=self._parent_of(ctx),
             duration_s=self._clock.time() - ctx.started,
             gpu=ctx.gpu.facts(),
             fingerprint=ctx.fingerprint,
+            files=ctx.files,
+            files_skipped=ctx.files_skipped,
         )
 
     def _parent_of(self, ctx: DumpContext) -> str:

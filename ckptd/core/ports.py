@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ckptd.domain import (
+    CapturedFile,
     CheckpointRecord,
     CriuStatus,
     CudaState,
@@ -128,6 +129,69 @@ class NodeInspector(Protocol):
         ...
 
 
+# ---- files the job writes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A regular file a process of a tree has open for writing or maps shared-writable."""
+
+    path: str
+    """As the daemon sees it (its mount namespace)."""
+    size: int
+    source: str
+    """Where its content is read from: the writing process's own descriptor or mapping, so a
+    path replaced meanwhile is never read instead."""
+    pid: int
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """A captured file against what is at its path now."""
+
+    differs: bool
+    """Missing, or another size or content: a restore puts it back (keeping this one)."""
+    problem: str = ""
+    """Why it could not be put back ("" when it can)."""
+
+
+@dataclass(frozen=True)
+class PutBack:
+    """One file a restore put back: ``aside`` holds the version found there ("" when there
+    was none: the file was created)."""
+
+    path: str
+    aside: str
+
+
+class JobFiles(Protocol):
+    """The files a tree writes: listed and captured at a checkpoint (the tree frozen), put
+    back at a restore. Content operations act with the given owner's file-system rights."""
+
+    def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
+        """Every regular file ``tree`` has open for writing or mapped shared and writable,
+        one per path (deleted files, /proc, /sys and devices left out; /dev/shm kept)."""
+        ...
+
+    def capture(self, file: WrittenFile, dest: Path) -> CapturedFile | None:
+        """Copy its content to ``dest`` (zero-padded to whole pages); None when gone."""
+        ...
+
+    def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck: ...
+
+    def put_back(
+        self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int
+    ) -> PutBack | None:
+        """Make ``captured.path`` hold the first ``captured.size`` bytes of ``content``; a
+        version there that differs is first copied to ``aside``. None: it already held them.
+        On failure the file is as it was."""
+        ...
+
+    def undo(self, done: PutBack, uid: int, gid: int) -> None:
+        """The file exactly as ``put_back`` found it (the copy aside removed)."""
+        ...
+
+
 # ---- CRIU -------------------------------------------------------------------------------------
 
 
@@ -171,6 +235,7 @@ class CriuDumpJob:
     leave_stopped: bool = False
     shell_job: bool = True
     tcp_established: bool = False
+    """Dump established TCP connections (the network is locked with nftables meanwhile)."""
     ext_unix_sk: bool = False
 
 
@@ -199,16 +264,48 @@ class CriuRestoreJob:
     inherit_fds: tuple[InheritFd, ...] = ()
     shell_job: bool = True
     tcp_established: bool = False
+    tcp_close: bool = False
+    """Restore the dumped TCP connections closed (their peers were not dumped)."""
     ext_unix_sk: bool = False
     leave_stopped: bool = False
     """Every restored task stays stopped (SIGSTOP) until sent SIGCONT (group restores)."""
 
 
+class CriuDumpInProgress(Protocol):
+    """A dump CRIU has written and holds at its post-dump point: the tree frozen, its images
+    complete, its network locked (established TCP connections in repair mode). Exactly one of
+    ``finish`` or ``abort`` ends it; until then CRIU waits (a daemon that dies meanwhile makes
+    CRIU abort: the tree runs on)."""
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Every pid CRIU dumped, root first, as its images name them."""
+        ...
+
+    @property
+    def holds_connections(self) -> bool:
+        """The dump locked established TCP connections: once finished, a tree left stopped
+        cannot be resumed by a signal (its sockets stay in repair mode)."""
+        ...
+
+    def finish(self) -> CriuDumpResult:
+        """CRIU completes: with ``leave_running`` the tree runs on (network unlocked); with
+        ``leave_stopped`` it stays stopped, its connections locked (kill it: nothing reaches
+        its peers). Raises CriuFailed when CRIU fails even now (the tree then runs on)."""
+        ...
+
+    def abort(self) -> None:
+        """CRIU resumes the tree as it was and unlocks its network. Idempotent; does nothing
+        once ``finish`` was called."""
+        ...
+
+
 class Criu(Protocol):
     def status(self) -> CriuStatus: ...
 
-    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> CriuDumpResult:
-        """Dump the tree. On failure raises CriuFailed and the tree runs as before."""
+    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> CriuDumpInProgress:
+        """Dump the tree up to CRIU's post-dump point (``hooks.post_dump`` has run). On
+        failure raises CriuFailed and the tree runs as before."""
         ...
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:

@@ -12,6 +12,8 @@ Order, and what undoes each step if a later one fails:
                   pids cannot clash
     checkout      CRIU's image directory from the store                                   release it
     stdio         replacements for stdio whose other end was outside the tree             close ours
+    files         every file the checkpoint captured is put back                          as found
+                  (``core.jobfiles``); a version that differs is kept beside it
     criu-restore  CRIU recreates the tree and resumes it                                  -
     gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock;          -
                   if that fails the restored tree is killed (it could never run)
@@ -37,6 +39,7 @@ from ckptd.core.compat import check_restore, gpu_problems, refuse_unless_compati
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree, pid_map
+from ckptd.core.jobfiles import PutBackAll
 from ckptd.core.ports import (
     CheckpointStore,
     Clock,
@@ -44,6 +47,7 @@ from ckptd.core.ports import (
     CriuHooks,
     CriuRestoreJob,
     InheritFd,
+    JobFiles,
     NodeInspector,
     ProcessTable,
     StdioProvider,
@@ -90,6 +94,7 @@ class RestoreContext:
     """The restored processes, held from CRIU's post-restore notification (before they run)."""
     restored: tuple[ProcessFact, ...] = ()
     """The restored tree as /proc shows it (pids on this node; ``ns_pid`` in its namespace)."""
+    files: PutBackAll | None = None
 
 
 def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
@@ -125,9 +130,11 @@ class RestoreRecipe:
         gpu: GpuSteps,
         node: NodeInspector,
         hooks: CriuHooks | None = None,
+        files: JobFiles | None = None,
     ) -> None:
         self._gpu = gpu
         self._node = node
+        self._files = files
         self._criu = criu
         self._processes = processes
         self._store = store
@@ -141,6 +148,8 @@ class RestoreRecipe:
             Step("pids", self._wait_pids_free, None, "checking that the tree's pids are free"),
             Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
             Step("stdio", self._stdio_replacements, None, "preparing stdio"),
+            Step("files", self._put_back_files, self._undo_files,
+                 "putting back the files the tree writes"),
             Step("criu-restore", self._criu_restore, None, "CRIU is restoring the tree"),
             Step("gate", self._gate, self._kill_restored, "waiting for every member"),
             Step("gpu-restore", self._gpu_restore, None, "restoring GPU state"),
@@ -174,6 +183,8 @@ class RestoreRecipe:
             output_path=str(ctx.output_path) if ctx.inherit_fds else "",
             duration_s=self._clock.time() - ctx.started,
             stdio=ctx.record.stdio,
+            files_put_back=tuple(ctx.files.put_back) if ctx.files else (),
+            files_kept=ctx.files.kept if ctx.files else (),
         )
 
     # ---- steps ----------------------------------------------------------------------------
@@ -213,6 +224,7 @@ class RestoreRecipe:
             criu_version=criu.version,
             gpu=self._gpu,
             gpu_map=gpu_map,
+            files=self._files,
         )
         if not criu.ok:
             report = replace(
@@ -232,7 +244,8 @@ class RestoreRecipe:
                 hint="leave --gpu-map out",
             )
         report = check_restore(
-            record, self._node, criu_version=self._criu.status().version, include_gpu=False
+            record, self._node, criu_version=self._criu.status().version, include_gpu=False,
+            files=self._files,
         )
         if record.gpu is not None:
             if report.blocking:
@@ -317,6 +330,19 @@ class RestoreRecipe:
             self._stdio.replacements(ctx.record.stdio, ctx.output_path, owner,
                                      bool(ctx.request.output_path))
         )
+
+    def _put_back_files(self, ctx: RestoreContext) -> None:
+        """Last before CRIU (every refusal is behind us): the captured files as they were at
+        the checkpoint. Undone (each file as found) if CRIU then fails."""
+        assert ctx.record is not None and ctx.images_dir is not None
+        if not ctx.record.files or self._files is None:
+            return
+        ctx.files = PutBackAll(self._files, ctx.record)
+        ctx.files.run(ctx.images_dir, ctx.op_id)
+
+    def _undo_files(self, ctx: RestoreContext) -> None:
+        if ctx.files is not None:
+            ctx.files.undo()
 
     def _criu_restore(self, ctx: RestoreContext) -> None:
         assert ctx.images_dir is not None

@@ -296,9 +296,14 @@ class CheckpointService:
         cuda = [p for p in (int(p) for p in facts.get("cuda_pids", [])) if p in held]
         if committed:
             if not bool(facts.get("leave_running", False)):
-                # The dumped tree waits, stopped, to be killed (its CUDA state with it);
-                # a process in another state is no longer the one dumped: leave it alone.
-                for pid in held.stopped():
+                # The dumped tree is to be killed (its CUDA state with it): stopped as CRIU
+                # left it, or running again if CRIU, its daemon gone, resumed it before
+                # finishing. Members journaled with their start time are the processes
+                # dumped whatever their state; a legacy entry (pids only) is acted on only
+                # while stopped.
+                members = facts.get("members") or []
+                verified = bool(members) and all(isinstance(m, list) for m in members)
+                for pid in held.pids if verified else held.stopped():
                     held.signal(pid, signal.SIGKILL)
             else:
                 self._resume_cuda(cuda)

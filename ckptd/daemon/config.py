@@ -54,6 +54,10 @@ class DaemonConfig:
     """Empty: the first of DEFAULT_CRIU_PATHS that exists."""
     criu_log_level: int = 4
     zombie_wait_s: float = 5.0
+    file_capture_limit: int = 8 << 30
+    """Largest file a job writes whose content a checkpoint captures (bytes)."""
+    file_capture_oversize: str = "refuse"
+    """A file over ``file_capture_limit``: ``refuse`` the dump, or ``skip`` its capture."""
     max_workers: int = 16
     shutdown_grace_s: float = 60.0
     log_level: str = "INFO"

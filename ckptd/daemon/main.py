@@ -71,6 +71,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="host:port of the Prometheus /metrics endpoint (default off)")
     p.add_argument("--spot-providers", dest="spot_providers",
                    help="watch these clouds' spot notices: aws,gcp,azure (default off)")
+    p.add_argument("--file-capture-limit", dest="file_capture_limit", type=int,
+                   help="largest file a job writes that a checkpoint captures, in bytes")
+    p.add_argument("--file-capture-oversize", dest="file_capture_oversize",
+                   choices=("refuse", "skip"),
+                   help="a written file over the limit: refuse the dump (default) or skip it")
     p.add_argument("--version", action="version", version=f"ckptd {__version__}")
     return p.parse_args(argv)
 

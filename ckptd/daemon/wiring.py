@@ -13,6 +13,7 @@ from ckptd.adapters.clock import SystemClock
 from ckptd.adapters.criu import CriuSwrk
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable, ProcNodeInspector
+from ckptd.adapters.procfs.jobfiles import ProcJobFiles
 from ckptd.adapters.storage import (
     FileJournal,
     JsonPolicyRepo,
@@ -24,6 +25,7 @@ from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
 from ckptd.core.groups import GroupMembers
+from ckptd.core.jobfiles import chunked_images
 from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.policies import PolicyService
 from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort
@@ -90,7 +92,11 @@ def wire(config: DaemonConfig) -> Wired:
         work_dir=state / "work",
         output_dir=state / "output",
         zombie_wait_s=config.zombie_wait_s,
+        file_capture_limit=config.file_capture_limit,
+        file_capture_oversize=config.file_capture_oversize,
     )
+    chunked = chunked_images(is_pages_image)
+    files = ProcJobFiles()
     clock = SystemClock()
     processes = ProcFsTable()
     criu = CriuSwrk(
@@ -113,7 +119,7 @@ def wire(config: DaemonConfig) -> Wired:
         blobs,
         StagingPolicy(fast=fast, disk=state / "staging"),
         clock=clock,
-        is_pages_file=is_pages_image,
+        is_pages_file=chunked,
         node=core.node,
         workers=config.compress_workers or (os.cpu_count() or 2),
         level=config.compress_level,
@@ -130,6 +136,7 @@ def wire(config: DaemonConfig) -> Wired:
         config=core,
         gpu=gpu,
         node=ProcNodeInspector(),
+        files=files,
     )
     restore = RestoreRecipe(
         criu=criu,
@@ -140,6 +147,7 @@ def wire(config: DaemonConfig) -> Wired:
         config=core,
         gpu=gpu,
         node=ProcNodeInspector(),
+        files=files,
     )
     service = CheckpointService(
         dump=dump,
@@ -170,7 +178,7 @@ def wire(config: DaemonConfig) -> Wired:
         connector=GrpcPeerConnector(tls),
         clock=clock,
         executor=ThreadPoolExecutor(max_workers=2, thread_name_prefix="send"),
-        is_pages_file=is_pages_image,
+        is_pages_file=chunked,
         level=config.compress_level,
         events=service.events,
     )

@@ -6,6 +6,7 @@ from ckptd.domain.migration import MigrateOutcome, MigrateRequest, PeerProbe, Re
 from ckptd.domain.model import (
     HASH_LIMIT,
     Caller,
+    CapturedFile,
     CheckpointRecord,
     CompatReport,
     CriuStatus,
@@ -37,6 +38,7 @@ from ckptd.domain.policy import Policy, parse_duration, valid_name
 __all__ = [
     "HASH_LIMIT",
     "Caller",
+    "CapturedFile",
     "CheckpointRecord",
     "CompatReport",
     "CriuStatus",

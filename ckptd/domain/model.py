@@ -239,6 +239,9 @@ class FileNeed:
     """A file the tree may write to (open for writing, or mapped shared and writable): it may
     grow and change after the dump (only its presence and its size at dump, the least CRIU
     needs, are checked)."""
+    append_only: bool = False
+    """Written only through O_APPEND descriptors (and not mapped): CRIU does not check its
+    size at restore, only that it exists."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind.value}
@@ -252,6 +255,7 @@ class FileNeed:
             mtime_ns=int(data.get("mtime_ns", 0)),
             hash=str(data.get("hash", "")),
             writable=bool(data.get("writable", False)),
+            append_only=bool(data.get("append_only", False)),
         )
 
 
@@ -290,12 +294,30 @@ class NodeFingerprint:
 
 
 @dataclass(frozen=True)
+class CapturedFile:
+    """A regular file the tree wrote to (open for writing, or mapped shared and writable),
+    its content at the checkpoint kept in the store like pages: ``image`` names it among the
+    checkpoint's images (zero-padded to whole pages). A restore puts it back first."""
+
+    path: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    hash: str
+    """xxh3-128 hex of its ``size`` bytes."""
+    image: str
+
+
+@dataclass(frozen=True)
 class CompatReport:
     """Whether a checkpoint can be restored on this node: every ``blocking`` difference
-    (restore refuses) and every ``warning`` (restore refuses unless told to ignore them)."""
+    (restore refuses) and every ``warning`` (restore refuses unless told to ignore them);
+    ``notes``: what a restore will do on the way that changes the node (files put back)."""
 
     blocking: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def compatible(self) -> bool:
@@ -362,6 +384,10 @@ class CheckpointRecord:
     """Set when the tree used CUDA: what a restore needs of the node's GPUs."""
     fingerprint: NodeFingerprint | None = None
     """The node's facts and the files the tree used, at dump (None: an older checkpoint)."""
+    files: tuple[CapturedFile, ...] = ()
+    """Files the tree wrote, their content at the checkpoint (put back by a restore)."""
+    files_skipped: tuple[str, ...] = ()
+    """Written files not captured (over the size limit, configured to skip), one line each."""
 
     @property
     def own_pid_namespace(self) -> bool:
@@ -393,6 +419,8 @@ class CheckpointRecord:
         values["gpu"] = GpuFacts.from_json(gpu) if gpu else None
         fingerprint = data.get("fingerprint")
         values["fingerprint"] = NodeFingerprint.from_json(fingerprint) if fingerprint else None
+        values["files"] = tuple(CapturedFile(**f) for f in data.get("files", ()))
+        values["files_skipped"] = tuple(data.get("files_skipped", ()))
         return cls(**values)
 
 
@@ -426,6 +454,10 @@ class RestoreOutcome:
     output_path: str
     duration_s: float
     stdio: tuple[StdioFact, ...] = ()
+    files_put_back: tuple[str, ...] = ()
+    """Paths the restore put back to their checkpoint content."""
+    files_kept: tuple[str, ...] = ()
+    """Where the versions found on disk were kept (beside each file put back)."""
 
 
 @dataclass(frozen=True)

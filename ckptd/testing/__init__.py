@@ -15,6 +15,7 @@ suites (``tests/contract``) as the real adapters.
 - ``MemoryJournal``: ``Journal`` in memory.
 - ``FakeStdioProvider``: ``StdioProvider`` handing out /dev/null descriptors.
 - ``FakeNodeInspector`` / ``FakeFile``: ``NodeInspector`` over facts and files in memory.
+- ``FakeJobFiles``: ``JobFiles`` over real files a test declares written by fake pids.
 - ``LoopbackPeerConnector``: ``PeerConnector`` reaching ``Receiver`` s in this process.
 
 Most fakes accept ``events``, a list shared between them, to which they append what
@@ -24,6 +25,7 @@ happened, so a test can check the order of effects across ports.
 from ckptd.testing._blobs import MemoryBlobStore
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
+from ckptd.testing._files import FakeJobFiles
 from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
 from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._node import FakeFile, FakeNodeInspector
@@ -43,6 +45,7 @@ __all__ = [
     "FakeFile",
     "FakeGpu",
     "FakeHandle",
+    "FakeJobFiles",
     "FakeNodeInspector",
     "FakeProcess",
     "FakeProcessTable",

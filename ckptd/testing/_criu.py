@@ -125,8 +125,8 @@ class FakeCriu:
             self.status_calls += 1
             return self.criu_status
 
-    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> CriuDumpResult:
-        """Fake-dump the tree of ``job.pid`` (see the class doc)."""
+    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> _FakeDumpInProgress:
+        """Fake-dump the tree of ``job.pid`` up to ``post_dump`` (see the class doc)."""
         with self._lock:
             self.dump_jobs.append(job)
         self._event(f"criu.dump {job.pid}")
@@ -155,15 +155,32 @@ class FakeCriu:
                 self.clock.advance(self.frozen_s)
             self._hook(hooks, "network_lock", job.pid, what, self.fail_dump, self.fail_dump_after)
             self._write_images(job, tree, before)
+            self._event(f"criu.dumped {job.pid}")
             self._hook(hooks, "post_dump", job.pid, what, self.fail_dump, self.fail_dump_after)
+        except _Abort as abort:
+            self._abandon(job, before if seized else {}, abort.error)
+            raise abort.error from abort.error.__cause__
+        return _FakeDumpInProgress(self, job, hooks, tuple(tree), before)
+
+    def _abandon(self, job: CriuDumpJob, before: dict[int, PidState], error: Exception) -> None:
+        self._restore_states(before)
+        self._log(job.work_dir / "dump.log", f"Error (fake-criu): {error}")
+        self._event("criu.failed")
+
+    def _finish_dump(
+        self,
+        job: CriuDumpJob,
+        hooks: CriuHooks,
+        tree: tuple[ProcessFact, ...],
+        before: dict[int, PidState],
+    ) -> CriuDumpResult:
+        what = f"dump of pid {job.pid}"
+        try:
             self._hook(
                 hooks, "network_unlock", job.pid, what, self.fail_dump, self.fail_dump_after
             )
         except _Abort as abort:
-            if seized:
-                self._restore_states(before)
-            self._log(job.work_dir / "dump.log", f"Error (fake-criu): {abort.error}")
-            self._event("criu.failed")
+            self._abandon(job, before, abort.error)
             raise abort.error from abort.error.__cause__
         if job.leave_running:
             self._restore_states(before)
@@ -171,7 +188,7 @@ class FakeCriu:
             for proc in tree:
                 self.processes.terminate(proc.pid)
         self._log(job.work_dir / "dump.log", "Dumping finished successfully")
-        self._event(f"criu.dumped {job.pid}")
+        self._event(f"criu.finished {job.pid}")
         return CriuDumpResult(
             frozen_s=self.frozen_s,
             freezing_s=self.frozen_s / 10,
@@ -362,6 +379,49 @@ class FakeCriu:
         if not tree:
             raise self._failed(what, f"empty process tree in {images}", None)
         return tree, stdio, stopped
+
+
+class _FakeDumpInProgress:
+    """``CriuDumpInProgress`` of a ``FakeCriu``: the tree held STOPPED at post-dump."""
+
+    def __init__(
+        self,
+        criu: FakeCriu,
+        job: CriuDumpJob,
+        hooks: CriuHooks,
+        tree: tuple[ProcessFact, ...],
+        before: dict[int, PidState],
+    ) -> None:
+        self._criu = criu
+        self._job = job
+        self._hooks = hooks
+        self._tree = tree
+        self._before = before
+        self._ended = False
+        self._result: CriuDumpResult | None = None
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.image_pid for p in self._tree)
+
+    @property
+    def holds_connections(self) -> bool:
+        return self._job.tcp_established
+
+    def finish(self) -> CriuDumpResult:
+        if self._result is not None:
+            return self._result
+        if self._ended:
+            raise CriuFailed(f"CRIU dump of pid {self._job.pid} was aborted", pid=self._job.pid)
+        self._ended = True
+        self._result = self._criu._finish_dump(self._job, self._hooks, self._tree, self._before)
+        return self._result
+
+    def abort(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._criu._abandon(self._job, self._before, RuntimeError("the dump was abandoned"))
 
 
 if TYPE_CHECKING:

@@ -43,6 +43,7 @@ class FakeNodeInspector:
     dirs: set[str] = field(default_factory=lambda: {"/"})
     mounts: set[str] = field(default_factory=lambda: {"/"})
     uses: dict[int, list[tuple[str, FileKind, bool]]] = field(default_factory=dict)
+    append_only: set[str] = field(default_factory=set)
     events: list[str] | None = None
     calls: int = 0
 
@@ -64,10 +65,12 @@ class FakeNodeInspector:
         f.mtime_ns = f.mtime_ns + 1_000_000_000 if mtime_ns is None else mtime_ns
 
     def use(self, pid: int, path: str, kind: FileKind = FileKind.FILE, *,
-            writable: bool = False) -> None:
+            writable: bool = False, append_only: bool = False) -> None:
         """Fake ``pid`` uses ``path`` (a file: ``add_file`` it too; a CWD: add it to
-        ``dirs``)."""
+        ``dirs``); ``append_only``: written only through O_APPEND descriptors."""
         self.uses.setdefault(pid, []).append((path, kind, writable))
+        if append_only:
+            self.append_only.add(path)
 
     # ---- the port ---------------------------------------------------------------------------
 
@@ -85,7 +88,8 @@ class FakeNodeInspector:
                     continue
                 need = self.file(path, kind, not writable)
                 if need is not None:
-                    seen[path] = replace(need, writable=writable)
+                    seen[path] = replace(need, writable=writable,
+                                         append_only=writable and path in self.append_only)
         files = list(seen.values())
         points = sorted({self._mount_of(f.path) for f in files})
         files.extend(FileNeed(m, FileKind.MOUNT) for m in points)

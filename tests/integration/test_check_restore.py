@@ -54,7 +54,7 @@ def test_a_changed_data_file_blocks_the_restore_until_put_back(
     stat = data.stat()
 
     same = assert_ok(daemon.ctl("check-restore", ck["id"]), "check-restore")
-    assert same == {"compatible": True, "blocking": [], "warnings": []}
+    assert same == {"compatible": True, "blocking": [], "warnings": [], "notes": []}
 
     data.write_bytes(original.replace(b"a", b"z"))  # same size, other content
     res = daemon.ctl("check-restore", ck["id"])

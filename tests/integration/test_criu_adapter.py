@@ -71,8 +71,11 @@ def test_hooks_see_dump_and_restore_notifications_in_order(tmp_path: Path, procs
     images.mkdir()
     work.mkdir()
     hooks = Recorder()
-    result = criu.dump(CriuDumpJob(pid, images, work, leave_running=False), hooks)
+    held = criu.dump(CriuDumpJob(pid, images, work, leave_running=False), hooks)
     assert hooks.seen == ["pre-dump", "post-dump"]
+    assert held.pids == (pid,)
+    assert _state(pid) in ("t", "T")  # CRIU holds it at post-dump
+    result = held.finish()
     assert result.pids == (pid,)
     assert result.frozen_s > 0
     wait_until(lambda: not Path(f"/proc/{pid}/stat").exists()
@@ -85,6 +88,26 @@ def test_hooks_see_dump_and_restore_notifications_in_order(tmp_path: Path, procs
     assert restored == pid
     assert hooks.seen == ["pre-restore", "post-restore", "post-resume"]
     assert_running(restored, "restored sleep")
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+
+
+def test_a_dump_held_at_post_dump_then_abandoned_runs_on(tmp_path: Path, procs: Procs) -> None:
+    criu = _criu(tmp_path)
+    pid = _sleeper(procs)
+    images, work = tmp_path / "img", tmp_path / "work"
+    images.mkdir()
+    work.mkdir()
+    held = criu.dump(CriuDumpJob(pid, images, work, leave_running=False, leave_stopped=True),
+                     CriuHooks())
+    assert _state(pid) in ("t", "T")
+    held.abort()
+    held.abort()
+    wait_until(lambda: _state(pid) == "S", 10, "the abandoned dump's process to run again")
+    with pytest.raises(CriuFailed):
+        held.finish()
 
 
 def test_a_failing_hook_aborts_the_dump_and_the_process_runs_on(

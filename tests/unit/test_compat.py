@@ -21,6 +21,7 @@ LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 DATA = "/data/tokenizer.json"
 BIG = "/data/weights.bin"
 LOG = "/var/log/job.log"
+STATE = "/srv/job/state.bin"
 CWD = "/srv/job"
 GIB = 1 << 30
 
@@ -42,7 +43,9 @@ def world(tmp_path: Path) -> World:
         node.use(pid, CWD, FileKind.CWD)
     node.use(JOB, DATA, FileKind.FILE)
     node.use(JOB, BIG, FileKind.FILE)
-    node.use(JOB, LOG, FileKind.FILE, writable=True)
+    node.use(JOB, LOG, FileKind.FILE, writable=True, append_only=True)
+    node.add_file(STATE, b"state 1")
+    node.use(JOB, STATE, FileKind.FILE, writable=True)
     return w
 
 
@@ -162,12 +165,20 @@ def test_a_big_data_file_touched_is_a_warning(world: World) -> None:
     )
 
 
-def test_a_written_file_that_shrank_is_blocking(world: World) -> None:
+@pytest.mark.parametrize("content", [b"", b"state 1 and more"])
+def test_a_written_file_of_another_size_is_blocking_unless_appended_to(
+    world: World, content: bytes
+) -> None:
+    """CRIU's own rule, for files whose content was not captured: a file written without
+    O_APPEND must have its exact size at dump; one written only with O_APPEND, any."""
     record = world.dump(JOB)
-    world.node.change_file(LOG, b"")
+    world.node.change_file(STATE, content)
+    world.node.change_file(LOG, content)
     blocking, _ = report(world, record)
-    assert blocking == [f"file {LOG} shrank: 7 -> 0 bytes (the tree writes to it; CRIU needs "
-                        "at least its size at dump)"]
+    assert blocking == [
+        f"file {STATE} has {len(content)} bytes, the checkpoint needs exactly 7 (the tree "
+        "writes to it and its content was not captured; CRIU refuses a file of another size)"
+    ]
 
 
 def test_kernel_criu_and_libc_differences_are_warnings(world: World) -> None:
@@ -290,7 +301,7 @@ def test_the_grpc_messages(world: World) -> None:
     assert (msg.arch, msg.kernel, msg.libc, msg.criu_version) == (
         "x86_64", "6.8.0", "glibc 2.39", "4.1"
     )
-    assert (msg.cpu_flags, msg.files, msg.directories, msg.mounts) == (3, 5, 1, 2)
+    assert (msg.cpu_flags, msg.files, msg.directories, msg.mounts) == (3, 6, 1, 2)
     world.node.node = replace(world.node.node, kernel="6.1.0")
     response = convert.check_restore_response(world.service.check_restore(ROOT, record.id))
     assert (response.compatible, list(response.blocking), list(response.warnings)) == (

@@ -157,7 +157,10 @@ def test_criu_dump_then_restore_round_trip(tmp_path: Path) -> None:
     images, work = _dirs(tmp_path)
     criu = FakeCriu(table)
     hooks = RecordingHooks(table)
-    result = criu.dump(CriuDumpJob(10, images, work, leave_running=False), hooks)
+    held = criu.dump(CriuDumpJob(10, images, work, leave_running=False), hooks)
+    assert held.pids == (10, 11, 12)
+    assert [table.state(p) for p in (10, 11, 12)] == [PidState.STOPPED] * 3  # held frozen
+    result = held.finish()
     assert result.pages_written == 3
     assert result.pids == (10, 11, 12)
     assert [n for n, _ in criu.hook_calls] == list(DUMP_HOOKS)
@@ -190,7 +193,8 @@ def test_criu_dump_leaves_the_tree_as_asked(
     table = FakeProcessTable()
     table.add_tree(10, 11)
     images, work = _dirs(tmp_path)
-    FakeCriu(table).dump(CriuDumpJob(10, images, work, leave_running, leave_stopped), CriuHooks())
+    job = CriuDumpJob(10, images, work, leave_running, leave_stopped)
+    FakeCriu(table).dump(job, CriuHooks()).finish()
     assert [table.state(10), table.state(11)] == [after, after]
     assert table.signals == []
 
@@ -201,7 +205,7 @@ def test_criu_restore_brings_back_a_process_stopped_before_the_dump(tmp_path: Pa
     table.processes[11].state = PidState.STOPPED
     images, work = _dirs(tmp_path)
     criu = FakeCriu(table)
-    criu.dump(CriuDumpJob(10, images, work, leave_running=False), CriuHooks())
+    criu.dump(CriuDumpJob(10, images, work, leave_running=False), CriuHooks()).finish()
     criu.restore(CriuRestoreJob(images, work), CriuHooks())
     assert [table.state(10), table.state(11)] == [PidState.RUNNING, PidState.STOPPED]
 
@@ -234,6 +238,22 @@ def test_criu_dump_failure_leaves_the_tree_running(tmp_path: Path) -> None:
     assert "Error" in (work / "dump.log").read_text()
 
 
+def test_criu_dump_held_at_post_dump_then_aborted_runs_on(tmp_path: Path) -> None:
+    table = FakeProcessTable()
+    table.add_tree(10, 11)
+    table.processes[11].state = PidState.STOPPED
+    images, work = _dirs(tmp_path)
+    criu = FakeCriu(table)
+    held = criu.dump(CriuDumpJob(10, images, work, leave_running=False, leave_stopped=True),
+                     CriuHooks())
+    assert [table.state(10), table.state(11)] == [PidState.STOPPED] * 2
+    held.abort()
+    held.abort()  # idempotent
+    assert [table.state(10), table.state(11)] == [PidState.RUNNING, PidState.STOPPED]
+    with pytest.raises(CriuFailed, match="aborted"):
+        held.finish()
+
+
 def test_criu_dump_of_a_missing_pid_or_directory(tmp_path: Path) -> None:
     table = FakeProcessTable()
     table.add_process(10)
@@ -254,7 +274,7 @@ def test_criu_restore_needs_free_pids_and_inherited_fds(tmp_path: Path) -> None:
     criu = FakeCriu(table)
     with pytest.raises(CriuFailed, match="cannot read images"):
         criu.restore(CriuRestoreJob(images, work), CriuHooks())
-    criu.dump(CriuDumpJob(10, images, work, leave_running=True), CriuHooks())
+    criu.dump(CriuDumpJob(10, images, work, leave_running=True), CriuHooks()).finish()
     with pytest.raises(CriuFailed, match="pid in use"):
         criu.restore(CriuRestoreJob(images, work), CriuHooks())
     table.remove(10)
@@ -280,10 +300,11 @@ def test_criu_events_and_clock(tmp_path: Path) -> None:
     images, work = _dirs(tmp_path)
     criu = FakeCriu(table, clock=clock, events=events)
     start = clock.time()
-    criu.dump(CriuDumpJob(10, images, work, leave_running=False), CriuHooks())
+    criu.dump(CriuDumpJob(10, images, work, leave_running=False), CriuHooks()).finish()
     assert clock.time() - start == criu.frozen_s
     assert events[0] == "criu.dump 10"
-    assert events[-1] == "criu.dumped 10"
+    assert events[-1] == "criu.finished 10"
+    assert events.index("criu.dumped 10") < events.index("criu.hook post_dump")
     assert [e for e in events if e.startswith("criu.hook")] == [
         f"criu.hook {h}" for h in DUMP_HOOKS
     ]

@@ -38,6 +38,7 @@ from ckptd.testing import (
     FakeClock,
     FakeCriu,
     FakeGpu,
+    FakeJobFiles,
     FakeNodeInspector,
     FakeProcessTable,
     FakeStdioProvider,
@@ -112,6 +113,7 @@ class World:
     progress: list[tuple[str, float]] = field(default_factory=list)
     gpu: FakeGpu | None = None
     node: FakeNodeInspector = field(default_factory=FakeNodeInspector)
+    files: FakeJobFiles = field(default_factory=FakeJobFiles)
 
     def dump(
         self, pid: int = JOB, caller: Caller = ROOT, *, leave_running: bool = False,
@@ -179,6 +181,8 @@ def make_world(
     zombie_wait_s: float = 1.0,
     keep_work_dirs: int = 20,
     gpu: bool = False,
+    file_capture_limit: int = 8 << 30,
+    file_capture_oversize: str = "refuse",
 ) -> World:
     """``gpu``: give the daemon GPU support (a ``FakeGpu`` over the world's processes, clock
     and events, as ``world.gpu``); False: a daemon without GPU support."""
@@ -198,23 +202,26 @@ def make_world(
         output_dir=tmp / "out",
         zombie_wait_s=zombie_wait_s,
         keep_work_dirs=keep_work_dirs,
+        file_capture_limit=file_capture_limit,
+        file_capture_oversize=file_capture_oversize,
     )
+    files = FakeJobFiles(events=events)
     fake_gpu = FakeGpu(processes=processes, clock=clock, events=events) if gpu else None
     gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000)
     node = FakeNodeInspector(events=events)
     dump_recipe = DumpRecipe(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,
-        config=config, hooks=hooks, gpu=gpu_steps, node=node,
+        config=config, hooks=hooks, gpu=gpu_steps, node=node, files=files,
     )
     restore_recipe = RestoreRecipe(
         criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,
-        hooks=hooks, gpu=gpu_steps, node=node,
+        hooks=hooks, gpu=gpu_steps, node=node, files=files,
     )
     world = World(
         tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,
         journal=journal, stdio=stdio, hooks=hooks, config=config, dump_recipe=dump_recipe,
         restore_recipe=restore_recipe, service=None,  # type: ignore[arg-type]
-        gpu=fake_gpu, node=node,
+        gpu=fake_gpu, node=node, files=files,
     )
     world.service = make_service(world)
     return world

@@ -153,8 +153,14 @@ class CriuSwrk:
 
     # ---- dump / restore ----------------------------------------------------------------
 
-    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> CriuDumpResult:
-        started = time.monotonic()
+    def dump(self, job: CriuDumpJob, hooks: CriuHooks) -> _SwrkDump:
+        """CRIU dumps in a thread of its own and holds at post-dump until ``finish`` or
+        ``abort`` (see ``CriuDumpInProgress``)."""
+        dump = _SwrkDump(self, job, hooks)
+        dump.start()
+        return dump
+
+    def _run_dump(self, job: CriuDumpJob, hooks: CriuHooks) -> None:
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
             opts = self._opts(images_fd, work_fd, job, "dump.log")
             opts.pid = job.pid
@@ -165,20 +171,14 @@ class CriuSwrk:
             req = rpc_pb2.criu_req(type=rpc_pb2.DUMP, opts=opts)
             self._call(req, hooks, (images_fd, work_fd), job.work_dir / "dump.log",
                        f"dump of pid {job.pid}", job.pid)
-        stats = read_dump_stats(job.work_dir)
-        return CriuDumpResult(
-            frozen_s=(stats.frozen_time / 1e6) if stats else 0.0,
-            freezing_s=(stats.freezing_time / 1e6) if stats else 0.0,
-            pages_written=stats.pages_written if stats else 0,
-            duration_s=time.monotonic() - started,
-            pids=read_pstree(job.images_dir),
-        )
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
             opts = self._opts(images_fd, work_fd, job, "restore.log")
             for inherit in job.inherit_fds:
                 opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
+            if job.tcp_close:
+                opts.tcp_close = True
             if job.leave_stopped:
                 opts.leave_stopped = True
             req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
@@ -190,7 +190,7 @@ class CriuSwrk:
         self, images_fd: int, work_fd: int, job: CriuDumpJob | CriuRestoreJob, log_file: str
     ) -> rpc_pb2.criu_opts:
         """What dumps and restores share: image and work directories, logs, notifications."""
-        return rpc_pb2.criu_opts(
+        opts = rpc_pb2.criu_opts(
             images_dir_fd=images_fd,
             work_dir_fd=work_fd,
             shell_job=job.shell_job,
@@ -201,6 +201,11 @@ class CriuSwrk:
             notify_scripts=True,
             file_locks=True,
         )
+        if job.tcp_established:
+            # no iptables here: nftables locks the connections (per socket, in the host's
+            # network namespace) while CRIU works
+            opts.network_lock = rpc_pb2.NFTABLES
+        return opts
 
     # ---- the protocol ------------------------------------------------------------------
 
@@ -327,6 +332,123 @@ def log_tail_text(text: str, lines: int = 5) -> str:
     kept = [ln.strip() for ln in text.splitlines() if ln.strip()]
     kept = [ln for ln in kept if not any(h in ln for h in _HARMLESS)]
     return " | ".join(kept[-lines:])
+
+
+class _Abandoned(Exception):
+    """Answers CRIU's post-dump notification with a failure: CRIU resumes the tree."""
+
+
+class _SwrkDump:
+    """One ``criu swrk`` dump, run in a thread and held at its post-dump notification (the
+    ``CriuDumpInProgress`` port). Invariant: CRIU is answered exactly once at post-dump — go
+    on (``finish``) or fail (``abort``, or the daemon's death closing the socket) — and on a
+    failure CRIU itself resumes the tree and unlocks its network."""
+
+    def __init__(self, criu: CriuSwrk, job: CriuDumpJob, hooks: CriuHooks) -> None:
+        self._criu = criu
+        self._job = job
+        self._hooks = hooks
+        self._started = time.monotonic()
+        self._held = threading.Event()
+        self._decided = threading.Event()
+        self._proceed = False
+        self._reached = False
+        self._ended = False
+        self._error: BaseException | None = None
+        self._result: CriuDumpResult | None = None
+        self._pids: tuple[int, ...] = ()
+        self._thread = threading.Thread(
+            target=self._run, name=f"criu-dump-{job.pid}", daemon=True
+        )
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return self._pids
+
+    @property
+    def holds_connections(self) -> bool:
+        return self._job.tcp_established
+
+    def start(self) -> None:
+        """Run CRIU until it holds at post-dump; raises (the tree running) if it ends first."""
+        self._thread.start()
+        self._held.wait()
+        if not self._reached:
+            self._thread.join()
+            self._ended = True
+            if self._error is not None:
+                raise self._error
+            raise CriuFailed(f"CRIU dump of pid {self._job.pid} ended before its post-dump "
+                             "notification", pid=self._job.pid)
+
+    def finish(self) -> CriuDumpResult:
+        if self._result is not None:
+            return self._result
+        if self._ended:
+            raise CriuFailed(f"CRIU dump of pid {self._job.pid} was aborted", pid=self._job.pid)
+        self._proceed = True
+        self._decided.set()
+        self._thread.join()
+        self._ended = True
+        if self._error is not None:
+            raise self._error
+        stats = read_dump_stats(self._job.work_dir)
+        self._result = CriuDumpResult(
+            frozen_s=(stats.frozen_time / 1e6) if stats else 0.0,
+            freezing_s=(stats.freezing_time / 1e6) if stats else 0.0,
+            pages_written=stats.pages_written if stats else 0,
+            duration_s=time.monotonic() - self._started,
+            pids=self._pids,
+        )
+        return self._result
+
+    def abort(self) -> None:
+        if self._ended:
+            return
+        self._proceed = False
+        self._decided.set()
+        self._thread.join()
+        self._ended = True
+        if self._error is not None and not isinstance(self._error.__cause__, _Abandoned):
+            log.warning("CRIU dump of pid %d, abandoned: %s", self._job.pid, self._error)
+
+    def _run(self) -> None:
+        try:
+            self._criu._run_dump(self._job, _HoldAtPostDump(self._hooks, self))
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._held.set()
+
+    def held_at_post_dump(self) -> None:
+        """In CRIU's conversation: the images are complete; wait for the decision."""
+        self._pids = read_pstree(self._job.images_dir)
+        self._reached = True
+        self._held.set()
+        self._decided.wait()
+        if not self._proceed:
+            raise _Abandoned("the dump was abandoned (a later step failed)")
+
+
+class _HoldAtPostDump(CriuHooks):
+    """The caller's hooks, plus: hold at post-dump (after the caller's ``post_dump``)."""
+
+    def __init__(self, inner: CriuHooks, dump: _SwrkDump) -> None:
+        self._inner = inner
+        self._dump = dump
+
+    def pre_dump(self, pid: int) -> None:
+        self._inner.pre_dump(pid)
+
+    def network_lock(self, pid: int) -> None:
+        self._inner.network_lock(pid)
+
+    def post_dump(self, pid: int) -> None:
+        self._inner.post_dump(pid)
+        self._dump.held_at_post_dump()
+
+    def network_unlock(self, pid: int) -> None:
+        self._inner.network_unlock(pid)
 
 
 class _DirFd:

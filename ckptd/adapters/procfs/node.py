@@ -72,13 +72,13 @@ def _unescape(text: str) -> str:
     return text.encode().decode("unicode_escape") if "\\" in text else text
 
 
-def _open_for_writing(fdinfo: Path) -> bool:
-    """Whether /proc/PID/fdinfo/FD says the descriptor was opened O_WRONLY or O_RDWR."""
+def _fd_flags(fdinfo: Path) -> int:
+    """The open flags /proc/PID/fdinfo/FD shows (0 when unreadable)."""
     with contextlib.suppress(OSError, ValueError):
         for line in fdinfo.read_text().splitlines():
             if line.startswith("flags:"):
-                return int(line.split()[1], 8) & os.O_ACCMODE != os.O_RDONLY
-    return False
+                return int(line.split()[1], 8)
+    return 0
 
 
 def file_hash(path: str) -> str:
@@ -109,6 +109,7 @@ class ProcNodeInspector:
     def fingerprint(self, tree: Sequence[ProcessFact]) -> NodeFingerprint:
         wanted: dict[str, FileKind] = {}
         writable: set[str] = set()
+        sized: set[str] = set()  # opened without O_APPEND, or mapped: CRIU checks the size
 
         def want(path: str, kind: FileKind) -> None:
             if path.startswith(_PSEUDO):
@@ -124,6 +125,7 @@ class ProcNodeInspector:
             with contextlib.suppress(OSError):
                 for path, shared_writable in parse_maps((base / "maps").read_text()):
                     want(path, FileKind.MAP)
+                    sized.add(path)
                     if shared_writable:
                         writable.add(path)
             with contextlib.suppress(OSError):
@@ -136,14 +138,19 @@ class ProcNodeInspector:
                             stat.S_ISREG(os.stat(base / "fd" / fd).st_mode)
                         ):
                             want(target, FileKind.FILE)
-                            if _open_for_writing(base / "fdinfo" / fd):
+                            flags = _fd_flags(base / "fdinfo" / fd)
+                            if flags & os.O_ACCMODE != os.O_RDONLY:
                                 writable.add(target)
+                            if not flags & os.O_APPEND:
+                                sized.add(target)
         files: list[FileNeed] = []
         for path, kind in sorted(wanted.items()):
             written = kind in (FileKind.MAP, FileKind.FILE) and path in writable
             need = self.file(path, kind, not written)
             if need is not None:
-                files.append(replace(need, writable=True) if written else need)
+                if written:
+                    need = replace(need, writable=True, append_only=path not in sized)
+                files.append(need)
         mounts = self._mount_points()
         used = sorted({_mount_of(f.path, mounts) for f in files})
         files.extend(FileNeed(m, FileKind.MOUNT) for m in used)

@@ -146,6 +146,10 @@ def restore_summary(result: Mapping[str, Any]) -> str:
     line = f"restored {result['id']} as pid {result['pid']} in {seconds(result['duration_s'])}s"
     if result.get("output_path"):
         line += f"\noutput: {result['output_path']}"
+    for path in result.get("files_put_back", ()):
+        line += f"\nput back: {path} (as at the checkpoint)"
+    for path in result.get("files_kept", ()):
+        line += f"\nkept: {path} (the version found on disk)"
     return line
 
 
@@ -271,6 +275,14 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
         )
     else:
         out.append("stdio: -")
+    files = ck.get("files") or []
+    if files:
+        total = sum(int(f["size"]) for f in files)
+        out.append(f"files captured ({len(files)}, {human_bytes(total)}): put back by a restore")
+        out.append(table(["SIZE", "PATH"],
+                         ([human_bytes(int(f["size"])), f["path"]] for f in files), indent="  "))
+    for skipped in ck.get("files_skipped") or []:
+        out.append(f"file not captured: {skipped}")
     out.extend(_fingerprint(ck.get("fingerprint")))
     out.extend(_gpu_facts(ck.get("gpu")))
     return "\n".join(out)
@@ -296,9 +308,13 @@ def _fingerprint(fp: Mapping[str, Any] | None) -> list[str]:
 
 
 def compat_report(report: Mapping[str, Any]) -> str:
-    """``ckptctl check-restore``: "compatible", or every blocking difference and warning."""
+    """``ckptctl check-restore``: "compatible", or every blocking difference and warning;
+    then what a restore would change on the way (files it puts back)."""
+    notes = [f"  - {line}" for line in report.get("notes") or []]
+    if notes:
+        notes.insert(0, f"a restore also ({len(notes)}):")
     if report["compatible"]:
-        return "compatible"
+        return "\n".join(["compatible", *notes])
     out = []
     if report["blocking"]:
         out.append(f"blocking ({len(report['blocking'])}): a restore is refused")
@@ -309,7 +325,7 @@ def compat_report(report: Mapping[str, Any]) -> str:
             "--ignore-warnings"
         )
         out.extend(f"  - {line}" for line in report["warnings"])
-    return "\n".join(out)
+    return "\n".join(out + notes)
 
 
 def _cuda(version: int) -> str:

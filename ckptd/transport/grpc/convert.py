@@ -124,6 +124,8 @@ def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
         duration_s=r.duration_s,
         criu_version=r.criu_version,
         parent_id=r.parent_id,
+        files=[pb.CapturedFile(path=f.path, size=f.size) for f in r.files],
+        files_skipped=list(r.files_skipped),
     )
     msg.created.FromNanoseconds(int(r.created * 1e9))
     if r.gpu is not None:
@@ -147,7 +149,8 @@ def fingerprint(f: NodeFingerprint) -> pb.NodeFingerprint:
 
 def check_restore_response(r: CompatReport) -> pb.CheckRestoreResponse:
     return pb.CheckRestoreResponse(
-        compatible=r.compatible, blocking=list(r.blocking), warnings=list(r.warnings)
+        compatible=r.compatible, blocking=list(r.blocking), warnings=list(r.warnings),
+        notes=list(r.notes),
     )
 
 
@@ -158,6 +161,8 @@ def restore_result(o: RestoreOutcome) -> pb.RestoreResult:
         output_path=o.output_path,
         duration_s=o.duration_s,
         stdio=[stdio(s) for s in o.stdio],
+        files_put_back=list(o.files_put_back),
+        files_kept=list(o.files_kept),
     )
 
 

@@ -892,7 +892,18 @@ def test_check_restore_json(capsys: pytest.CaptureFixture[str], daemon: Daemon) 
         "compatible": False,
         "blocking": list(INCOMPATIBLE.blocking),
         "warnings": list(INCOMPATIBLE.warnings),
+        "notes": [],
     }
+
+
+def test_check_restore_lists_the_files_a_restore_puts_back(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    note = "file /srv/train.log differs from the checkpoint: it is put back (14 bytes), ..."
+    daemon.servicer.compat = pb.CheckRestoreResponse(compatible=True, notes=[note])
+    code, out, _ = run(capsys, daemon, "check-restore", CK_ID)
+    assert code == 0
+    assert out.splitlines() == ["compatible", "a restore also (1):", f"  - {note}"]
 
 
 def test_check_restore_needs_an_id(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:

@@ -956,12 +956,22 @@ class RestoreResult(_message.Message):
     OUTPUT_PATH_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
     STDIO_FIELD_NUMBER: _builtins.int
+    FILES_PUT_BACK_FIELD_NUMBER: _builtins.int
+    FILES_KEPT_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     pid: _builtins.int
     output_path: _builtins.str
     duration_s: _builtins.float
     @_builtins.property
     def stdio(self) -> _containers.RepeatedCompositeFieldContainer[Global___StdioFact]: ...
+    @_builtins.property
+    def files_put_back(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Files the restore put back to their checkpoint content, and where the versions it found
+        on disk (that differed) were kept, beside each.
+        """
+
+    @_builtins.property
+    def files_kept(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -970,10 +980,12 @@ class RestoreResult(_message.Message):
         output_path: _builtins.str = ...,
         duration_s: _builtins.float = ...,
         stdio: _abc.Iterable[Global___StdioFact] | None = ...,
+        files_put_back: _abc.Iterable[_builtins.str] | None = ...,
+        files_kept: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "duration_s", b"duration_s", "output_path", b"output_path", "pid", b"pid", "stdio", b"stdio"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "duration_s", b"duration_s", "files_kept", b"files_kept", "files_put_back", b"files_put_back", "output_path", b"output_path", "pid", b"pid", "stdio", b"stdio"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1129,6 +1141,8 @@ class Checkpoint(_message.Message):
     PARENT_ID_FIELD_NUMBER: _builtins.int
     GPU_FIELD_NUMBER: _builtins.int
     FINGERPRINT_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    FILES_SKIPPED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     pid: _builtins.int
     name: _builtins.str
@@ -1161,6 +1175,14 @@ class Checkpoint(_message.Message):
     def fingerprint(self) -> Global___NodeFingerprint:
         """unset for checkpoints made before fingerprints"""
 
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___CapturedFile]:
+        """files the tree wrote, their content kept"""
+
+    @_builtins.property
+    def files_skipped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """written files not captured (over the limit), why"""
+
     def __init__(
         self,
         *,
@@ -1183,14 +1205,42 @@ class Checkpoint(_message.Message):
         parent_id: _builtins.str = ...,
         gpu: Global___GpuFacts | None = ...,
         fingerprint: Global___NodeFingerprint | None = ...,
+        files: _abc.Iterable[Global___CapturedFile] | None = ...,
+        files_skipped: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "fingerprint", b"fingerprint", "gpu", b"gpu"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "fingerprint", b"fingerprint", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "files", b"files", "files_skipped", b"files_skipped", "fingerprint", b"fingerprint", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Checkpoint: _TypeAlias = Checkpoint  # noqa: Y015
+
+@_typing.final
+class CapturedFile(_message.Message):
+    """A file the tree wrote (open for writing or mapped shared): its content at the checkpoint is
+    in the store and a restore puts it back first.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    size: _builtins.int
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CapturedFile: _TypeAlias = CapturedFile  # noqa: Y015
 
 @_typing.final
 class NodeFingerprint(_message.Message):
@@ -1633,6 +1683,7 @@ class CheckRestoreResponse(_message.Message):
     COMPATIBLE_FIELD_NUMBER: _builtins.int
     BLOCKING_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
     compatible: _builtins.bool
     """no blocking difference and no warning"""
     @_builtins.property
@@ -1643,16 +1694,21 @@ class CheckRestoreResponse(_message.Message):
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """a restore refuses unless ignore_warnings"""
 
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """what a restore changes on the way (files it puts back)"""
+
     def __init__(
         self,
         *,
         compatible: _builtins.bool = ...,
         blocking: _abc.Iterable[_builtins.str] | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocking", b"blocking", "compatible", b"compatible", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocking", b"blocking", "compatible", b"compatible", "notes", b"notes", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,172 @@
+"""Files the job writes: captured with each checkpoint, put back before each restore.
+
+A leave-running (periodic) checkpoint is only worth something if the job can be restored from
+it after it wrote on and died: its log grew, its state file was rewritten, a launcher wrote to
+its stdout file. CRIU reopens such files by path and insists on their size at dump. So the dump
+captures the content of every file the tree writes (``JobFiles.written``), while the tree is
+frozen, as images the store splits into pages like memory (a log that grew by 10 KB costs about
+10 KB more); the restore puts each back first, keeping a version that differs beside it
+(``<path>.ckptd-<restore id>``), and undoes that if the restore then fails.
+
+Invariants: capture happens only while CRIU holds the tree frozen (content and CRIU's recorded
+sizes agree); nothing on disk is destroyed by a restore (a differing version is kept aside, and
+a failed restore puts every file back as it found it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptd.core.config import CoreConfig
+from ckptd.core.ports import JobFiles, PutBack, WrittenFile
+from ckptd.domain import CapturedFile, CheckpointRecord, ProcessFact
+from ckptd.errors import TargetRefused
+
+log = logging.getLogger(__name__)
+
+IMAGE_PREFIX = "ckptd-file-"
+SKIP = "skip"
+REFUSE = "refuse"
+
+
+def image_name(path: str) -> str:
+    """The image of a captured file: stable per path (so each checkpoint's page list is a
+    small delta of the previous one's)."""
+    return f"{IMAGE_PREFIX}{hashlib.sha256(path.encode()).hexdigest()[:24]}.img"
+
+
+def chunked_images(is_pages_image: Callable[[str], bool]) -> Callable[[str], bool]:
+    """The store's rule for images split into pages: CRIU's pages, and captured files."""
+
+    def chunked(name: str) -> bool:
+        return is_pages_image(name) or (name.startswith(IMAGE_PREFIX) and name.endswith(".img"))
+
+    return chunked
+
+
+def _fmt(size: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{size} B"
+
+
+def oversized(files: Sequence[WrittenFile], config: CoreConfig) -> list[WrittenFile]:
+    return [f for f in files if f.size > config.file_capture_limit]
+
+
+def refuse_oversized(files: Sequence[WrittenFile], config: CoreConfig, pid: int) -> None:
+    """With ``file_capture_oversize = refuse``: one line naming the first file over the limit."""
+    big = oversized(files, config)
+    if big and config.file_capture_oversize != SKIP:
+        first = big[0]
+        more = f" (and {len(big) - 1} more)" if len(big) > 1 else ""
+        raise TargetRefused(
+            f"pid {first.pid} writes {first.path} ({_fmt(first.size)}), over the "
+            f"{_fmt(config.file_capture_limit)} a checkpoint captures{more}",
+            hint="raise file_capture_limit in the daemon's configuration, or set "
+            "file_capture_oversize = skip (a restore then needs that file at its size at dump)",
+            pid=pid,
+        )
+
+
+@dataclass
+class Capture:
+    files: list[CapturedFile] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def capture(
+    files: JobFiles, tree: Sequence[ProcessFact], images_dir: Path, config: CoreConfig,
+    pid: int,
+) -> Capture:
+    """Capture every file ``tree`` writes into ``images_dir`` (the tree frozen)."""
+    written = files.written(tree)
+    refuse_oversized(written, config, pid)
+    result = Capture()
+    for file in written:
+        if file.size > config.file_capture_limit:
+            result.skipped.append(
+                f"{file.path} ({_fmt(file.size)} > {_fmt(config.file_capture_limit)})"
+            )
+            continue
+        captured = files.capture(file, images_dir / image_name(file.path))
+        if captured is not None:
+            result.files.append(captured)
+    return result
+
+
+def planned(file: WrittenFile) -> CapturedFile:
+    """What a dump will capture of ``file`` (for a preview: no content, no hash yet)."""
+    return CapturedFile(path=file.path, size=file.size, mode=0, uid=0, gid=0, hash="",
+                        image=image_name(file.path))
+
+
+def aside_path(path: str, op_id: str) -> str:
+    return f"{path}.ckptd-{op_id}"
+
+
+@dataclass
+class PutBackAll:
+    """Every captured file of a checkpoint put back, in order; ``undo`` reverses them all."""
+
+    files: JobFiles
+    record: CheckpointRecord
+    done: list[PutBack] = field(default_factory=list)
+    put_back: list[str] = field(default_factory=list)
+
+    def run(self, images_dir: Path, op_id: str) -> None:
+        uid, gid = self._owner()
+        for captured in self.record.files:
+            result = self.files.put_back(
+                captured, images_dir / captured.image, aside_path(captured.path, op_id),
+                uid, gid,
+            )
+            if result is not None:
+                self.done.append(result)
+                self.put_back.append(captured.path)
+                log.info("restore of %s: put back %s (%d bytes)%s", self.record.id,
+                         captured.path, captured.size,
+                         f", kept the version found as {result.aside}" if result.aside else "")
+
+    def undo(self) -> None:
+        uid, gid = self._owner()
+        while self.done:
+            done = self.done.pop()
+            self.files.undo(done, uid, gid)
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        return tuple(d.aside for d in self.done if d.aside)
+
+    def _owner(self) -> tuple[int, int]:
+        root = self.record.processes[0] if self.record.processes else None
+        return (root.uid, root.gid) if root is not None else (self.record.uid, self.record.uid)
+
+
+def check_files(record: CheckpointRecord, files: JobFiles | None) -> tuple[list[str], list[str]]:
+    """(blocking, notes) about putting ``record``'s captured files back on this node."""
+    blocking: list[str] = []
+    notes: list[str] = []
+    if not record.files:
+        return blocking, notes
+    if files is None:
+        return [f"the checkpoint captured {len(record.files)} files but this daemon cannot "
+                "put files back"], notes
+    root = record.processes[0] if record.processes else None
+    uid, gid = (root.uid, root.gid) if root is not None else (record.uid, record.uid)
+    for captured in record.files:
+        check = files.check(captured, uid, gid)
+        if check.problem:
+            blocking.append(f"file {captured.path} cannot be put back: {check.problem}")
+        elif check.differs:
+            notes.append(
+                f"file {captured.path} differs from the checkpoint: it is put back "
+                f"({captured.size} bytes), the version found kept as "
+                f"{aside_path(captured.path, '<restore id>')}"
+            )
+    return blocking, notes

@@ -1,0 +1,70 @@
+"""``FakeJobFiles``: the ``JobFiles`` port over files a test declares written by fake pids."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckptd.adapters.procfs.jobfiles import capture_file, check_file, put_back, undo_put_back
+from ckptd.core.ports import FileCheck, PutBack, WrittenFile
+from ckptd.domain import CapturedFile, ProcessFact
+
+if TYPE_CHECKING:
+    from ckptd.core.ports import JobFiles
+
+
+class FakeJobFiles:
+    """A ``JobFiles`` whose ``written`` reports the real files (e.g. under a test's tmp_path)
+    that ``open_for_writing`` declared for fake pids; capture and put-back act on those real
+    files as the real adapter does, without switching file-system identity (tests need not
+    run as root). Records ``events`` (``"files.capture <path>"``, ``"files.put_back
+    <path>"``, ``"files.undo <path>"``) when given a list; ``fail_put_back`` makes putting
+    that path back raise ``OSError`` (after those before it were put back)."""
+
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.writes: dict[int, list[str]] = {}
+        self.events = events
+        self.fail_put_back: set[str] = set()
+
+    def open_for_writing(self, pid: int, path: str | Path) -> None:
+        self.writes.setdefault(pid, []).append(str(path))
+
+    def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
+        found: dict[str, WrittenFile] = {}
+        for proc in tree:
+            for path in self.writes.get(proc.pid, ()):
+                if os.path.isfile(path):
+                    found.setdefault(path, WrittenFile(path, os.path.getsize(path), path,
+                                                       proc.pid))
+        return tuple(found[p] for p in sorted(found))
+
+    def capture(self, file: WrittenFile, dest: Path) -> CapturedFile | None:
+        self._event(f"files.capture {file.path}")
+        return capture_file(file, dest)
+
+    def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck:
+        return check_file(captured)
+
+    def put_back(
+        self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int
+    ) -> PutBack | None:
+        if captured.path in self.fail_put_back:
+            raise OSError(f"cannot put back {captured.path} (FakeJobFiles)")
+        self._event(f"files.put_back {captured.path}")
+        return put_back(captured, content, aside)
+
+    def undo(self, done: PutBack, uid: int, gid: int) -> None:
+        self._event(f"files.undo {done.path}")
+        undo_put_back(done)
+
+    def _event(self, text: str) -> None:
+        if self.events is not None:
+            self.events.append(text)
+
+
+if TYPE_CHECKING:
+
+    def _is_job_files(files: FakeJobFiles) -> JobFiles:
+        return files

@@ -1,0 +1,146 @@
+"""The ``JobFiles`` contract: ``ProcJobFiles`` (real processes, /proc) and ``FakeJobFiles``
+(files declared written by fake pids) list, capture and put back files alike."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ckptd.adapters.procfs.jobfiles import ProcJobFiles
+from ckptd.adapters.procfs.proctable import ProcFsTable
+from ckptd.core.ports import JobFiles
+from ckptd.domain import ProcessFact
+from ckptd.testing import FakeJobFiles
+
+
+class FilesHarness:
+    def __init__(self, files: JobFiles) -> None:
+        self.files = files
+
+    def writer(self, path: Path) -> tuple[ProcessFact, ...]:
+        """A process tree that has ``path`` open for writing."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class RealFiles(FilesHarness):
+    def __init__(self) -> None:
+        super().__init__(ProcJobFiles())
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def writer(self, path: Path) -> tuple[ProcessFact, ...]:
+        code = ("import sys, time; f = open(sys.argv[1], 'ab'); print('ok', flush=True); "
+                "time.sleep(60)")
+        proc = subprocess.Popen([sys.executable, "-c", code, str(path)],
+                                stdout=subprocess.PIPE)
+        self.procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ok\n"
+        return ProcFsTable().tree(proc.pid)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+class FakeFiles(FilesHarness):
+    def __init__(self) -> None:
+        self.fake = FakeJobFiles()
+        super().__init__(self.fake)
+        self.next_pid = 5000
+
+    def writer(self, path: Path) -> tuple[ProcessFact, ...]:
+        self.next_pid += 1
+        path.touch()
+        self.fake.open_for_writing(self.next_pid, path)
+        return (ProcessFact(self.next_pid, 1, "w", (), 0, 0),)
+
+
+@pytest.fixture(params=["real", "fake"])
+def harness(request: pytest.FixtureRequest) -> Iterator[FilesHarness]:
+    h: FilesHarness = RealFiles() if request.param == "real" else FakeFiles()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def test_written_lists_a_file_open_for_writing(harness: FilesHarness, tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_bytes(b"hello\n")
+    tree = harness.writer(path)
+    written = harness.files.written(tree)
+    assert [(w.path, w.size, w.pid) for w in written] == [(str(path), 6, tree[0].pid)]
+
+
+def test_capture_copies_the_content_padded_to_pages(harness: FilesHarness, tmp_path: Path) -> None:
+    path = tmp_path / "state.bin"
+    path.write_bytes(b"\x07" * 5000)
+    (written,) = harness.files.written(harness.writer(path))
+    captured = harness.files.capture(written, tmp_path / "img")
+    assert captured is not None
+    assert (captured.path, captured.size, captured.image) == (str(path), 5000, "img")
+    data = (tmp_path / "img").read_bytes()
+    assert data == b"\x07" * 5000 + b"\0" * (8192 - 5000)
+    assert captured.mode == path.stat().st_mode & 0o7777
+
+
+def test_put_back_keeps_the_version_found_and_undo_restores_it(
+    harness: FilesHarness, tmp_path: Path
+) -> None:
+    path = tmp_path / "train.log"
+    path.write_bytes(b"line 1\n")
+    (written,) = harness.files.written(harness.writer(path))
+    captured = harness.files.capture(written, tmp_path / "img")
+    assert captured is not None
+    path.write_bytes(b"line 1\nline 2\n")
+    check = harness.files.check(captured, 0, 0)
+    assert check.differs and not check.problem
+    aside = str(tmp_path / "train.log.ckptd-r1")
+    done = harness.files.put_back(captured, tmp_path / "img", aside, 0, 0)
+    assert done is not None and done.aside == aside
+    assert path.read_bytes() == b"line 1\n"
+    assert Path(aside).read_bytes() == b"line 1\nline 2\n"
+    assert not harness.files.check(captured, 0, 0).differs
+    assert harness.files.put_back(captured, tmp_path / "img", aside + "x", 0, 0) is None
+    harness.files.undo(done, 0, 0)
+    assert path.read_bytes() == b"line 1\nline 2\n"
+    assert not Path(aside).exists()
+
+
+def test_a_missing_file_is_recreated_and_undo_removes_it(
+    harness: FilesHarness, tmp_path: Path
+) -> None:
+    path = tmp_path / "out.txt"
+    path.write_bytes(b"abc")
+    (written,) = harness.files.written(harness.writer(path))
+    captured = harness.files.capture(written, tmp_path / "img")
+    assert captured is not None
+    path.unlink()
+    done = harness.files.put_back(captured, tmp_path / "img", str(path) + ".aside", 0, 0)
+    assert done is not None and done.aside == ""
+    assert path.read_bytes() == b"abc"
+    harness.files.undo(done, 0, 0)
+    assert not path.exists()
+
+
+def test_check_names_what_blocks_a_put_back(harness: FilesHarness, tmp_path: Path) -> None:
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    path = sub / "x.log"
+    path.write_bytes(b"x")
+    (written,) = harness.files.written(harness.writer(path))
+    captured = harness.files.capture(written, tmp_path / "img")
+    assert captured is not None
+    path.unlink()
+    sub.rmdir()
+    assert harness.files.check(captured, 0, 0).problem == f"its directory {sub} is missing"
+    sub.mkdir()
+    (sub / "x.log").mkdir()
+    assert harness.files.check(captured, 0, 0).problem == "it is no longer a regular file"

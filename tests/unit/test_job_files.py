@@ -1,0 +1,162 @@
+"""Files the job writes, over the fakes: captured while CRIU holds the tree, put back before
+CRIU restores it, the version found kept aside, everything undone when the restore fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptd.domain import PidState
+from ckptd.errors import CriuFailed, Incompatible, TargetRefused
+
+from .world import JOB, JOB_TREE, World, make_world
+
+
+def _log(world: World, content: bytes = b"step 1\nstep 2\n", name: str = "train.log") -> Path:
+    path = world.tmp / "job" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    world.files.open_for_writing(JOB, path)
+    return path
+
+
+def _die(world: World) -> None:
+    for pid in JOB_TREE:
+        world.processes.remove(pid)
+
+
+def test_a_leave_running_checkpoint_captures_the_files_the_tree_writes(world: World) -> None:
+    log = _log(world)
+    state = _log(world, b"\x01" * 5000, "state.bin")
+    record = world.dump(JOB, leave_running=True)
+    assert [(f.path, f.size) for f in record.files] == [(str(state), 5000), (str(log), 14)]
+    assert record.files_skipped == ()
+    # captured while CRIU held the tree frozen: after the images, before CRIU let go
+    events = world.events
+    assert (events.index(f"criu.dumped {JOB}") < events.index(f"files.capture {log}")
+            < events.index(f"criu.finished {JOB}"))
+
+
+def test_restore_after_the_job_wrote_on_and_died_puts_files_back_and_keeps_the_newer(
+    world: World,
+) -> None:
+    log = _log(world)
+    state = _log(world, b"A" * 6000, "state.bin")
+    record = world.dump(JOB, leave_running=True)
+    log.write_bytes(b"step 1\nstep 2\nstep 3\n")  # the job wrote on ...
+    state.write_bytes(b"B" * 100)  # ... rewrote its state
+    _die(world)  # ... and died
+    outcome = world.restore(checkpoint_id=record.id)
+    assert log.read_bytes() == b"step 1\nstep 2\n"
+    assert state.read_bytes() == b"A" * 6000
+    assert sorted(outcome.files_put_back) == sorted([str(log), str(state)])
+    kept = {k.split(".ckptd-")[0]: Path(k).read_bytes() for k in outcome.files_kept}
+    assert kept == {str(log): b"step 1\nstep 2\nstep 3\n", str(state): b"B" * 100}
+    # the files were put back before CRIU ran
+    assert world.events.index(f"files.put_back {log}") < world.events.index("criu.restore")
+
+
+def test_an_unchanged_file_is_left_alone_and_a_missing_one_is_recreated(world: World) -> None:
+    log = _log(world)
+    state = _log(world, b"S" * 10, "state.bin")
+    record = world.dump(JOB, leave_running=True)
+    state.unlink()
+    _die(world)
+    outcome = world.restore(checkpoint_id=record.id)
+    assert outcome.files_put_back == (str(state),)
+    assert outcome.files_kept == ()
+    assert state.read_bytes() == b"S" * 10
+    assert log.read_bytes() == b"step 1\nstep 2\n"
+    assert not list(log.parent.glob("*.ckptd-*"))
+
+
+def test_a_failed_criu_restore_leaves_every_file_as_it_was_found(world: World) -> None:
+    log = _log(world)
+    state = _log(world, b"old", "state.bin")
+    record = world.dump(JOB, leave_running=True)
+    log.write_bytes(b"newer log\n")
+    state.unlink()
+    _die(world)
+    world.criu.fail_restore = CriuFailed("CRIU restore failed: boom")
+    with pytest.raises(CriuFailed):
+        world.restore(checkpoint_id=record.id)
+    assert log.read_bytes() == b"newer log\n"
+    assert not state.exists()
+    assert not list(log.parent.glob("*.ckptd-*"))
+    assert f"files.undo {log}" in world.events
+
+
+def test_a_file_that_cannot_be_put_back_undoes_those_before_it(world: World) -> None:
+    first = _log(world, b"first", "a.log")
+    second = _log(world, b"second", "b.log")
+    record = world.dump(JOB, leave_running=True)
+    first.write_bytes(b"first, later")
+    second.write_bytes(b"second, later")
+    _die(world)
+    world.files.fail_put_back.add(str(second))
+    with pytest.raises(OSError, match="cannot put back"):
+        world.restore(checkpoint_id=record.id)
+    assert first.read_bytes() == b"first, later"
+    assert second.read_bytes() == b"second, later"
+    assert world.criu.restore_jobs == []
+
+
+def test_check_restore_names_the_files_it_will_put_back_and_those_it_cannot(
+    world: World,
+) -> None:
+    log = _log(world)
+    gone = _log(world, b"x", "sub/state.bin")
+    record = world.dump(JOB, leave_running=True)
+    log.write_bytes(b"more")
+    gone.unlink()
+    gone.parent.rmdir()
+    report = world.restore_recipe.check(record)
+    assert report.blocking == (
+        f"file {gone} cannot be put back: its directory {gone.parent} is missing",
+    )
+    assert len(report.notes) == 1 and str(log) in report.notes[0]
+    _die(world)
+    with pytest.raises(Incompatible, match="cannot be put back"):
+        world.restore(checkpoint_id=record.id)
+    assert log.read_bytes() == b"more"  # refused before anything was touched
+    assert world.criu.restore_jobs == []
+
+
+def test_a_file_over_the_limit_is_refused_before_the_tree_is_frozen(tmp_path: Path) -> None:
+    world = make_world(tmp_path, file_capture_limit=100)
+    big = _log(world, b"x" * 101, "big.log")
+    with pytest.raises(TargetRefused) as info:
+        world.dump(JOB, leave_running=True)
+    assert str(big) in info.value.message and "file_capture_limit" in (info.value.hint or "")
+    assert "\n" not in info.value.message
+    assert world.criu.dump_jobs == []
+    assert world.states(*JOB_TREE) == ["running"] * 3
+
+
+def test_a_file_over_the_limit_is_skipped_when_so_configured(tmp_path: Path) -> None:
+    world = make_world(tmp_path, file_capture_limit=100, file_capture_oversize="skip")
+    small = _log(world, b"small", "small.log")
+    big = _log(world, b"x" * 101, "big.log")
+    record = world.dump(JOB, leave_running=True)
+    assert [f.path for f in record.files] == [str(small)]
+    assert len(record.files_skipped) == 1 and str(big) in record.files_skipped[0]
+
+
+def test_a_file_growing_over_the_limit_while_frozen_aborts_and_the_tree_runs_on(
+    tmp_path: Path,
+) -> None:
+    world = make_world(tmp_path, file_capture_limit=100)
+    log = _log(world, b"x" * 10)
+    world.hooks.on["post_dump"] = lambda _pid: log.write_bytes(b"y" * 200)
+    with pytest.raises(TargetRefused):
+        world.dump(JOB)
+    assert world.states(*JOB_TREE) == ["running"] * 3
+    assert world.store.list() == []
+
+
+def test_kill_mode_dump_captures_files_too(world: World) -> None:
+    log = _log(world)
+    record = world.dump(JOB)
+    assert [f.path for f in record.files] == [str(log)]
+    assert world.processes.status(JOB).state in (PidState.FREE, PidState.ZOMBIE)
