@@ -59,7 +59,7 @@ from ckptd.core.ports import (
     ProcessTable,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
-from ckptd.core.targets import check_dump_target
+from ckptd.core.targets import check_dump_target, check_tcp
 from ckptd.domain import (
     Caller,
     CapturedFile,
@@ -106,6 +106,8 @@ class DumpContext:
     """The tree's processes, held since ``inspect`` (and those CRIU found later)."""
     files: tuple[CapturedFile, ...] = ()
     files_skipped: tuple[str, ...] = ()
+    tcp_connections: int = 0
+    """Connected TCP sockets of the tree at ``inspect`` (CRIU dumps them established)."""
 
 
 class DumpRecipe:
@@ -187,6 +189,10 @@ class DumpRecipe:
             raise ProcessNotFound(f"pid {ctx.request.pid} exited while it was inspected",
                                   pid=ctx.request.pid)
         ctx.stdio = self._processes.stdio(ctx.tree)
+        connections = self._processes.tcp_connections(ctx.tree)
+        check_tcp(connections, ctx.request.pid, tcp_close=ctx.request.tcp_close,
+                  peers_dumped=ctx.request.tcp_peers_dumped)
+        ctx.tcp_connections = len(connections)
         ctx.stopped_before = frozenset(
             p.pid for p in ctx.tree if ctx.held.state(p.pid) is PidState.STOPPED
         )
@@ -249,6 +255,7 @@ class DumpRecipe:
             work_dir=ctx.work_dir,
             leave_running=ctx.request.leave_running,
             leave_stopped=not ctx.request.leave_running,
+            tcp_established=ctx.tcp_connections > 0,
         )
         started = self._clock.monotonic()
         ctx.criu = self._criu.dump(job, self._hooks)
@@ -368,6 +375,8 @@ class DumpRecipe:
             fingerprint=ctx.fingerprint,
             files=ctx.files,
             files_skipped=ctx.files_skipped,
+            tcp_connections=ctx.tcp_connections,
+            tcp_close=ctx.request.tcp_close and ctx.tcp_connections > 0,
         )
 
     def _parent_of(self, ctx: DumpContext) -> str:

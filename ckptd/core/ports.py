@@ -31,6 +31,7 @@ from ckptd.domain import (
     ProcessFact,
     RemoteRestore,
     StdioFact,
+    TcpConnection,
     VerifyReport,
 )
 
@@ -104,6 +105,11 @@ class ProcessTable(Protocol):
     def foreign_namespaces(self, pid: int) -> frozenset[str]:
         """The namespaces (``pid``, ``mnt``, ``net``, ``ipc``, ``uts``, ``user``, ``cgroup``,
         ``time``) in which ``pid`` differs from the daemon; empty when it is gone."""
+        ...
+
+    def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
+        """Every connected TCP socket a process of ``tree`` holds (listening ones are not
+        connections), with its addresses as seen in that process's network namespace."""
         ...
 
 

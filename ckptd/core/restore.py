@@ -348,9 +348,12 @@ class RestoreRecipe:
         assert ctx.images_dir is not None
         work_dir = self._config.work_dir / ctx.op_id
         work_dir.mkdir(parents=True, exist_ok=True)
+        assert ctx.record is not None
         job = CriuRestoreJob(
             images_dir=ctx.images_dir, work_dir=work_dir, inherit_fds=ctx.inherit_fds,
             leave_stopped=ctx.gate is not None,
+            tcp_established=ctx.record.tcp_connections > 0,
+            tcp_close=ctx.record.tcp_close,
         )
         ctx.pid = self._criu.restore(job, _HoldOnPostRestore(self._hooks, self, ctx))
         if ctx.held is None:  # CRIU did not say the root pid at post-restore

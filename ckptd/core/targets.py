@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ckptd.core.ports import ProcessTable
-from ckptd.domain import Caller, PidState, PidStatus, ProcessFact
+from ckptd.domain import Caller, PidState, PidStatus, ProcessFact, TcpConnection
 from ckptd.errors import InvalidTarget, PermissionDenied, ProcessNotFound, TargetRefused
 
 
@@ -130,5 +132,26 @@ def check_no_nested_pid_namespace(
                 "namespaces",
                 hint=f"checkpoint the nested namespace's init instead (`ckptctl dump "
                      f"{proc.pid}` if it is that init)",
+                pid=pid,
+            )
+
+
+def check_tcp(
+    connections: Sequence[TcpConnection], pid: int, *, tcp_close: bool, peers_dumped: bool
+) -> None:
+    """Refuse (before anything is frozen) a tree with a TCP connection whose other end is not
+    in the tree, unless the request says its connections come back closed (``tcp_close``) or
+    that the peers are checkpointed with it (a group)."""
+    if tcp_close or peers_dumped:
+        return
+    ends = {(c.local, c.remote) for c in connections}
+    for conn in connections:
+        if (conn.remote, conn.local) not in ends:
+            raise TargetRefused(
+                f"pid {conn.pid} ({conn.comm}) has a TCP connection {conn.local} -> "
+                f"{conn.remote} to a peer outside the tree of pid {pid}: ckptd restores a "
+                "connection only when both of its ends are checkpointed",
+                hint="checkpoint the peer with it (a group), or dump with --tcp-close to "
+                "restore the tree's connections closed (the application sees a reset)",
                 pid=pid,
             )

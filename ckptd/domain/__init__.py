@@ -30,6 +30,7 @@ from ckptd.domain.model import (
     RestoreRequest,
     StdioFact,
     StdioKind,
+    TcpConnection,
     VerifyReport,
     new_checkpoint_id,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "RestoreRequest",
     "StdioFact",
     "StdioKind",
+    "TcpConnection",
     "VerifyReport",
     "new_checkpoint_id",
     "parse_duration",

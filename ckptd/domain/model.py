@@ -92,6 +92,18 @@ class ProcessFact:
         return self.ns_pid or self.pid
 
 
+@dataclass(frozen=True)
+class TcpConnection:
+    """A connected TCP socket of a process of a tree (``local``/``remote``: ``ip:port``)."""
+
+    pid: int
+    comm: str
+    local: str
+    remote: str
+    state: str
+    inode: int
+
+
 class StdioKind(enum.StrEnum):
     PIPE = "pipe"
     TTY = "tty"
@@ -332,6 +344,12 @@ class DumpRequest:
     labels: Mapping[str, str] = field(default_factory=dict)
     keep: int = 0
     """With a name: after the commit, keep only the ``keep`` newest checkpoints of that name."""
+    tcp_close: bool = False
+    """Allow TCP connections to peers outside the tree: a restore brings the tree's
+    connections back closed (the application sees a reset). Off: such a tree is refused."""
+    tcp_peers_dumped: bool = False
+    """The peers outside the tree are checkpointed with it (a group): its connections are
+    dumped and restored established, whoever the peer."""
 
 
 @dataclass(frozen=True)
@@ -388,6 +406,10 @@ class CheckpointRecord:
     """Files the tree wrote, their content at the checkpoint (put back by a restore)."""
     files_skipped: tuple[str, ...] = ()
     """Written files not captured (over the size limit, configured to skip), one line each."""
+    tcp_connections: int = 0
+    """Connected TCP sockets dumped (CRIU's tcp-established; a restore needs it too)."""
+    tcp_close: bool = False
+    """A restore brings those connections back closed (peers outside the tree)."""
 
     @property
     def own_pid_namespace(self) -> bool:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
-from ckptd.domain import PidState, PidStatus, ProcessFact, StdioFact, StdioKind
+from ckptd.domain import PidState, PidStatus, ProcessFact, StdioFact, StdioKind, TcpConnection
 from ckptd.errors import ProcessNotFound
 from ckptd.testing._clock import FakeClock
 
@@ -51,6 +51,8 @@ class FakeProcess:
     """Its pid in the pid namespace of the tree root it belongs to (0: the daemon's)."""
     namespaces: frozenset[str] = frozenset()
     """The namespaces it does not share with the daemon (``foreign_namespaces``)."""
+    tcp: tuple[tuple[str, str], ...] = ()
+    """Its connected TCP sockets, ``(local, remote)`` each (``tcp_connections``)."""
 
     def fact(self) -> ProcessFact:
         """This process as ``ProcessTable.tree`` reports it."""
@@ -359,6 +361,16 @@ class FakeProcessTable:
         with self._lock:
             proc = self.processes.get(pid)
             return proc.namespaces if proc is not None else frozenset()
+
+    def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
+        out = []
+        with self._lock:
+            for fact in tree:
+                proc = self.processes.get(fact.pid)
+                for n, (local, remote) in enumerate(proc.tcp if proc is not None else ()):
+                    out.append(TcpConnection(fact.pid, proc.comm if proc else "", local, remote,
+                                             "ESTABLISHED", fact.pid * 1000 + n))
+        return tuple(out)
 
     def signal(self, pid: int, signo: int) -> bool:
         """Test helper (not part of the port): signal whatever process is at ``pid`` now."""

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ckptd.adapters.procfs.pidfd import PidfdHandle, read_stat, state_of
-from ckptd.domain import PidState, PidStatus, ProcessFact, StdioFact, StdioKind
+from ckptd.adapters.procfs.tcp import tcp_connections
+from ckptd.domain import PidState, PidStatus, ProcessFact, StdioFact, StdioKind, TcpConnection
 from ckptd.errors import ProcessNotFound
 
 PF_KTHREAD = 0x00200000
@@ -157,6 +158,9 @@ class ProcFsTable:
             if mine != theirs:
                 out.add(name)
         return frozenset(out)
+
+    def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
+        return tcp_connections(self._proc, tree)
 
     def stdio(self, tree: Sequence[ProcessFact]) -> tuple[StdioFact, ...]:
         """Stdio of every process; pipes held only on one side by the tree, and terminals

@@ -215,6 +215,7 @@ def cmd_dump(ctx: Context, args: argparse.Namespace) -> int:
         name=args.name or "",
         labels=labels,
         keep=args.keep or 0,
+        tcp_close=bool(args.tcp_close),
     )
     result = _stream_result(ctx.client.Dump(request, timeout=ctx.timeout), "checkpoint")
     if result is None:
@@ -416,6 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--leave-running",
         action="store_true",
         help="let the tree run on after the checkpoint (default: it is stopped)",
+    )
+    dump.add_argument(
+        "--tcp-close",
+        action="store_true",
+        help="allow TCP connections to peers outside the tree: a restore brings the tree's "
+        "connections back closed, the application sees a reset (default: such a tree is "
+        "refused; connections inside the tree are always restored established)",
     )
     dump.add_argument("--name", metavar="NAME", help="a name to find the checkpoint by")
     dump.add_argument(

@@ -235,6 +235,10 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
         ("criu version", dash(ck["criu_version"])),
         ("parent", dash(ck["parent_id"])),
     ]
+    tcp = int(ck.get("tcp_connections") or 0)
+    if tcp:
+        how = "restored closed" if ck.get("tcp_close") else "restored established"
+        pairs.append(("tcp connections", f"{tcp} ({how})"))
     out = [key_values(pairs)]
 
     processes = ck["processes"]

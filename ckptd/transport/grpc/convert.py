@@ -37,6 +37,7 @@ def dump_request(msg: pb.DumpRequest) -> DumpRequest:
         name=msg.name,
         labels=dict(msg.labels),
         keep=msg.keep,
+        tcp_close=msg.tcp_close,
     )
 
 
@@ -126,6 +127,8 @@ def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
         parent_id=r.parent_id,
         files=[pb.CapturedFile(path=f.path, size=f.size) for f in r.files],
         files_skipped=list(r.files_skipped),
+        tcp_connections=r.tcp_connections,
+        tcp_close=r.tcp_close,
     )
     msg.created.FromNanoseconds(int(r.created * 1e9))
     if r.gpu is not None:

@@ -34,8 +34,10 @@ class GroupRpcs:
     def GroupPrepare(self, request: pb.GroupPrepareRequest, context: grpc.ServicerContext
                      ) -> Any:
         groups = self._group_members(context)
+        # the peers of the member's TCP connections are the other members, dumped with it
         dump = DumpRequest(pid=request.pid, leave_running=request.leave_running,
-                           name=request.name, labels={"group": request.group_id})
+                           name=request.name, labels={"group": request.group_id},
+                           tcp_peers_dumped=True)
         ck = self._unary(context, lambda c: groups.prepare(
             c, request.group_id, dump, request.timeout_s or 60.0))
         return pb.GroupPrepareResponse(checkpoint_id=ck, node=self._node)

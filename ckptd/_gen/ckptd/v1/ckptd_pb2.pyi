@@ -805,11 +805,16 @@ class DumpRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     KEEP_FIELD_NUMBER: _builtins.int
+    TCP_CLOSE_FIELD_NUMBER: _builtins.int
     pid: _builtins.int
     leave_running: _builtins.bool
     name: _builtins.str
     keep: _builtins.int
     """With a name: once committed, keep only the newest `keep` checkpoints of that name."""
+    tcp_close: _builtins.bool
+    """Allow TCP connections to peers outside the tree: a restore brings the tree's connections
+    back closed (the application sees a reset). Unset: such a tree is refused.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -820,10 +825,11 @@ class DumpRequest(_message.Message):
         name: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         keep: _builtins.int = ...,
+        tcp_close: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep", b"keep", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "pid", b"pid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep", b"keep", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "pid", b"pid", "tcp_close", b"tcp_close"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1143,6 +1149,8 @@ class Checkpoint(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
     FILES_SKIPPED_FIELD_NUMBER: _builtins.int
+    TCP_CONNECTIONS_FIELD_NUMBER: _builtins.int
+    TCP_CLOSE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     pid: _builtins.int
     name: _builtins.str
@@ -1159,6 +1167,10 @@ class Checkpoint(_message.Message):
     duration_s: _builtins.float
     criu_version: _builtins.str
     parent_id: _builtins.str
+    tcp_connections: _builtins.int
+    """connected TCP sockets dumped (restored established)"""
+    tcp_close: _builtins.bool
+    """... or restored closed (peers outside the tree)"""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -1207,10 +1219,12 @@ class Checkpoint(_message.Message):
         fingerprint: Global___NodeFingerprint | None = ...,
         files: _abc.Iterable[Global___CapturedFile] | None = ...,
         files_skipped: _abc.Iterable[_builtins.str] | None = ...,
+        tcp_connections: _builtins.int = ...,
+        tcp_close: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "fingerprint", b"fingerprint", "gpu", b"gpu"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "files", b"files", "files_skipped", b"files_skipped", "fingerprint", b"fingerprint", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "files", b"files", "files_skipped", b"files_skipped", "fingerprint", b"fingerprint", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "tcp_close", b"tcp_close", "tcp_connections", b"tcp_connections", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,116 @@
+"""Established TCP connections inside the tree are checkpointed and restored (CRIU's
+tcp-established, the network locked with nftables meanwhile), and the job continues bit for
+bit; a connection to a peer outside the tree is refused before anything is frozen, naming the
+peer and the process, unless the dump says --tcp-close."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .support import (
+    Daemon,
+    Procs,
+    assert_ok,
+    assert_one_line_error,
+    proc_state,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+PAIR = Path(__file__).parent / "jobs" / "tcp_pair.py"
+STEPS = 25
+
+
+def _start(procs: Procs, out: Path, *extra: str, interval_ms: int = 100) -> int:
+    with open(out, "wb") as stdout:
+        proc = procs.popen(
+            [sys.executable, str(PAIR), str(STEPS), str(interval_ms), *extra],
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def _criu_tables() -> list[str]:
+    """CRIU's nftables tables (its network locks) on this node."""
+    from pyroute2.netlink.nfnetlink.nftsocket import NFPROTO_INET
+    from pyroute2.nftables.main import NFTables
+
+    with NFTables(nfgen_family=NFPROTO_INET) as nft:
+        names = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
+    return [n for n in names if n and n.startswith("CRIU")]
+
+
+def test_a_tree_talking_tcp_to_itself_is_checkpointed_and_continues_exactly(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    ref = tmp_path / "ref.txt"
+    pid = _start(procs, ref, interval_ms=0)
+    wait_until(lambda: _lines(ref)[-1:] == ["done"], 60, "the reference run")
+    out = tmp_path / "out.txt"
+    pid = _start(procs, out)
+    wait_until(lambda: len(_lines(out)) >= 5, 30, "5 steps")
+    ck = assert_ok(daemon.ctl("dump", pid), "dump")
+    assert ck["tcp_connections"] == 2 and not ck.get("tcp_close")
+    wait_until(lambda: proc_state(pid) in (None, "Z"), 10, "the dumped job to die")
+    procs.cleanup()
+    res = assert_ok(daemon.ctl("restore", ck["id"]), "restore")
+    procs.add(res["pid"])
+    wait_until(lambda: _lines(out)[-1:] == ["done"], 60, "the restored job to finish")
+    assert out.read_bytes() == ref.read_bytes()
+    assert _criu_tables() == []  # the restore unlocked the network
+
+
+class _Server:
+    """A peer outside the tree: answers like the tree's own server."""
+
+    def __init__(self) -> None:
+        import hashlib
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+
+        def serve() -> None:
+            conn, _ = self.sock.accept()
+            with conn:
+                while data := conn.recv(32, socket.MSG_WAITALL):
+                    conn.sendall(hashlib.sha256(b"server" + data).digest())
+
+        threading.Thread(target=serve, daemon=True).start()
+
+
+def test_a_connection_to_a_peer_outside_the_tree_is_refused_unless_tcp_close(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    server = _Server()
+    out = tmp_path / "out.txt"
+    pid = _start(procs, out, "--peer", f"127.0.0.1:{server.port}", interval_ms=200)
+    wait_until(lambda: len(_lines(out)) >= 2, 30, "2 steps")
+    res = daemon.ctl("dump", pid)
+    line = assert_one_line_error(res, res.rc, f"127.0.0.1:{server.port}", "outside the tree",
+                                 "--tcp-close")
+    assert "python" in line
+    time.sleep(0.3)
+    assert proc_state(pid) not in ("T", "t", None)  # nothing was frozen
+    seen = len(_lines(out))
+    wait_until(lambda: len(_lines(out)) > seen, 10, "the job to go on")
+    ck = assert_ok(daemon.ctl("dump", pid, "--leave-running", "--tcp-close"),
+                   "dump --tcp-close")
+    assert ck["tcp_connections"] >= 1 and ck["tcp_close"] is True
+    seen = len(_lines(out))
+    wait_until(lambda: len(_lines(out)) > seen, 10, "the job to go on after the dump")
+    assert _criu_tables() == []  # the network was unlocked
