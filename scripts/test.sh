@@ -3,12 +3,15 @@
 #   static:      ruff, mypy --strict, generated code up to date
 #   unit:        no root, no CRIU (fakes from ckptd.testing), contract suites
 #   integration: root + real CRIU on real processes, through the real daemon and CLI
+#   jobshapes:   real PyTorch jobs (DDP, DataLoader workers, Slurm) under the daemon: needs
+#                the pinned CPU wheel, installed here (scripts/install-torch.sh), not by setup.sh
 #   gpu:         only where an NVIDIA GPU is present (skipped, with the reason, elsewhere)
 # Extra arguments go to pytest (e.g. scripts/test.sh -k restore).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
+bash scripts/install-torch.sh .venv
 
 echo "== static checks"
 .venv/bin/ruff check ckptd tests scripts
@@ -21,7 +24,7 @@ if ! diff -r -x __pycache__ "$tmp/_gen" ckptd/_gen >/dev/null; then
 fi
 echo "static checks passed"
 
-echo "== tests (unit, contract, integration, gpu)"
+echo "== tests (unit, contract, integration, jobshapes, gpu)"
 set +e
 .venv/bin/python -m pytest -ra "$@"
 rc=$?

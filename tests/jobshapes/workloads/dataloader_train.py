@@ -1,0 +1,74 @@
+"""A single-process training loop fed by a DataLoader with worker processes.
+
+    python dataloader_train.py --out-dir DIR [--steps 30] [--pace 0.2] [--workers 2]
+
+The dataset is synthetic and deterministic (item i is made from a generator seeded by i, so it
+does not matter which worker makes it); batches are shuffled by a seeded generator and come
+back in order (the DataLoader's default). The workers are persistent: forked once, they keep
+prefetching through their queues (pipes) and hand batches over in shared memory. Each step
+prints ``step N loss X`` (``float.hex``), appends to DIR/train.log and rewrites DIR/state.bin
+(see jobfiles.py), then sleeps ``--pace`` seconds so that a checkpoint lands mid-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jobfiles  # first: it silences torch's warning about numpy, absent here
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Synthetic(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(10_000 + index)
+        x = torch.randn(16, generator=gen)
+        y = torch.sin(x[:4].sum()).reshape(1) + 0.1 * torch.randn(1, generator=gen)
+        return x, y
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--pace", type=float, default=0.2, help="seconds to sleep per step")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(1234)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(
+        Synthetic(8 * 16), batch_size=16, shuffle=True,
+        generator=torch.Generator().manual_seed(7), num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+    )
+    files = jobfiles.JobFiles(args.out_dir)
+
+    step = 0
+    while step < args.steps:
+        for x, y in loader:
+            step += 1
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            files.step(step, loss.item(), jobfiles.param_checksum(model))
+            time.sleep(args.pace)
+            if step == args.steps:
+                break
+    files.done(args.steps, jobfiles.param_checksum(model))
+
+
+if __name__ == "__main__":
+    main()
