@@ -63,8 +63,6 @@ DL_STEPS = 40
 STORE_PORT = 29517  # rank 0's TCPStore in the two-node case (namespaces of the test's own)
 START_S = 60.0  # torch imports, workers, rendezvous: slow on a loaded 2-core machine
 
-NEEDS_A = "needs A: files the job writes captured and put back at restore (issue 11)"
-NEEDS_B = "needs B: established TCP connections, --tcp-established (issue 11)"
 NEEDS_BC = ("needs C: no io_uring in jobs under ckptctl run (torchrun's agent has one), "
             "then B: established TCP connections, --tcp-established (issue 11)")
 
@@ -141,7 +139,6 @@ def test_b_dataloader_with_two_workers(
     assert_same_outcome(Outcome.read(stdout, out_dir), want, "DataLoader job restored")
 
 
-@pytest.mark.xfail(reason=NEEDS_A, strict=True)
 def test_c_node_failure_after_a_leave_running_checkpoint_with_files(
     daemon: Daemon, procs: Procs, references: References, tmp_path: Path
 ) -> None:
@@ -172,7 +169,6 @@ def test_c_node_failure_after_a_leave_running_checkpoint_with_files(
         assert_kept_aside(path, content)
 
 
-@pytest.mark.xfail(reason=NEEDS_A, strict=True)
 def test_d_just_in_time_sigterm_to_ckptctl_run_whose_line_lands_in_the_jobs_log(
     daemon: Daemon, procs: Procs, references: References, tmp_path: Path
 ) -> None:
@@ -209,7 +205,6 @@ def nodes() -> Iterator[TwoNodes]:
         yield pair
 
 
-@pytest.mark.xfail(reason=NEEDS_B, strict=True)
 def test_e_ddp_ranks_on_two_nodes_group_checkpoint_and_group_restore(
     start_daemon: Callable[..., Daemon], nodes: TwoNodes, procs: Procs,
     references: References, tmp_path: Path,
