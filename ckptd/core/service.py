@@ -164,7 +164,7 @@ class CheckpointService:
                     self._journal.end(ctx.op_id)  # the held tree runs, or was killed
         self.events.publish(EventKind.RESTORE_DONE, pid=outcome.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
-                            message=f"restored as pid {outcome.pid}",
+                            message=f"restored as pid {outcome.pid}" + _files_note(outcome),
                             duration_s=self._clock.monotonic() - started)
         self._prune_work_dirs()
         log.info("restored %s as pid %d", outcome.checkpoint_id, outcome.pid)
@@ -423,3 +423,13 @@ def checkpoint_figures(record: CheckpointRecord) -> dict[str, float]:
         figures["gpu_lock_s"] = record.gpu.lock_s
         figures["gpu_checkpoint_s"] = record.gpu.checkpoint_s
     return figures
+
+
+def _files_note(outcome: RestoreOutcome) -> str:
+    """What a restore did to files, for its event: each file put back, each copy kept."""
+    if not outcome.files_put_back:
+        return ""
+    note = f"; put back {', '.join(outcome.files_put_back)}"
+    if outcome.files_kept:
+        note += f" (versions found kept as {', '.join(outcome.files_kept)})"
+    return note

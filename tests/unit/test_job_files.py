@@ -160,3 +160,13 @@ def test_kill_mode_dump_captures_files_too(world: World) -> None:
     record = world.dump(JOB)
     assert [f.path for f in record.files] == [str(log)]
     assert world.processes.status(JOB).state in (PidState.FREE, PidState.ZOMBIE)
+
+
+def test_the_restore_event_names_the_files_put_back_and_kept(world: World) -> None:
+    log = _log(world)
+    record = world.dump(JOB, leave_running=True)
+    log.write_bytes(b"more")
+    _die(world)
+    outcome = world.restore(checkpoint_id=record.id)
+    done = [e for e in world.service.events.recent() if e.kind.value == "restore.done"]
+    assert str(log) in done[-1].message and outcome.files_kept[0] in done[-1].message
