@@ -12,6 +12,10 @@ checkpoints with ``--every``). Then it waits:
   itself and ``run`` exits with its status;
 - any other signal ``run`` gets (SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2, SIGWINCH, SIGCONT) is
   passed to the job.
+
+The job never gets an io_uring instance, which CRIU cannot checkpoint: a seccomp filter makes
+``io_uring_setup`` fail with ENOSYS in it and all its descendants, and libraries (libuv under
+PyTorch's TCPStore) fall back to epoll (``no_io_uring``; ``--allow-io-uring`` opts out).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import grpc
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+from ckptd.transport.cli import no_io_uring
 from ckptd.transport.cli.jobs import Command, duration
 from ckptd.transport.cli.output import EXIT_USAGE, CliError, err
 
@@ -47,10 +52,18 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
         raise CliError("give the command to run after --, e.g. ckptctl run -- python train.py",
                        EXIT_USAGE)
     name = args.name or f"{os.path.basename(command[0])}-{os.getpid()}"
+    if args.allow_io_uring:
+        err("--allow-io-uring: the job may use io_uring, and then cannot be checkpointed")
+        keep_io_uring_away = None
+    else:
+        keep_io_uring_away = no_io_uring.preexec()
     terminated = threading.Event()
     handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: terminated.set())}
     try:
-        job = subprocess.Popen(command, start_new_session=True)
+        # preexec_fn with threads about (gRPC's): the filter is prepared here, and the child
+        # makes only prctl calls before its exec
+        job = subprocess.Popen(command, start_new_session=True,
+                               preexec_fn=keep_io_uring_away)  # noqa: PLW1509
     except OSError as exc:
         raise CliError(f"cannot start {command[0]}: {exc.strerror}", 127) from exc
     for signo in PASSED_ON:
@@ -179,4 +192,8 @@ def add_command(command: Command) -> None:
     run.add_argument("--grace", metavar="SECONDS", type=float, default=25.0,
                      help="how long the checkpoint on SIGTERM may take (default 25, inside "
                      "Kubernetes' default 30 s grace period)")
+    run.add_argument("--allow-io-uring", action="store_true",
+                     help="do not keep io_uring away from the job (by default io_uring_setup "
+                     "fails with ENOSYS in it, so libraries fall back to epoll); a job that "
+                     "then uses io_uring cannot be checkpointed")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
