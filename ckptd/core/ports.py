@@ -112,6 +112,12 @@ class ProcessTable(Protocol):
         connections), with its addresses as seen in that process's network namespace."""
         ...
 
+    def io_uring_holders(self, tree: Sequence[ProcessFact]) -> tuple[int, ...]:
+        """The pids of ``tree``, in its order, whose processes hold an io_uring instance (a
+        descriptor on one, or a mapping of its rings), which CRIU cannot checkpoint. A process
+        gone meanwhile holds none."""
+        ...
+
 
 class NodeInspector(Protocol):
     """This node's facts (CPU, kernel, libc) and the files a process tree uses.

@@ -53,6 +53,8 @@ class FakeProcess:
     """The namespaces it does not share with the daemon (``foreign_namespaces``)."""
     tcp: tuple[tuple[str, str], ...] = ()
     """Its connected TCP sockets, ``(local, remote)`` each (``tcp_connections``)."""
+    io_uring: bool = False
+    """It holds an io_uring instance (``io_uring_holders``)."""
 
     def fact(self) -> ProcessFact:
         """This process as ``ProcessTable.tree`` reports it."""
@@ -129,6 +131,8 @@ class FakeProcessTable:
       breadth first, children in pid order; raises ``ProcessNotFound`` for a free pid;
     - ``ancestors(pid)`` follows ``ppid`` up to pid 1 (included) or to a pid not in the table;
     - ``stdio(tree)`` concatenates the ``stdio`` of each process of ``tree``;
+    - ``io_uring_holders(tree)`` names the processes of ``tree`` with ``io_uring`` set, zombies
+      excepted;
     - ``open(pid, start_time)`` gives a ``FakeHandle`` bound to the process object at ``pid``
       (None when free, or when ``start_time`` is given and differs); every process gets a
       distinct start time when added (unless one is given);
@@ -174,6 +178,7 @@ class FakeProcessTable:
         start_time: int = 0,
         ns_pid: int = 0,
         namespaces: frozenset[str] = frozenset(),
+        io_uring: bool = False,
     ) -> FakeProcess:
         """Add a process (``gid`` defaults to ``uid``, ``cmdline`` to ``(comm,)``, ``start_time``
         to a new one). Raises ValueError if ``pid`` is taken or ``state`` is FREE."""
@@ -199,6 +204,7 @@ class FakeProcessTable:
                 start_time=start_time or self._new_start_time(),
                 ns_pid=ns_pid,
                 namespaces=frozenset(namespaces),
+                io_uring=io_uring,
             )
             self.processes[pid] = proc
             return proc
@@ -371,6 +377,16 @@ class FakeProcessTable:
                     out.append(TcpConnection(fact.pid, proc.comm if proc else "", local, remote,
                                              "ESTABLISHED", fact.pid * 1000 + n))
         return tuple(out)
+
+    def io_uring_holders(self, tree: Sequence[ProcessFact]) -> tuple[int, ...]:
+        """The pids of ``tree`` whose process in the table has ``io_uring`` set (a zombie
+        holds none)."""
+        with self._lock:
+            return tuple(
+                fact.pid for fact in tree
+                if (proc := self.processes.get(fact.pid)) is not None and proc.io_uring
+                and proc.state is not PidState.ZOMBIE  # its descriptors and memory are gone
+            )
 
     def signal(self, pid: int, signo: int) -> bool:
         """Test helper (not part of the port): signal whatever process is at ``pid`` now."""

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import IO, Any, Literal
 from unittest import mock
 
+import pytest
+
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.procfs import ProcFsTable
 from ckptd.adapters.storage import FileJournal, LocalBlobStore
@@ -77,6 +79,8 @@ JOURNALS: dict[str, Callable[[Path], JournalHarness]] = {
 # ---- ProcessTable ----------------------------------------------------------------------------
 
 StdoutKind = Literal["pipe", "devnull", "file"]
+UringKeep = Literal["fd", "mapped"]
+URING_JOB = Path(__file__).resolve().parents[1] / "uring_job.py"
 
 
 class ProcessHarness:
@@ -126,6 +130,11 @@ class ProcessHarness:
     def spawn_pidns_tree(self) -> tuple[int, tuple[int, ...]]:
         """The init of a pid namespace of its own (pid 1 in it) with two children there:
         (root, children), pids in this namespace."""
+        raise NotImplementedError
+
+    def spawn_io_uring(self, keep: UringKeep) -> int:
+        """A running child that made an io_uring instance and holds it by an fd ("fd") or
+        only by a mapping of its ring, the fd closed ("mapped")."""
         raise NotImplementedError
 
     def wait_state(self, pid: int, state: PidState, timeout: float = 5.0) -> PidState:
@@ -222,6 +231,18 @@ class ProcFsHarness(ProcessHarness):
                 return pid
         raise AssertionError(f"could not start a process at pid {pid} again")
 
+    def spawn_io_uring(self, keep: UringKeep) -> int:
+        proc = subprocess.Popen(
+            [sys.executable, str(URING_JOB), "--keep", keep, "--period", "1"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
+        self._children.append(proc)
+        assert proc.stdout is not None
+        said = proc.stdout.readline().decode().strip()
+        if said != "io_uring_setup: fd":
+            pytest.skip(f"no io_uring on this node ({said})")
+        return proc.pid
+
     def spawn_pidns_tree(self) -> tuple[int, tuple[int, ...]]:
         outer = self._popen(["unshare", "--fork", "--pid", "--kill-child",
                              "sh", "-c", "sleep 60 & sleep 60 & wait"])
@@ -307,6 +328,12 @@ class FakeHarness(ProcessHarness):
                                   namespaces=frozenset({"pid"}))
             kids.append(kid)
         return root, tuple(kids)
+
+    def spawn_io_uring(self, keep: UringKeep) -> int:
+        del keep  # a fake process holds one or not
+        pid = self._pid()
+        self.fake.add_process(pid, self.self_pid, comm="python3", uid=self.uid, io_uring=True)
+        return pid
 
     def spawn_mixed_uid(self, real_uid: int) -> int:
         del real_uid  # a fake process has one uid: the one that decides
@@ -553,8 +580,6 @@ GPUS: dict[str, Callable[[Path], GpuHarness]] = {
 
 
 # ---- BlobStore on S3 (appended section: a real S3 API, moto's server on 127.0.0.1) ----------
-
-import pytest  # noqa: E402
 
 from ckptd.adapters.storage import ObjectBlobStore  # noqa: E402
 

@@ -13,7 +13,7 @@ import pytest
 from ckptd.domain import PidState, StdioFact, StdioKind
 from ckptd.errors import ProcessNotFound
 
-from .harness import ProcessHarness
+from .harness import ProcessHarness, UringKeep
 
 needs_root_for_real = pytest.mark.usefixtures("root_for_real")
 
@@ -219,3 +219,28 @@ def test_uid_of_a_process_with_mixed_uids_is_consistent(
     pid = processes.spawn_mixed_uid(real_uid=1000)
     assert processes.table.status(pid).uid == 0
     assert processes.table.tree(pid)[0].uid == 0
+
+
+@pytest.mark.parametrize("keep", ["fd", "mapped"])
+def test_a_process_holding_an_io_uring_is_named(
+    processes: ProcessHarness, keep: UringKeep
+) -> None:
+    """An io_uring held by an fd, or only by a mapping of its rings once the fd is closed."""
+    plain = processes.spawn()
+    uring = processes.spawn_io_uring(keep)
+    table = processes.table
+    assert table.io_uring_holders(table.tree(uring)) == (uring,)
+    assert table.io_uring_holders(table.tree(plain)) == ()
+    both = (*table.tree(plain), *table.tree(uring))
+    assert table.io_uring_holders(both) == (uring,)
+
+
+def test_a_process_gone_holds_no_io_uring(processes: ProcessHarness) -> None:
+    pid = processes.spawn_io_uring("fd")
+    tree = processes.table.tree(pid)
+    handle = processes.table.open(pid)
+    assert handle is not None
+    assert handle.signal(signal.SIGKILL) is True
+    assert handle.wait_exit(5.0) is True
+    handle.close()
+    assert processes.table.io_uring_holders(tree) == ()

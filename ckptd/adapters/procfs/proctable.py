@@ -41,6 +41,11 @@ def _ns_pids(status: str) -> tuple[int, ...]:
     return ()
 
 
+IO_URING = "anon_inode:[io_uring]"
+"""What /proc/PID/fd/N links to, and /proc/PID/maps names, for an io_uring instance."""
+IO_URING_MAPPED = IO_URING.encode() + b"\n"
+"""A line of /proc/PID/maps ends with it where the rings of one are mapped."""
+
 NAMESPACES = ("pid", "mnt", "net", "ipc", "uts", "user", "cgroup", "time")
 
 
@@ -161,6 +166,32 @@ class ProcFsTable:
 
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         return tcp_connections(self._proc, tree)
+
+    def io_uring_holders(self, tree: Sequence[ProcessFact]) -> tuple[int, ...]:
+        return tuple(p.pid for p in tree if self._holds_io_uring(p.pid))
+
+    def _holds_io_uring(self, pid: int) -> bool:
+        """An fd whose link is ``anon_inode:[io_uring]``, or a mapping of one (the rings stay
+        mapped after the fd is closed)."""
+        base = self._proc / str(pid)
+        try:
+            fds = os.listdir(base / "fd")
+        except (FileNotFoundError, ProcessLookupError):
+            fds = []
+        for fd in fds:
+            try:
+                if os.readlink(base / "fd" / fd) == IO_URING:
+                    return True
+            except OSError:  # closed meanwhile
+                continue
+        try:
+            with open(base / "maps", "rb") as maps:
+                return any(
+                    b"io_uring" in line and line.split(maxsplit=5)[5:] == [IO_URING_MAPPED]
+                    for line in maps
+                )
+        except (FileNotFoundError, ProcessLookupError):
+            return False
 
     def stdio(self, tree: Sequence[ProcessFact]) -> tuple[StdioFact, ...]:
         """Stdio of every process; pipes held only on one side by the tree, and terminals
