@@ -66,7 +66,37 @@ def check_dump_target(
                     f"uid {proc.uid}, the caller is uid {caller.uid}",
                     pid=pid,
                 )
+    check_no_io_uring(processes, pid, tree)
     return tree
+
+
+IO_URING_WAY_OUT = (
+    "launch it through `ckptctl run` (which keeps io_uring away from jobs), or turn the "
+    "library's io_uring use off (e.g. PyTorch: USE_LIBUV=0 for init_method=env:// ranks)"
+)
+
+
+def check_no_io_uring(processes: ProcessTable, pid: int, tree: tuple[ProcessFact, ...]) -> None:
+    """CRIU cannot checkpoint an io_uring instance (it fails on the frozen tree, ``Unknown
+    shit 600 (anon_inode:[io_uring])``): refuse before anything is frozen, naming the
+    processes that hold one and the way out."""
+    holders = set(processes.io_uring_holders(tree))
+    held = [p for p in tree if p.pid in holders]
+    if not held:
+        return
+    first = held[0]
+    if first.pid == pid:
+        who = f"pid {pid} ({first.comm})"
+    else:
+        who = f"process {first.pid} ({first.comm}) in the tree of pid {pid}"
+    others = [f"{p.pid} ({p.comm})" for p in held[1:4]]
+    others += [f"{len(held) - 4} more"] if len(held) > 4 else []
+    more = f" (so do {', '.join(others)})" if others else ""
+    raise TargetRefused(
+        f"{who} holds an io_uring instance{more}, which CRIU cannot checkpoint",
+        hint=IO_URING_WAY_OUT,
+        pid=pid,
+    )
 
 
 HANDLED_NAMESPACES = frozenset({"pid", "uts", "ipc", "cgroup", "time"})
