@@ -6,8 +6,8 @@ It calls ``io_uring_setup(8, params)`` (syscall 425) through ctypes and prints o
 ``io_uring_setup: fd`` or ``io_uring_setup: <ERRNO NAME>`` (ENOSYS under ``ckptctl run``'s
 filter). With ``--keep mapped`` it maps the submission ring and closes the fd (the instance
 lives on in the mapping). Then it prints ``step I X`` (X a deterministic sequence) every
-PERIOD seconds, STEPS times (0: for ever), and ``done``: an interrupted and restored run prints
-exactly the lines of an uninterrupted one.
+PERIOD seconds, STEPS times (0: for ever), and ``done STEPS``: an interrupted and restored run
+prints exactly the lines of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main() -> None:
         print(f"step {i} {x}", flush=True)
         i += 1
         time.sleep(args.period)
-    print("done", flush=True)
+    print(f"done {i}", flush=True)
 
 
 if __name__ == "__main__":
