@@ -18,9 +18,12 @@ allowed. It depends only on the architecture and the call number, so the kernel 
 later) finds every other call constantly allowed and caches that: they do not run the filter.
 It is installed only when this machine is x86_64 or aarch64 (``supported``).
 
+The filter is a compatibility measure, not a sandbox: the job is as trusted as without it. So
 ``PR_SET_NO_NEW_PRIVS`` is set only when the kernel requires it (a launcher without
-CAP_SYS_ADMIN): it would stop set-uid programs in the job from gaining privileges, which a
-filter about io_uring has no reason to do to root's jobs.
+CAP_SYS_ADMIN; it stops set-uid programs in the job from gaining privileges), and the filter is
+loaded with ``SECCOMP_FILTER_FLAG_SPEC_ALLOW``: a kernel booted with
+``spec_store_bypass_disable=seccomp`` or ``spectre_v2_user=seccomp`` (the default before 5.16)
+would otherwise turn on speculation mitigations for the job, which slow compute.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ IO_URING_SYSCALLS = (425, 426, 427)
 """io_uring_setup, io_uring_enter, io_uring_register: the same numbers on every architecture
 the filter knows."""
 
-MACHINES = frozenset({"x86_64", "aarch64"})
+SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
+MACHINES = frozenset(SYS_SECCOMP)
 """Machines (``uname -m``) on which the filter is installed."""
 
 # <linux/audit.h>
@@ -57,8 +61,8 @@ BPF_RET_K = 0x06
 # <linux/seccomp.h>, <linux/prctl.h>
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
-SECCOMP_MODE_FILTER = 2
-PR_SET_SECCOMP = 22
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1 << 2
 PR_SET_NO_NEW_PRIVS = 38
 NR_OFFSET = 0  # offsetof(struct seccomp_data, nr)
 ARCH_OFFSET = 4  # offsetof(struct seccomp_data, arch)
@@ -104,38 +108,50 @@ def supported(machine: str | None = None) -> bool:
 class Filter:
     """The filter, prepared in the launcher, installed by ``install`` in the child between
     fork and exec (``Popen(preexec_fn=filter.install)``): everything that allocates or loads
-    is done here, so the child only makes two or three ``prctl`` calls."""
+    is done here, so the child only makes a few system calls through ctypes."""
 
-    def __init__(self, insns: tuple[Insn, ...] | None = None) -> None:
+    def __init__(self, insns: tuple[Insn, ...] | None = None, machine: str | None = None
+                 ) -> None:
         insns = program() if insns is None else insns
         self._insns = (_SockFilter * len(insns))(*(_SockFilter(*i) for i in insns))
         self._fprog = _SockFprog(len(insns), self._insns)
-        self._address = ctypes.addressof(self._fprog)
+        self._address = ctypes.c_void_p(ctypes.addressof(self._fprog))
+        self._nr = ctypes.c_long(SYS_SECCOMP[machine or platform.machine()])
         libc = ctypes.CDLL(None, use_errno=True)
+        self._syscall = libc.syscall
         self._prctl = libc.prctl
         self._prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                                 ctypes.c_ulong]
         self._prctl.restype = ctypes.c_int
-        self.failure = ""
-        """Why ``install`` failed in this process ("" if it did not, or was not called)."""
+        self._flags = (ctypes.c_long(SECCOMP_FILTER_FLAG_SPEC_ALLOW), ctypes.c_long(0))
+        self._op = ctypes.c_long(SECCOMP_SET_MODE_FILTER)
+
+    def _load(self) -> int:
+        """seccomp(SECCOMP_SET_MODE_FILTER): 0, or its errno."""
+        err = 0
+        for flags in self._flags:  # SPEC_ALLOW is unknown before Linux 4.17: EINVAL
+            if self._syscall(self._nr, self._op, flags, self._address) == 0:
+                return 0
+            err = ctypes.get_errno()
+            if err != errno.EINVAL:
+                break
+        return err
 
     def install(self) -> None:
         """Install the filter on the calling thread (and so on whatever it execs and forks).
-        Never raises: on failure it writes one line to stderr, sets ``failure``, and the job
-        runs without the filter (a dump by pid then refuses it if it uses io_uring)."""
-        if self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._address, 0, 0) == 0:
-            return
-        err = ctypes.get_errno()
+        Never raises: on failure it writes one line to stderr and the job runs without the
+        filter (a dump then refuses it if it uses io_uring)."""
+        err = self._load()
         if err == errno.EACCES:  # no CAP_SYS_ADMIN: the kernel requires no_new_privs
-            if self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-                err = ctypes.get_errno()
-            elif self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._address, 0, 0) == 0:
-                return
+            if self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
+                err = self._load()
             else:
                 err = ctypes.get_errno()
-        self.failure = os.strerror(err)
+        if err == 0:
+            return
         os.write(2, f"ckptctl run: cannot keep io_uring away from the job (seccomp: "
-                    f"{self.failure}); it cannot be checkpointed if it uses io_uring\n".encode())
+                    f"{os.strerror(err)}); it cannot be checkpointed if it uses "
+                    "io_uring\n".encode())
 
 
 def preexec(machine: str | None = None) -> Callable[[], None] | None:
@@ -147,4 +163,4 @@ def preexec(machine: str | None = None) -> Callable[[], None] | None:
                     f"on {' and '.join(sorted(MACHINES))}): the job cannot be checkpointed if "
                     "it uses io_uring\n".encode())
         return None
-    return Filter().install
+    return Filter(machine=machine).install

@@ -131,6 +131,7 @@ def test_without_the_filter_the_same_child_may_use_io_uring() -> None:
         assert "io_uring_setup: fd" in out
 
 
+@needs_filter
 def test_a_filter_that_cannot_be_installed_says_so_and_the_job_runs() -> None:
     broken = nu.Filter(())  # an empty program: the kernel answers EINVAL
     res = subprocess.run(["true"], preexec_fn=broken.install,
