@@ -63,10 +63,6 @@ DL_STEPS = 40
 STORE_PORT = 29517  # rank 0's TCPStore in the two-node case (namespaces of the test's own)
 START_S = 60.0  # torch imports, workers, rendezvous: slow on a loaded 2-core machine
 
-NEEDS_BC = ("needs C: no io_uring in jobs under ckptctl run (torchrun's agent has one), "
-            "then B: established TCP connections, --tcp-established (issue 11)")
-
-
 def timing(what: str, result: dict[str, Any]) -> None:
     """Printed (pytest -s shows it): how long the daemon took."""
     frozen = result.get("frozen_s")
@@ -93,7 +89,6 @@ def test_the_workloads_are_deterministic(references: References, kind: str, step
                         f"a second uninterrupted {kind} run")
 
 
-@pytest.mark.xfail(reason=NEEDS_BC, strict=True)
 def test_a_torchrun_ddp_under_ckptctl_run_dumped_and_restored_by_name(
     daemon: Daemon, procs: Procs, references: References, tmp_path: Path
 ) -> None:
