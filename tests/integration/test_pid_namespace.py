@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).resolve().parent
 NSJOB = HERE / "nsjob.py"
+PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 KIDS = 2
 STEPS = 150
@@ -74,6 +75,8 @@ class Decoys:
     def place(cls, procs: Procs, tmp: Path, count: int = KIDS) -> Decoys:
         for attempt in range(50):  # anything forking on the node meanwhile takes a pid: retry
             first = int(NS_LAST_PID.read_text()) + 300
+            if first + count >= PID_MAX:  # near the top the kernel wraps: start low
+                first = 1000 + attempt * 100
             if any(proc_state(p) is not None for p in range(first, first + count)):
                 continue
             made, logs = [], []
