@@ -6,12 +6,15 @@ Order, and what undoes each step if a later one fails:
                     the node fingerprint (node facts, files the tree uses)
     journal         durable "dump in flight" record (a restarted daemon undoes it)  end the record
     stage           an empty image directory in the store                     abort it
+    precopy         copy what the tree's append-only files (logs) hold, while  -
+                    it runs: the freeze copies only what they gain meanwhile
     gpu-lock        lock every CUDA process (before CRIU seizes any)           restore + unlock
     gpu-checkpoint  move device memory into host memory                       (gpu-lock's undo)
     criu-dump       CRIU dumps the tree and holds it frozen at its post-dump   CRIU resumes it and
                     point (images complete, network locked)                    unlocks its network
     files           capture the content of every file the tree writes          -
-                    (``core.jobfiles``), the tree still frozen
+                    (``core.jobfiles``), the tree still frozen (append-only
+                    files: their new tail, see precopy)
     let-go          CRIU ends: leave-running, the tree runs on; else it stays  SIGCONT what it
                     stopped (not with TCP connections: see criu-finish)        stopped
     gpu-resume      leave-running: CUDA restore + unlock                       -
@@ -56,6 +59,7 @@ from ckptd.core.ports import (
     JobFiles,
     Journal,
     NodeInspector,
+    Precopy,
     ProcessTable,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
@@ -106,6 +110,7 @@ class DumpContext:
     """The tree's processes, held since ``inspect`` (and those CRIU found later)."""
     files: tuple[CapturedFile, ...] = ()
     files_skipped: tuple[str, ...] = ()
+    precopies: dict[str, Precopy] = field(default_factory=dict)
     tcp_connections: int = 0
     """Connected TCP sockets of the tree at ``inspect`` (CRIU dumps them established)."""
 
@@ -141,6 +146,7 @@ class DumpRecipe:
             Step("inspect", self._inspect, None, "inspecting the process tree"),
             Step("journal", self._journal_begin, self._journal_end, "recording the operation"),
             Step("stage", self._stage, self._unstage, "preparing the image directory"),
+            Step("precopy", self._precopy_files, None, "copying the logs the tree appends to"),
             Step("gpu-lock", self._gpu_lock, self._gpu_resume, "locking CUDA processes"),
             Step("gpu-checkpoint", self._gpu_checkpoint, None, "moving GPU memory to the host"),
             Step("criu-dump", self._criu_dump, self._abort_criu, "CRIU is dumping the tree"),
@@ -297,12 +303,18 @@ class DumpRecipe:
             ctx.criu.abort()
         self._resume_tree(ctx)
 
+    def _precopy_files(self, ctx: DumpContext) -> None:
+        if self._files is None:
+            return
+        assert ctx.images_dir is not None
+        ctx.precopies = jobfiles.precopy(self._files, ctx.tree, ctx.images_dir, self._config)
+
     def _capture_files(self, ctx: DumpContext) -> None:
         if self._files is None:
             return
         assert ctx.images_dir is not None
         captured = jobfiles.capture(self._files, ctx.tree, ctx.images_dir, self._config,
-                                    ctx.request.pid)
+                                    ctx.request.pid, ctx.precopies)
         ctx.files = tuple(captured.files)
         ctx.files_skipped = tuple(captured.skipped)
         for skipped in captured.skipped:

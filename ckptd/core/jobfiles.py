@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
-from ckptd.core.ports import JobFiles, PutBack, WrittenFile
+from ckptd.core.ports import JobFiles, Precopy, PutBack, WrittenFile
 from ckptd.domain import CapturedFile, CheckpointRecord, ProcessFact
 from ckptd.errors import TargetRefused
 
@@ -80,23 +80,43 @@ class Capture:
     skipped: list[str] = field(default_factory=list)
 
 
+def precopy(
+    files: JobFiles, tree: Sequence[ProcessFact], images_dir: Path, config: CoreConfig
+) -> dict[str, Precopy]:
+    """Copy, before the tree is frozen, what its append-only files hold (they can only grow):
+    the freeze then copies only what they gained meanwhile. By path."""
+    done: dict[str, Precopy] = {}
+    for file in files.written(tree):
+        if file.append_only and file.size <= config.file_capture_limit:
+            early = files.precopy(file, images_dir / image_name(file.path))
+            if early is not None:
+                done[file.path] = early
+    return done
+
+
 def capture(
     files: JobFiles, tree: Sequence[ProcessFact], images_dir: Path, config: CoreConfig,
-    pid: int,
+    pid: int, precopies: dict[str, Precopy] | None = None,
 ) -> Capture:
-    """Capture every file ``tree`` writes into ``images_dir`` (the tree frozen)."""
+    """Capture every file ``tree`` writes into ``images_dir`` (the tree frozen); those with a
+    ``precopies`` entry only from where it ended."""
     written = files.written(tree)
     refuse_oversized(written, config, pid)
     result = Capture()
+    early = precopies or {}
     for file in written:
         if file.size > config.file_capture_limit:
             result.skipped.append(
                 f"{file.path} ({_fmt(file.size)} > {_fmt(config.file_capture_limit)})"
             )
             continue
-        captured = files.capture(file, images_dir / image_name(file.path))
+        captured = files.capture(file, images_dir / image_name(file.path),
+                                 early.get(file.path))
         if captured is not None:
             result.files.append(captured)
+    kept = {f.path for f in result.files}
+    for path in set(early) - kept:  # no longer written by the tree: no image of it
+        (images_dir / image_name(path)).unlink(missing_ok=True)
     return result
 
 

@@ -155,6 +155,20 @@ class WrittenFile:
     """Where its content is read from: the writing process's own descriptor or mapping, so a
     path replaced meanwhile is never read instead."""
     pid: int
+    append_only: bool = False
+    """Every descriptor of the tree that writes it appends (O_APPEND) and none maps it: what
+    is in it now stays as it is while the tree runs (it can only grow), so it can be copied
+    before the tree is frozen and only its new tail while it is."""
+
+
+@dataclass(frozen=True)
+class Precopy:
+    """The first ``size`` bytes of an append-only file, copied while the tree ran; ``state``
+    is the adapter's (the file's identity, the running hash)."""
+
+    path: str
+    size: int
+    state: object = None
 
 
 @dataclass(frozen=True)
@@ -185,8 +199,17 @@ class JobFiles(Protocol):
         one per path (deleted files, /proc, /sys and devices left out; /dev/shm kept)."""
         ...
 
-    def capture(self, file: WrittenFile, dest: Path) -> CapturedFile | None:
-        """Copy its content to ``dest`` (zero-padded to whole pages); None when gone."""
+    def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
+        """Copy what an append-only file holds now to ``dest`` (the tree running); None when
+        gone."""
+        ...
+
+    def capture(
+        self, file: WrittenFile, dest: Path, precopy: Precopy | None = None
+    ) -> CapturedFile | None:
+        """Copy its content to ``dest`` (zero-padded to whole pages); None when gone. With
+        the ``precopy`` made into ``dest``, only what was appended since is copied (all of it
+        when the file is another one now, or shorter)."""
         ...
 
     def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck: ...

@@ -7,8 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptd.adapters.procfs.jobfiles import capture_file, check_file, put_back, undo_put_back
-from ckptd.core.ports import FileCheck, PutBack, WrittenFile
+from ckptd.adapters.procfs.jobfiles import (
+    capture_file,
+    check_file,
+    precopy_file,
+    put_back,
+    undo_put_back,
+)
+from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.domain import CapturedFile, ProcessFact
 
 if TYPE_CHECKING:
@@ -25,11 +31,15 @@ class FakeJobFiles:
 
     def __init__(self, events: list[str] | None = None) -> None:
         self.writes: dict[int, list[str]] = {}
+        self.appending: set[str] = set()
         self.events = events
         self.fail_put_back: set[str] = set()
 
-    def open_for_writing(self, pid: int, path: str | Path) -> None:
+    def open_for_writing(self, pid: int, path: str | Path, *, append: bool = False) -> None:
+        """Fake ``pid`` writes ``path`` (``append``: only through O_APPEND)."""
         self.writes.setdefault(pid, []).append(str(path))
+        if append:
+            self.appending.add(str(path))
 
     def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
         found: dict[str, WrittenFile] = {}
@@ -37,12 +47,18 @@ class FakeJobFiles:
             for path in self.writes.get(proc.pid, ()):
                 if os.path.isfile(path):
                     found.setdefault(path, WrittenFile(path, os.path.getsize(path), path,
-                                                       proc.pid))
+                                                       proc.pid, path in self.appending))
         return tuple(found[p] for p in sorted(found))
 
-    def capture(self, file: WrittenFile, dest: Path) -> CapturedFile | None:
-        self._event(f"files.capture {file.path}")
-        return capture_file(file, dest)
+    def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
+        self._event(f"files.precopy {file.path}")
+        return precopy_file(file, dest)
+
+    def capture(
+        self, file: WrittenFile, dest: Path, precopy: Precopy | None = None
+    ) -> CapturedFile | None:
+        self._event(f"files.capture {file.path}" + (" (tail)" if precopy else ""))
+        return capture_file(file, dest, precopy)
 
     def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck:
         return check_file(captured)

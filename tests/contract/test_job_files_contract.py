@@ -144,3 +144,25 @@ def test_check_names_what_blocks_a_put_back(harness: FilesHarness, tmp_path: Pat
     sub.mkdir()
     (sub / "x.log").mkdir()
     assert harness.files.check(captured, 0, 0).problem == "it is no longer a regular file"
+
+
+def test_a_precopy_then_only_the_tail_or_all_when_the_file_shrank(
+    harness: FilesHarness, tmp_path: Path
+) -> None:
+    path = tmp_path / "app.log"
+    path.write_bytes(b"a" * 5000)
+    (written,) = harness.files.written(harness.writer(path))
+    early = harness.files.precopy(written, tmp_path / "img")
+    assert early is not None and early.size == 5000
+    with open(path, "ab") as f:
+        f.write(b"b" * 100)
+    (written,) = harness.files.written(harness.writer(path))
+    captured = harness.files.capture(written, tmp_path / "img", early)
+    assert captured is not None and captured.size == 5100
+    assert (tmp_path / "img").read_bytes()[:5100] == b"a" * 5000 + b"b" * 100
+    full = harness.files.capture(written, tmp_path / "full")
+    assert full is not None and full.hash == captured.hash
+    path.write_bytes(b"c" * 10)  # shorter now: copied whole
+    captured = harness.files.capture(written, tmp_path / "img", early)
+    assert captured is not None and captured.size == 10
+    assert (tmp_path / "img").read_bytes() == b"c" * 10 + b"\0" * 4086

@@ -170,3 +170,34 @@ def test_the_restore_event_names_the_files_put_back_and_kept(world: World) -> No
     outcome = world.restore(checkpoint_id=record.id)
     done = [e for e in world.service.events.recent() if e.kind.value == "restore.done"]
     assert str(log) in done[-1].message and outcome.files_kept[0] in done[-1].message
+
+
+def test_an_append_only_log_is_copied_before_the_freeze_and_only_its_tail_during(
+    world: World,
+) -> None:
+    log = world.tmp / "job" / "append.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"x" * 10000)
+    world.files.open_for_writing(JOB, log, append=True)
+    world.hooks.on["pre_dump"] = lambda _pid: log.write_bytes(log.read_bytes() + b"tail\n")
+    record = world.dump(JOB, leave_running=True)
+    events = world.events
+    assert events.index(f"files.precopy {log}") < events.index(f"criu.dump {JOB}")
+    assert events.index(f"criu.dumped {JOB}") < events.index(f"files.capture {log} (tail)")
+    (captured,) = record.files
+    assert captured.size == 10005
+    log.write_bytes(b"other")
+    _die(world)
+    world.restore(checkpoint_id=record.id)
+    assert log.read_bytes() == b"x" * 10000 + b"tail\n"
+
+
+def test_a_precopied_file_no_longer_written_leaves_no_image(world: World) -> None:
+    log = world.tmp / "job" / "append.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"x" * 100)
+    world.files.open_for_writing(JOB, log, append=True)
+    world.hooks.on["pre_dump"] = lambda _pid: world.files.writes.clear()
+    record = world.dump(JOB, leave_running=True)
+    assert record.files == ()
+    assert not any("ckptd-file-" in str(p) for p in world.tmp.rglob("ckptd-file-*"))

@@ -17,12 +17,14 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import xxhash
 
 from ckptd.adapters.procfs.stdio import _as_user
-from ckptd.core.ports import FileCheck, PutBack, WrittenFile
+from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.domain import CapturedFile, ProcessFact
 from ckptd.errors import StoreError
 
@@ -41,15 +43,24 @@ class ProcJobFiles:
 
     def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
         found: dict[str, WrittenFile] = {}
+        overwritten: set[str] = set()  # written without O_APPEND, or mapped
         for proc in tree:
-            for written in self._open_for_writing(proc.pid):
+            for written, appends in self._open_for_writing(proc.pid):
                 found.setdefault(written.path, written)
+                if not appends:
+                    overwritten.add(written.path)
             for written in self._mapped_shared_writable(proc.pid):
                 found.setdefault(written.path, written)
-        return tuple(found[p] for p in sorted(found))
+                overwritten.add(written.path)
+        return tuple(replace(found[p], append_only=p not in overwritten) for p in sorted(found))
 
-    def capture(self, file: WrittenFile, dest: Path) -> CapturedFile | None:
-        return capture_file(file, dest)
+    def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
+        return precopy_file(file, dest)
+
+    def capture(
+        self, file: WrittenFile, dest: Path, precopy: Precopy | None = None
+    ) -> CapturedFile | None:
+        return capture_file(file, dest, precopy)
 
     def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck:
         with self._rights(uid, gid):
@@ -75,7 +86,8 @@ class ProcJobFiles:
         else:
             yield
 
-    def _open_for_writing(self, pid: int) -> Iterator[WrittenFile]:
+    def _open_for_writing(self, pid: int) -> Iterator[tuple[WrittenFile, bool]]:
+        """Each regular file open for writing, and whether that descriptor appends."""
         fd_dir = self._proc / str(pid) / "fd"
         try:
             fds = os.listdir(fd_dir)
@@ -93,7 +105,8 @@ class ProcJobFiles:
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
-                yield WrittenFile(target, st.st_size, str(fd_dir / name), pid)
+                yield (WrittenFile(target, st.st_size, str(fd_dir / name), pid),
+                       bool(flags & os.O_APPEND))
 
     def _mapped_shared_writable(self, pid: int) -> Iterator[WrittenFile]:
         base = self._proc / str(pid)
@@ -132,9 +145,17 @@ def _fdinfo_flags(path: Path) -> int:
     return 0
 
 
-def capture_file(file: WrittenFile, dest: Path) -> CapturedFile | None:
-    """Copy ``file``'s content (read through ``file.source``) to ``dest``, zero-padded to whole
-    pages (zero pages cost nothing in the store); None when it is gone."""
+@dataclass
+class _Copied:
+    """A precopy's state: which file it was, and the hash of what was copied."""
+
+    dev: int
+    ino: int
+    digest: Any
+
+
+def precopy_file(file: WrittenFile, dest: Path) -> Precopy | None:
+    """What ``file`` holds now, copied to ``dest`` (no padding yet)."""
     try:
         src = os.open(file.source, os.O_RDONLY)
     except OSError:
@@ -143,17 +164,53 @@ def capture_file(file: WrittenFile, dest: Path) -> CapturedFile | None:
     try:
         st = os.fstat(src)
         with open(dest, "wb") as out:
-            while chunk := os.read(src, BLOCK):
-                digest.update(chunk)
-                out.write(chunk)
-            size = out.tell()
-            out.truncate(-(-size // PAGE) * PAGE)
+            size = _copy_from(src, 0, out, digest)
+    finally:
+        os.close(src)
+    return Precopy(file.path, size, _Copied(st.st_dev, st.st_ino, digest))
+
+
+def capture_file(
+    file: WrittenFile, dest: Path, precopy: Precopy | None = None
+) -> CapturedFile | None:
+    """Copy ``file``'s content (read through ``file.source``) to ``dest``, zero-padded to whole
+    pages (zero pages cost nothing in the store); None when it is gone. After a ``precopy``
+    into ``dest`` of the same file, not shorter now: only the bytes appended since."""
+    try:
+        src = os.open(file.source, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(src)
+        early = precopy.state if precopy is not None else None
+        if (isinstance(early, _Copied) and precopy is not None and (early.dev, early.ino) == (
+                st.st_dev, st.st_ino) and st.st_size >= precopy.size):
+            digest = early.digest.copy()
+            with open(dest, "r+b") as out:
+                out.seek(precopy.size)
+                size = precopy.size + _copy_from(src, precopy.size, out, digest)
+                out.truncate(-(-size // PAGE) * PAGE)
+        else:
+            digest = xxhash.xxh3_128()
+            with open(dest, "wb") as out:
+                size = _copy_from(src, 0, out, digest)
+                out.truncate(-(-size // PAGE) * PAGE)
     finally:
         os.close(src)
     return CapturedFile(
         path=file.path, size=size, mode=stat.S_IMODE(st.st_mode), uid=st.st_uid,
         gid=st.st_gid, hash=digest.hexdigest(), image=dest.name,
     )
+
+
+def _copy_from(src: int, offset: int, out: BinaryIO, digest: Any) -> int:
+    """Copy ``src`` from ``offset`` to its end into ``out`` (at its position); bytes copied."""
+    copied = 0
+    while chunk := os.pread(src, BLOCK, offset + copied):
+        digest.update(chunk)
+        out.write(chunk)
+        copied += len(chunk)
+    return copied
 
 
 def check_file(captured: CapturedFile) -> FileCheck:

@@ -56,6 +56,7 @@ def test_written_files_are_those_open_for_writing_or_mapped_shared(
     tree, tmp = writer
     written = ProcJobFiles().written(tree)
     assert [w.path for w in written] == [str(tmp / "mapped"), str(tmp / "rw")]
+    assert [w.append_only for w in written] == [False, False]  # mapped; opened r+b
     mapped = written[0]
     assert "/map_files/" in mapped.source
 
