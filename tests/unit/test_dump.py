@@ -373,7 +373,8 @@ def test_parent_is_the_latest_checkpoint_of_the_same_pid_only(world: World) -> N
 def test_progress_reports_every_step_in_order(world: World) -> None:
     world.dump(JOB)
     assert [stage for stage, _ in world.progress] == [
-        "inspect", "journal", "stage", "gpu-lock", "gpu-checkpoint", "criu-dump", "files", "let-go",
+        "inspect", "journal", "stage", "precopy", "gpu-lock", "gpu-checkpoint", "criu-dump",
+        "files", "let-go",
         "gpu-resume", "gate", "commit", "criu-finish", "release", "done",
     ]
     fractions = [f for _, f in world.progress]
