@@ -101,7 +101,8 @@ def test_a_torchrun_ddp_under_ckptctl_run_dumped_and_restored_by_name(
 
     dumped = daemon.ctl("dump", "--name", "ddp-a")
     assert dumped.rc == 0, f"ckptctl dump --name ddp-a failed: {dumped.err.strip()}"
-    timing("(a) dump --name", dumped.out)
+    # a dump by name without --leave-running is a drain: its result names the checkpoint
+    timing("(a) dump --name", assert_ok(daemon.ctl("show", dumped.out["id"]), "show"))
     assert launcher.wait(timeout=60) == 143, "ckptctl run reports the job checkpointed"
     assert not is_alive(agent)
     restored = assert_ok(daemon.ctl("restore", "--name", "ddp-a"), "restore --name ddp-a")
