@@ -3,7 +3,8 @@
 # second time:
 #   - system packages (compiler, zstd, python3-venv, systemd tools),
 #   - a CRIU that works on this kernel (scripts/install-criu.sh),
-#   - .venv in the checkout with ckptd and its dev tools installed,
+#   - .venv in the checkout with ckptd, its GPU packages (ckptd[gpu]: cuda-python,
+#     nvidia-ml-py; they install and import without a GPU or driver) and its dev tools,
 #   - the native test workloads (native/workloads/bin).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,15 +32,16 @@ bash scripts/install-criu.sh
 
 PY=${PYTHON:-python3}
 stamp=.venv/.ckptd-installed
-want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+extras=dev,gpu
+want=$({ cat pyproject.toml; echo "extras=$extras"; } | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ]; then
     log "creating .venv with $($PY --version)"
     "$PY" -m venv .venv
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    log "installing ckptd and its dev tools into .venv"
+    log "installing ckptd[$extras] into .venv"
     if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
-           .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"; } \
+           .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"; } \
            >.venv/pip.log 2>&1; then
         tail -n 30 .venv/pip.log >&2
         echo "setup: pip install failed (full log: .venv/pip.log)" >&2

@@ -78,6 +78,14 @@ class GpuSteps:
             return GpuInventory(False, "GPU support is not configured")
         return self._inventory.inventory()
 
+    def describe_checkpointer(self) -> str:
+        """How CUDA processes are checkpointed on this node, or why they cannot be (the
+        adapter's ``describe()`` where it has one), for the daemon's log."""
+        if self._gpu is None:
+            return "GPU support is not configured"
+        describe = getattr(self._gpu, "describe", None)
+        return str(describe()) if callable(describe) else type(self._gpu).__name__
+
     # ---- dump ---------------------------------------------------------------------------
 
     def inspect(self, session: GpuSession, tree: Sequence[ProcessFact]) -> None:

@@ -33,6 +33,7 @@ from ckptd.adapters.cloud.spot import sources_from
 from ckptd.daemon import logs, sdnotify
 from ckptd.daemon.background import Background
 from ckptd.daemon.config import DaemonConfig, load
+from ckptd.daemon.probe import gpu_summary
 from ckptd.daemon.wiring import Wired, tls_files, wire
 from ckptd.domain.model import ROOT
 from ckptd.errors import CkptdError
@@ -154,6 +155,7 @@ class Daemon:
             log.info("using CRIU %s at %s", criu.version, criu.path)
         else:
             log.error("CRIU unusable, dumps will be refused: %s", criu.message)
+        log.info("GPU: %s", gpu_summary(wired.gpu))
 
         private = _private_dir(cfg)
         peers = private / "peers"

@@ -28,6 +28,17 @@ def gpu_status() -> tuple[bool, str]:
     return bool(inv.gpus), inv.message or f"{len(inv.gpus)} NVIDIA GPU(s)"
 
 
+def gpu_summary(gpu: GpuSteps) -> str:
+    """One line for the daemon's start-up log: the GPUs NVML sees and how CUDA processes are
+    checkpointed, or why there are no GPU checkpoints here (no driver, no NVML, none
+    installed, turned off)."""
+    inventory = gpu.node_inventory()
+    line = _gpu_message(inventory)
+    if inventory.available and inventory.gpus:
+        line += f"; CUDA checkpoints: {gpu.describe_checkpointer()}"
+    return line
+
+
 class NodeProbe:
     def __init__(self, criu: CriuSwrk, node: str, store: str, gpu: GpuSteps) -> None:
         self._gpu = gpu

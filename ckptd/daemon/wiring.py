@@ -50,6 +50,7 @@ class Wired:
     tls: TlsFiles | None
     policies: PolicyService
     groups: GroupMembers
+    gpu: GpuSteps
 
 
 def tls_files(config: DaemonConfig) -> TlsFiles | None:
@@ -69,8 +70,9 @@ def tls_files(config: DaemonConfig) -> TlsFiles | None:
 def gpu_adapters(
     config: DaemonConfig,
 ) -> tuple[GpuCheckpointer | None, GpuInventoryPort | None]:
-    """The real GPU adapters, or (None, None) when GPU support is off or not installed.
-    Importing them loads no driver: that happens at first use."""
+    """The real GPU adapters, or (None, None) when GPU support is off. Importing them loads
+    neither the bindings nor a driver: that happens at first use, and without them (not
+    installed, no driver) the adapters say why (``ckptctl check``, the start-up log)."""
     if not config.gpu:
         return None, None
     try:
@@ -193,5 +195,5 @@ def wire(config: DaemonConfig) -> Wired:
     return Wired(
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
         migrate=migrate, tls=tls, policies=policies,
-        groups=GroupMembers(service.dump, store, service.restore),
+        groups=GroupMembers(service.dump, store, service.restore), gpu=gpu,
     )

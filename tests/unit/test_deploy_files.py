@@ -1,21 +1,185 @@
-"""deploy/: the Kubernetes manifests parse and say what they must; the shell scripts parse."""
+"""deploy/: every Kubernetes manifest is valid against the Kubernetes API's own schemas (every
+minor version from 1.30 on that ``kubernetes-validate`` ships: its JSON schemas are generated
+from the API's OpenAPI documents; offline) and says what it must; the shell scripts parse."""
 
 from __future__ import annotations
 
+import copy
+import importlib
+import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
+MANIFESTS = sorted(p.name for p in (DEPLOY / "kubernetes").glob("*.yaml"))
+OLDEST = (1, 30)
+"""The oldest Kubernetes the manifests must be valid for (every newer one shipped is checked)."""
+SETUP = "it is in the dev extra: bash scripts/setup.sh installs it"
+
+
+def _module(name: str, package: str) -> ModuleType:
+    """Imported, or the test fails saying why: a missing checker must not pass vacuously."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        pytest.fail(f"{package} is not installed ({exc}); {SETUP}")
+
+
+def _load(text: str) -> list[dict[str, Any]]:
+    yaml = _module("yaml", "PyYAML")
+    return [d for d in yaml.safe_load_all(text) if d]
 
 
 def _docs(name: str) -> list[dict[str, Any]]:
-    yaml = pytest.importorskip("yaml", reason="PyYAML not installed")
-    text = (DEPLOY / "kubernetes" / name).read_text()
-    return [d for d in yaml.safe_load_all(text) if d]
+    return _load((DEPLOY / "kubernetes" / name).read_text())
+
+
+def kube_versions() -> list[str]:
+    """Every minor version >= OLDEST whose schemas kubernetes-validate ships, oldest first."""
+    utils = _module("kubernetes_validate.utils", "kubernetes-validate")
+    shipped = {tuple(int(n) for n in v.split(".")[:2]) for v in utils.all_versions()}
+    wanted = sorted(v for v in shipped if v >= OLDEST)
+    assert wanted and wanted[0] == OLDEST, f"kubernetes-validate ships {sorted(shipped)}"
+    return [f"{major}.{minor}" for major, minor in wanted]
+
+
+def schema_errors(doc: dict[str, Any], version: str) -> list[str]:
+    """Why the API of Kubernetes ``version`` would reject ``doc`` by its schema (unknown kind
+    or apiVersion, unknown field: strict schemas, wrong type, missing required field); [] when
+    it is valid."""
+    kv = _module("kubernetes_validate", "kubernetes-validate")
+    what = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')} on Kubernetes {version}"
+    try:
+        kv.validate(doc, version, strict=True)
+    except kv.ValidationError as exc:
+        path = ".".join(str(part) for part in exc.path) or "(top)"
+        return [f"{what}: {path}: {exc.message}"]
+    except (kv.SchemaNotFoundError, kv.InvalidSchemaError) as exc:
+        return [f"{what}: {exc.message}"]
+    return []
+
+
+def api_errors(doc: dict[str, Any]) -> list[str]:
+    """What the API server checks beyond the schema, for the kinds of deploy/: names, the
+    selector of a DaemonSet, a Job's restart policy, volumes, hostPath types, $(VAR)s."""
+    problems: list[str] = []
+    dns_label = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+    meta = doc.get("metadata") or {}
+    if not dns_label.fullmatch(str(meta.get("name", ""))):
+        problems.append(f"metadata.name {meta.get('name')!r} is not a DNS-1123 label")
+    spec = doc.get("spec") or {}
+    template = spec.get("template") or {}
+    if doc.get("kind") == "DaemonSet":
+        wanted = (spec.get("selector") or {}).get("matchLabels") or {}
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        if not wanted or any(labels.get(k) != v for k, v in wanted.items()):
+            problems.append("spec.selector.matchLabels do not select spec.template's labels")
+    pod = template.get("spec") or {}
+    if doc.get("kind") == "Job" and pod.get("restartPolicy") not in ("OnFailure", "Never"):
+        problems.append("a Job's pods need restartPolicy OnFailure or Never")
+    volumes = {v.get("name") for v in pod.get("volumes") or []}
+    host_path_types = {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket",
+                       "CharDevice", "BlockDevice"}
+    for v in pod.get("volumes") or []:
+        kind = (v.get("hostPath") or {}).get("type")
+        if kind is not None and kind not in host_path_types:
+            problems.append(f"volume {v.get('name')}: hostPath.type {kind!r} is not a type")
+    names = [c.get("name") for c in pod.get("containers") or []]
+    if len(set(names)) != len(names):
+        problems.append(f"container names repeat: {names}")
+    for c in pod.get("containers") or []:
+        if not dns_label.fullmatch(str(c.get("name", ""))):
+            problems.append(f"container name {c.get('name')!r} is not a DNS-1123 label")
+        for mount in c.get("volumeMounts") or []:
+            if mount.get("name") not in volumes:
+                problems.append(f"container {c.get('name')}: no volume {mount.get('name')!r}")
+        env = {e.get("name") for e in c.get("env") or []}
+        for arg in [*(c.get("command") or []), *(c.get("args") or [])]:
+            for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", str(arg)):
+                if var not in env:
+                    problems.append(f"container {c.get('name')}: $({var}) is not in its env")
+    return problems
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_manifest_is_valid_for_every_kubernetes_from_1_30(name: str) -> None:
+    docs = _docs(name)
+    assert docs, f"{name} holds no document"
+    versions = kube_versions()
+    problems = [p for doc in docs for v in versions for p in schema_errors(doc, v)]
+    problems += [f"{doc.get('kind')}: {p}" for doc in docs for p in api_errors(doc)]
+    assert problems == [], "\n".join(problems)
+
+
+def _pod(doc: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = doc["spec"]["template"]["spec"]
+    return pod
+
+
+BREAKAGES: dict[str, tuple[str, Callable[[dict[str, Any]], object], str]] = {
+    # name: (manifest, how the copy is broken, what the error must name)
+    "misspelled field": (
+        "ckptd-daemonset.yaml", lambda d: _pod(d).update(hostPid=_pod(d).pop("hostPID")),
+        "'hostPid' was unexpected",
+    ),
+    "wrong type": (
+        "ckptd-daemonset.yaml",
+        lambda d: _pod(d).update(terminationGracePeriodSeconds="150"),
+        "terminationGracePeriodSeconds: '150' is not of type 'integer'",
+    ),
+    "removed apiVersion": (
+        "ckptd-daemonset.yaml", lambda d: d.update(apiVersion="extensions/v1beta1"),
+        "Couldn't find schema for kind DaemonSet with api version extensions/v1beta1",
+    ),
+    "unknown kind": (
+        "training-job.yaml", lambda d: d.update(kind="Jobs"),
+        "Couldn't find schema for kind Jobs",
+    ),
+    "missing required field": (
+        "training-job.yaml", lambda d: _pod(d)["containers"][0].pop("name"),
+        "containers.0: 'name' is a required property",
+    ),
+    "string for a list": (
+        "training-job.yaml",
+        lambda d: _pod(d)["containers"][0]["lifecycle"]["preStop"]["exec"].update(
+            command="ckptctl dump --name train-llm"
+        ),
+        "preStop.exec.command: 'ckptctl dump --name train-llm' is not of type 'array'",
+    ),
+    "selector not matching": (
+        "ckptd-daemonset.yaml",
+        lambda d: d["spec"]["selector"]["matchLabels"].update({"app.kubernetes.io/name": "x"}),
+        "spec.selector.matchLabels do not select spec.template's labels",
+    ),
+    "mount of no volume": (
+        "training-job.yaml", lambda d: _pod(d)["volumes"].pop(0),
+        "container train: no volume 'ckptd-run'",
+    ),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_a_broken_copy_is_rejected(breakage: str, tmp_path: Path) -> None:
+    """The check is not vacuous: a copy of a manifest broken in one place, written out and
+    read back like the real one, fails it, naming the place."""
+    name, breaks, expected = BREAKAGES[breakage]
+    docs = copy.deepcopy(_docs(name))
+    target = next(d for d in docs if d["kind"] in ("DaemonSet", "Job"))
+    breaks(target)
+    yaml = _module("yaml", "PyYAML")
+    copy_path = tmp_path / name
+    copy_path.write_text(yaml.safe_dump_all(docs))
+    reread = _load(copy_path.read_text())
+    version = kube_versions()[0]
+    problems = [p for doc in reread for p in (*schema_errors(doc, version), *api_errors(doc))]
+    assert any(expected in p for p in problems), problems
+    assert all(not schema_errors(d, version) for d in _docs(name)), "the original is valid"
 
 
 def test_daemonset() -> None:
