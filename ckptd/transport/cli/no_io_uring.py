@@ -32,6 +32,7 @@ import ctypes
 import errno
 import os
 import platform
+import sys
 from collections.abc import Callable
 
 IO_URING_SYSCALLS = (425, 426, 427)
@@ -164,3 +165,33 @@ def preexec(machine: str | None = None) -> Callable[[], None] | None:
                     "it uses io_uring\n".encode())
         return None
     return Filter(machine=machine).install
+
+
+def launcher(command: list[str], machine: str | None = None) -> list[str]:
+    """The argv ``ckptctl run`` starts: ``command`` behind a tiny exec wrapper (this module
+    run with ``python -m``) that installs the filter and execs it — same pid, no
+    ``preexec_fn``: forking a process with gRPC's threads about to run Python in the child is
+    what ``preexec_fn`` cannot do safely (a fork handler may abort). ``command`` as is on a
+    machine the filter does not know, after saying so once on stderr."""
+    if preexec(machine) is None:
+        return command
+    return [sys.executable, "-m", __name__, "--", *command]
+
+
+def main(argv: list[str]) -> int:
+    """``python -m ckptd.transport.cli.no_io_uring -- CMD ...``: filter, then exec CMD."""
+    command = argv[1:] if argv[:1] == ["--"] else argv
+    if not command:
+        os.write(2, b"usage: python -m ckptd.transport.cli.no_io_uring -- CMD ...\n")
+        return 2
+    Filter().install()
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        os.write(2, f"ckptctl: cannot start {command[0]}: {exc.strerror}\n".encode())
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -54,16 +55,15 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
     name = args.name or f"{os.path.basename(command[0])}-{os.getpid()}"
     if args.allow_io_uring:
         err("--allow-io-uring: the job may use io_uring, and then cannot be checkpointed")
-        keep_io_uring_away = None
+        argv = command
     else:
-        keep_io_uring_away = no_io_uring.preexec()
+        argv = no_io_uring.launcher(command)  # the filter, then exec: the job's own pid
+        if argv is not command and shutil.which(command[0]) is None:
+            raise CliError(f"cannot start {command[0]}: No such file or directory", 127)
     terminated = threading.Event()
     handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: terminated.set())}
     try:
-        # preexec_fn with threads about (gRPC's): the filter is prepared here, and the child
-        # makes only prctl calls before its exec
-        job = subprocess.Popen(command, start_new_session=True,
-                               preexec_fn=keep_io_uring_away)  # noqa: PLW1509
+        job = subprocess.Popen(argv, start_new_session=True)
     except OSError as exc:
         raise CliError(f"cannot start {command[0]}: {exc.strerror}", 127) from exc
     for signo in PASSED_ON:

@@ -102,8 +102,9 @@ CHILD = textwrap.dedent("""
 
 @needs_filter
 def test_a_child_under_the_filter_gets_enosys_for_io_uring_only_and_passes_it_on() -> None:
+    # through the exec wrapper ``ckptctl run`` uses (no preexec_fn: this process has threads)
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(URING_JOB)], preexec_fn=nu.preexec(),
+        nu.launcher([sys.executable, "-c", CHILD, str(URING_JOB)]),
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout.splitlines()
     assert out == [
@@ -139,3 +140,10 @@ def test_a_filter_that_cannot_be_installed_says_so_and_the_job_runs() -> None:
     assert res.returncode == 0
     assert res.stderr == ("ckptctl run: cannot keep io_uring away from the job (seccomp: "
                           "Invalid argument); it cannot be checkpointed if it uses io_uring\n")
+
+
+def test_the_wrapper_says_when_the_command_cannot_start() -> None:
+    res = subprocess.run(nu.launcher(["/nonexistent/train"]), capture_output=True, text=True,
+                         timeout=30, check=False)
+    assert res.returncode == 127
+    assert res.stderr == "ckptctl: cannot start /nonexistent/train: No such file or directory\n"
