@@ -79,6 +79,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs-cgroup", dest="jobs_cgroup",
                    help="cgroup v2 path for trees the daemon restores for itself "
                         "(default /ckptd-jobs; '' keeps them in the daemon's cgroup)")
+    p.add_argument("--cgroup-fs", dest="cgroup_fs",
+                   help="mount point of the host's cgroup v2 hierarchy (default: found)")
     p.add_argument("--version", action="version", version=f"ckptd {__version__}")
     return p.parse_args(argv)
 
