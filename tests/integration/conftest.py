@@ -27,14 +27,7 @@ import pytest
 
 from ckptd.daemon.config import DEFAULT_CRIU_PATHS
 
-from .support import (
-    WORKLOADS_BIN,
-    WORKLOADS_DIR,
-    CtlResult,
-    Daemon,
-    Procs,
-    remove_test_cgroups,
-)
+from .support import WORKLOADS_BIN, WORKLOADS_DIR, CtlResult, Daemon, Procs
 
 HERE = Path(__file__).resolve().parent
 
@@ -89,13 +82,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason is not None:
         for item in ours:
             item.add_marker(pytest.mark.skip(reason=reason))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _remove_test_cgroups() -> Iterator[None]:
-    """The cgroups this session's daemons made for their own restores go at its end."""
-    yield
-    remove_test_cgroups()
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ NOBODY = 65534
 CTL_TIMEOUT_S = 90.0
 TEST_CGROUPS = f"/ckptd-tests-{os.getpid()}"
 """This session's cgroup (v2 path): each daemon's ``jobs_cgroup`` is a child of it (never
-the default /ckptd-jobs of the host); removed at the end of the session
+the default /ckptd-jobs of the host); removed when the session's process exits
 (``remove_test_cgroups``)."""
 
 
@@ -434,6 +434,9 @@ def remove_test_cgroups() -> None:
     for d in [*dirs, top]:
         with contextlib.suppress(OSError):
             d.rmdir()
+
+
+atexit.register(remove_test_cgroups)  # every tier whose daemons come from here
 
 
 # ---- the daemon and the CLI -------------------------------------------------------------------
