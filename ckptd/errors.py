@@ -14,6 +14,8 @@
     │   ├── CriuUnavailable         CRIU missing, too old, or failing ``criu check``
     │   ├── GpuUnavailable          no usable NVIDIA driver / CUDA checkpoint API
     │   ├── GpuMismatch             this node's GPUs cannot take the checkpoint
+    │   ├── CgroupUnavailable       restore: the tree cannot be placed in its cgroup (the
+    │   │                           caller's is gone or takes no processes, no cgroup v2)
     │   └── Incompatible            restore: this node differs from the checkpoint's (CPU,
     │                               files, kernel, ...): lists every difference
     ├── GpuFailed                   a CUDA checkpoint call failed (call, error code)
@@ -109,6 +111,13 @@ class GpuMismatch(PreconditionFailed):
     def __init__(self, message: str, *, problems: tuple[str, ...] = (), **kwargs: object) -> None:
         super().__init__(message, **kwargs)  # type: ignore[arg-type]
         self.problems = problems or (message,)
+
+
+class CgroupUnavailable(PreconditionFailed):
+    """A restored tree cannot be placed in the cgroup it belongs in (the caller's, or one of
+    its own): that cgroup is gone, takes no processes (cgroup v2 allows them only where no
+    child cgroup has controllers enabled), or cannot be told (no cgroup v2 hierarchy, a
+    process outside the daemon's cgroup namespace)."""
 
 
 class Incompatible(PreconditionFailed):

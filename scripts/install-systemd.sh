@@ -188,6 +188,12 @@ else
 # This node's name ("" : the host name).
 # node = ""
 
+# Restored jobs go into the cgroup of whoever asked for the restore; those the daemon restores
+# for itself (resume, migrations arriving here) into <jobs_cgroup>/<job>, outside the daemon's
+# cgroup ("" : the daemon's). cgroup_fs: the cgroup v2 mount ("" : found in mountinfo).
+# jobs_cgroup = "/ckptd-jobs"
+# cgroup_fs = ""
+
 # Migration between daemons (mutual TLS; no TCP listener unless peer_listen is set).
 # Certificates: scripts/make-peer-certs.sh /etc/ckptd/pki NODE=ADDR ...
 # peer_listen = ""

@@ -24,3 +24,7 @@ class CoreConfig:
     file_capture_oversize: str = "refuse"
     """A written file over ``file_capture_limit``: ``refuse`` the dump (naming it), or
     ``skip`` its capture (said in the checkpoint; a restore then needs it at its size)."""
+    jobs_cgroup: str = "/ckptd-jobs"
+    """Where a tree restored for the daemon itself (or for a caller in the daemon's own
+    cgroup) gets a cgroup of its own, ``<jobs_cgroup>/<name or id>-<op>`` (cgroup v2 path);
+    empty: such trees stay in the daemon's cgroup. A caller's own restores go into its cgroup."""

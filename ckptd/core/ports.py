@@ -119,6 +119,34 @@ class ProcessTable(Protocol):
         ...
 
 
+class Cgroups(Protocol):
+    """The node's cgroup v2 hierarchy (the unified one), as the daemon sees it.
+
+    A cgroup is named by its path in the hierarchy (``/`` the root, ``/a/b`` below it), as
+    ``/proc/PID/cgroup``'s ``0::`` line says. Moving a process moves all its threads.
+    Invariant: a cgroup this port creates is only ever created together with the move that
+    populates it, so ``remove_empty`` never removes one that a concurrent ``move`` was about
+    to use."""
+
+    def cgroup_of(self, pid: int) -> str:
+        """The cgroup of the process at ``pid``. Raises ProcessNotFound when it is gone,
+        CgroupUnavailable when it cannot be told (outside the daemon's cgroup namespace)."""
+        ...
+
+    def move(self, pids: Sequence[int], cgroup: str, *, create: bool = False) -> None:
+        """Move each process of ``pids`` into ``cgroup``; with ``create``, create it first
+        when missing (and its missing parents). Raises ProcessNotFound when one is gone,
+        CgroupUnavailable naming the cgroup and why it takes no processes (missing; child
+        cgroups with controllers enabled: cgroup v2's "no internal processes" rule; an
+        invalid domain in a threaded subtree). Processes moved before a failure stay moved."""
+        ...
+
+    def remove_empty(self, parent: str) -> list[str]:
+        """Remove every child cgroup of ``parent`` that holds no process and no cgroup;
+        returns them. Never raises (what cannot be removed stays)."""
+        ...
+
+
 class NodeInspector(Protocol):
     """This node's facts (CPU, kernel, libc) and the files a process tree uses.
 
@@ -248,6 +276,11 @@ class CriuHooks:
 
     def network_unlock(self, pid: int) -> None: ...
 
+    def criu_started(self, criu_pid: int) -> None:
+        """Restores only: CRIU's process (``criu_pid``, the daemon's pid namespace) exists and
+        has not begun: nothing of the tree exists yet, and whatever CRIU creates is born in
+        CRIU's cgroup (when ``CriuRestoreJob.restore_cgroups`` is false)."""
+
     def pre_restore(self, pid: int) -> None: ...
 
     def setup_namespaces(self, pid: int) -> None: ...
@@ -304,6 +337,10 @@ class CriuRestoreJob:
     ext_unix_sk: bool = False
     leave_stopped: bool = False
     """Every restored task stays stopped (SIGSTOP) until sent SIGCONT (group restores)."""
+    restore_cgroups: bool = True
+    """CRIU puts each task back in the cgroups it was dumped from (creating missing ones:
+    CRIU's default). False: CRIU leaves cgroups alone (its ``ignore`` mode), so the tree is
+    born in CRIU's own cgroup, where the caller placed CRIU (``CriuHooks.criu_started``)."""
 
 
 class CriuDumpInProgress(Protocol):

@@ -10,11 +10,15 @@ Order, and what undoes each step if a later one fails:
     pids          every pid of the tree must be free (a zombie is waited for, bounded);   -
                   a tree that was the init of its own pid namespace gets a new one: its
                   pids cannot clash
+    cgroup        where the tree will live: the caller's cgroup; one of its own under     -
+                  ``jobs_cgroup`` when the daemon asks (or the caller is in the daemon's
+                  cgroup), so that a daemon restart never touches it (docs/adr/0010)
     checkout      CRIU's image directory from the store                                   release it
     stdio         replacements for stdio whose other end was outside the tree             close ours
     files         every file the checkpoint captured is put back                          as found
                   (``core.jobfiles``); a version that differs is kept beside it
-    criu-restore  CRIU recreates the tree and resumes it                                  -
+    criu-restore  CRIU, placed in that cgroup before it begins, recreates the tree there   -
+                  (every process checked at post-restore, before it runs) and resumes it
     gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock;          -
                   if that fails the restored tree is killed (it could never run)
 
@@ -23,13 +27,16 @@ notification on, before they run, and signalled only through those handles; noth
 node changes before ``pids`` passed (and CRIU is never called for a checkpoint that does not
 fit the node); a failed CRIU restore leaves
 no part of the tree behind (CRIU kills what it created); the restored tree is not a child of
-the daemon (CRIU's process forks it and exits), so stopping the daemon never touches it.
+the daemon (CRIU's process forks it and exits), so stopping the daemon never touches it; with
+a ``Cgroups`` port, no process of the restored tree ever runs outside the cgroup chosen for it
+(CRIU is moved there before it creates anything, so the tree's memory is charged there too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,6 +48,7 @@ from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree, pid_map
 from ckptd.core.jobfiles import PutBackAll
 from ckptd.core.ports import (
+    Cgroups,
     CheckpointStore,
     Clock,
     Criu,
@@ -63,12 +71,15 @@ from ckptd.domain import (
     RestoreRequest,
 )
 from ckptd.errors import (
+    CgroupUnavailable,
     CheckpointNotFound,
     CkptdError,
+    CriuFailed,
     CriuUnavailable,
     GpuMismatch,
     PermissionDenied,
     PidInUse,
+    ProcessNotFound,
 )
 
 log = logging.getLogger(__name__)
@@ -95,6 +106,10 @@ class RestoreContext:
     restored: tuple[ProcessFact, ...] = ()
     """The restored tree as /proc shows it (pids on this node; ``ns_pid`` in its namespace)."""
     files: PutBackAll | None = None
+    cgroup: str = ""
+    """The cgroup the restored tree goes into ("" when ckptd places nothing)."""
+    create_cgroup: bool = False
+    """``cgroup`` is one of the tree's own, created for it."""
 
 
 def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
@@ -131,7 +146,9 @@ class RestoreRecipe:
         node: NodeInspector,
         hooks: CriuHooks | None = None,
         files: JobFiles | None = None,
+        cgroups: Cgroups | None = None,
     ) -> None:
+        self._cgroups = cgroups
         self._gpu = gpu
         self._node = node
         self._files = files
@@ -146,6 +163,7 @@ class RestoreRecipe:
             Step("resolve", self._resolve, None, "finding the checkpoint"),
             Step("compat", self._compat, None, "checking that this node fits the checkpoint"),
             Step("pids", self._wait_pids_free, None, "checking that the tree's pids are free"),
+            Step("cgroup", self._choose_cgroup, None, "choosing the tree's cgroup"),
             Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
             Step("stdio", self._stdio_replacements, None, "preparing stdio"),
             Step("files", self._put_back_files, self._undo_files,
@@ -181,6 +199,7 @@ class RestoreRecipe:
             checkpoint_id=ctx.record.id,
             pid=ctx.pid,
             output_path=str(ctx.output_path) if ctx.inherit_fds else "",
+            cgroup=ctx.cgroup,
             duration_s=self._clock.time() - ctx.started,
             stdio=ctx.record.stdio,
             files_put_back=tuple(ctx.files.put_back) if ctx.files else (),
@@ -354,10 +373,75 @@ class RestoreRecipe:
             leave_stopped=ctx.gate is not None,
             tcp_established=ctx.record.tcp_connections > 0,
             tcp_close=ctx.record.tcp_close,
+            restore_cgroups=not ctx.cgroup,
         )
-        ctx.pid = self._criu.restore(job, _HoldOnPostRestore(self._hooks, self, ctx))
+        try:
+            ctx.pid = self._criu.restore(job, _HoldOnPostRestore(self._hooks, self, ctx))
+        except CriuFailed as exc:
+            cause = exc.__cause__
+            if isinstance(cause, CgroupUnavailable):  # CRIU undid the restore: say why
+                raise CgroupUnavailable(f"restore undone: {cause.message}", hint=cause.hint,
+                                        pid=cause.pid) from exc
+            raise
         if ctx.held is None:  # CRIU did not say the root pid at post-restore
             self.hold_restored(ctx, ctx.pid)
+
+    def _choose_cgroup(self, ctx: RestoreContext) -> None:
+        """The caller's cgroup; a cgroup of its own (``<jobs_cgroup>/<name or id>-<op>``)
+        when the caller is the daemon itself, is unknown (pid 0: outside the daemon's pid
+        namespace), or is in the daemon's cgroup. ``jobs_cgroup`` empty: the daemon's."""
+        if self._cgroups is None:
+            return
+        assert ctx.record is not None
+        daemon_pid = self._config.daemon_pid
+        daemon = self._cgroup_of(daemon_pid, f"the daemon (pid {daemon_pid})")
+        caller = ctx.caller.pid or 0
+        if caller > 0 and caller != daemon_pid:
+            theirs = self._cgroup_of(caller, f"the caller (pid {caller})")
+            if not within(theirs, daemon):
+                ctx.cgroup = theirs
+                log.info("restore %s: into the caller's cgroup %s", ctx.op_id, theirs)
+                return
+        base = self._config.jobs_cgroup.rstrip("/")
+        if not base:
+            ctx.cgroup = daemon
+            return
+        ctx.cgroup = f"{base}/{leaf_name(ctx.record.name or ctx.record.id, ctx.op_id)}"
+        ctx.create_cgroup = True
+        log.info("restore %s: into a cgroup of its own, %s", ctx.op_id, ctx.cgroup)
+
+    def _cgroup_of(self, pid: int, who: str) -> str:
+        assert self._cgroups is not None
+        try:
+            return self._cgroups.cgroup_of(pid)
+        except ProcessNotFound as exc:
+            raise CgroupUnavailable(f"{who} is gone: its cgroup cannot be told",
+                                    hint="ask again from a running process") from exc
+
+    def place_criu(self, ctx: RestoreContext, criu_pid: int) -> None:
+        """CRIU's process into the tree's cgroup, before it creates anything (the tree is
+        then born there, and what it restores is charged there)."""
+        if not ctx.cgroup or self._cgroups is None:
+            return
+        if ctx.create_cgroup:  # leftovers of restores whose trees have ended
+            self._cgroups.remove_empty(ctx.cgroup.rsplit("/", 1)[0] or "/")
+        self._cgroups.move((criu_pid,), ctx.cgroup, create=ctx.create_cgroup)
+
+    def check_placed(self, ctx: RestoreContext) -> None:
+        """At post-restore (the tree exists, has not run): every held process is in the
+        tree's cgroup; one that is not is moved there (raises, so CRIU undoes the restore,
+        when it cannot be)."""
+        if not ctx.cgroup or self._cgroups is None or ctx.held is None:
+            return
+        astray = []
+        for pid in ctx.held.pids:
+            with contextlib.suppress(ProcessNotFound):
+                if self._cgroups.cgroup_of(pid) != ctx.cgroup:
+                    astray.append(pid)
+        if astray:
+            log.warning("restore %s: pids %s were not born in %s; moving them", ctx.op_id,
+                        astray, ctx.cgroup)
+            self._cgroups.move(astray, ctx.cgroup)
 
     def hold_restored(self, ctx: RestoreContext, root_pid: int) -> None:
         """Hold the restored tree rooted at ``root_pid`` (a pid on this node)."""
@@ -381,6 +465,10 @@ class _HoldOnPostRestore(CriuHooks):
         self._recipe = recipe
         self._ctx = ctx
 
+    def criu_started(self, criu_pid: int) -> None:
+        self._recipe.place_criu(self._ctx, criu_pid)
+        self._inner.criu_started(criu_pid)
+
     def pre_restore(self, pid: int) -> None:
         self._inner.pre_restore(pid)
 
@@ -389,6 +477,7 @@ class _HoldOnPostRestore(CriuHooks):
 
     def post_restore(self, pid: int) -> None:
         self._recipe.hold_restored(self._ctx, pid)
+        self._recipe.check_placed(self._ctx)
         self._inner.post_restore(pid)
 
     def pre_resume(self, pid: int) -> None:
@@ -396,3 +485,20 @@ class _HoldOnPostRestore(CriuHooks):
 
     def post_resume(self, pid: int) -> None:
         self._inner.post_resume(pid)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:@+-]")
+
+
+def leaf_name(label: str, op_id: str) -> str:
+    """The name of a restored tree's own cgroup: its checkpoint's name (or id) and the
+    restore's operation id (unique), with what a cgroup name should not hold replaced."""
+    return f"{_UNSAFE.sub('_', label)}-{op_id}"
+
+
+def within(cgroup: str, ancestor: str) -> bool:
+    """``cgroup`` is ``ancestor`` or below it (the root contains only itself here: a caller
+    in any other cgroup is not "in the daemon's" because the daemon runs at the root)."""
+    if cgroup == ancestor:
+        return True
+    return ancestor != "/" and cgroup.startswith(ancestor.rstrip("/") + "/")

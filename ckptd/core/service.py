@@ -164,10 +164,13 @@ class CheckpointService:
                     self._journal.end(ctx.op_id)  # the held tree runs, or was killed
         self.events.publish(EventKind.RESTORE_DONE, pid=outcome.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
-                            message=f"restored as pid {outcome.pid}" + _files_note(outcome),
-                            duration_s=self._clock.monotonic() - started)
+                            message=f"restored as pid {outcome.pid}" + _files_note(outcome)
+                            + (f" in cgroup {outcome.cgroup}" if outcome.cgroup else ""),
+                            duration_s=self._clock.monotonic() - started,
+                            cgroup=outcome.cgroup)
         self._prune_work_dirs()
-        log.info("restored %s as pid %d", outcome.checkpoint_id, outcome.pid)
+        log.info("restored %s as pid %d%s", outcome.checkpoint_id, outcome.pid,
+                 f" in cgroup {outcome.cgroup}" if outcome.cgroup else "")
         return outcome
 
     def _journaled_gate(

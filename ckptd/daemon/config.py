@@ -90,6 +90,13 @@ class DaemonConfig:
     """How often periodic policies are looked at."""
     resume_drained_on_start: bool = False
     """At start, restore every job a drain (or a spot notice) checkpointed and stopped."""
+    jobs_cgroup: str = "/ckptd-jobs"
+    """cgroup v2 path under which a tree the daemon restores for itself (resume, migration
+    target) or for a caller in its own cgroup gets a cgroup of its own, outside the daemon's;
+    empty: such trees stay in the daemon's cgroup. Other callers' restores go into theirs."""
+    cgroup_fs: str = ""
+    """Mount point of the cgroup v2 hierarchy (its root); empty: found in
+    /proc/self/mountinfo. No cgroup v2: restored trees are not placed (CRIU's default)."""
 
     @property
     def run_dir(self) -> Path:
@@ -135,11 +142,19 @@ def load(args: argparse.Namespace) -> DaemonConfig:
         k: _coerce(k, v) for k, v in vars(args).items() if k in known and v is not None
     }
     config = replace(config, **overrides)
+    _check_jobs_cgroup(config.jobs_cgroup)
     if args.store is not None and args.state_dir is None and not _in_file(args, "state_dir"):
         local = local_path(config.store)
         state = DEFAULT_URL_STATE_DIR if local is None else local / "state"
         config = replace(config, state_dir=state)
     return config
+
+
+def _check_jobs_cgroup(path: str) -> None:
+    parts = [p for p in path.split("/") if p]
+    if path and (not path.startswith("/") or not parts or ".." in parts or "." in parts):
+        raise ValueError(f"jobs_cgroup {path!r} must be a cgroup path below the root, such as "
+                         "/ckptd-jobs (or empty)")
 
 
 def _in_file(args: argparse.Namespace, key: str) -> bool:

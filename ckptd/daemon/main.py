@@ -77,6 +77,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--file-capture-oversize", dest="file_capture_oversize",
                    choices=("refuse", "skip"),
                    help="a written file over the limit: refuse the dump (default) or skip it")
+    p.add_argument("--jobs-cgroup", dest="jobs_cgroup",
+                   help="cgroup v2 path for trees the daemon restores for itself "
+                        "(default /ckptd-jobs; '' keeps them in the daemon's cgroup)")
+    p.add_argument("--cgroup-fs", dest="cgroup_fs",
+                   help="mount point of the host's cgroup v2 hierarchy (default: found)")
     p.add_argument("--version", action="version", version=f"ckptd {__version__}")
     return p.parse_args(argv)
 
@@ -146,6 +151,8 @@ class Daemon:
         wired = wire(cfg)
         for line in wired.service.recover():
             log.warning("recovered: %s", line)
+        if wired.cgroups is not None and cfg.jobs_cgroup:
+            wired.cgroups.remove_empty(cfg.jobs_cgroup)  # trees restored earlier have ended
         for leftover in wired.store.clean():
             log.warning("removed leftover %s", leftover)
         if removed := wired.blobs.remove_temporaries():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from ckptd.adapters.clock import SystemClock
 from ckptd.adapters.criu import CriuSwrk
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable, ProcNodeInspector
+from ckptd.adapters.procfs.cgroups import CgroupFs
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
 from ckptd.adapters.storage import (
     FileJournal,
@@ -38,6 +40,8 @@ from ckptd.daemon.probe import NodeProbe
 from ckptd.domain.model import ROOT
 from ckptd.transport.grpc.peer import GrpcPeerConnector, TlsFiles
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Wired:
@@ -51,6 +55,7 @@ class Wired:
     policies: PolicyService
     groups: GroupMembers
     gpu: GpuSteps
+    cgroups: CgroupFs | None = None
 
 
 def tls_files(config: DaemonConfig) -> TlsFiles | None:
@@ -96,11 +101,15 @@ def wire(config: DaemonConfig) -> Wired:
         zombie_wait_s=config.zombie_wait_s,
         file_capture_limit=config.file_capture_limit,
         file_capture_oversize=config.file_capture_oversize,
+        jobs_cgroup=config.jobs_cgroup,
     )
     chunked = chunked_images(is_pages_image)
     files = ProcJobFiles()
     clock = SystemClock()
     processes = ProcFsTable()
+    cgroups = CgroupFs.find(config.cgroup_fs)
+    if cgroups is None:
+        log.warning("no cgroup v2 hierarchy found: restored trees go where CRIU puts them")
     criu = CriuSwrk(
         config.resolved_criu(),
         plugin_dir=state / "criu-plugins",
@@ -150,6 +159,7 @@ def wire(config: DaemonConfig) -> Wired:
         gpu=gpu,
         node=ProcNodeInspector(),
         files=files,
+        cgroups=cgroups,
     )
     service = CheckpointService(
         dump=dump,
@@ -195,5 +205,5 @@ def wire(config: DaemonConfig) -> Wired:
     return Wired(
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
         migrate=migrate, tls=tls, policies=policies,
-        groups=GroupMembers(service.dump, store, service.restore), gpu=gpu,
+        groups=GroupMembers(service.dump, store, service.restore), gpu=gpu, cgroups=cgroups,
     )

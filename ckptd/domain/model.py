@@ -480,6 +480,8 @@ class RestoreOutcome:
     """Paths the restore put back to their checkpoint content."""
     files_kept: tuple[str, ...] = ()
     """Where the versions found on disk were kept (beside each file put back)."""
+    cgroup: str = ""
+    """The cgroup (v2) the restored tree was placed in; empty when ckptd placed nothing."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ asked, and can be told to fail; together they let ``DumpRecipe``, ``RestoreRecip
 suites (``tests/contract``) as the real adapters.
 
 - ``FakeClock``: ``Clock``; ``sleep`` advances time at once.
+- ``FakeCgroups``: ``Cgroups`` over a dict pid -> cgroup (processes inherit their parent's).
 - ``FakeProcessTable`` / ``FakeProcess`` / ``FakeHandle``: ``ProcessTable`` over a dict of fake
   processes, and ``ProcessHandle`` s bound to one fake process each.
 - ``FakeCriu``: ``Criu`` acting on a ``FakeProcessTable``, writing fake images.
@@ -23,6 +24,7 @@ happened, so a test can check the order of effects across ports.
 """
 
 from ckptd.testing._blobs import MemoryBlobStore
+from ckptd.testing._cgroups import FakeCgroups
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
 from ckptd.testing._files import FakeJobFiles
@@ -39,6 +41,7 @@ __all__ = [
     "DUMP_HOOKS",
     "H100",
     "RESTORE_HOOKS",
+    "FakeCgroups",
     "FakeClock",
     "FakeCriu",
     "FakeCudaProcess",

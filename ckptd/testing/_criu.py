@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ckptd.core.ports import CriuDumpJob, CriuDumpResult, CriuHooks, CriuRestoreJob
 from ckptd.domain import CriuStatus, PidState, ProcessFact, StdioFact, StdioKind
 from ckptd.errors import CriuFailed, CriuUnavailable
+from ckptd.testing._cgroups import FakeCgroups
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._processes import FakeProcessTable
 
@@ -23,6 +25,9 @@ DUMP_HOOKS = ("pre_dump", "network_lock", "post_dump", "network_unlock")
 """The dump notifications, in the order CRIU sends them."""
 RESTORE_HOOKS = ("pre_restore", "setup_namespaces", "post_restore", "pre_resume", "post_resume")
 """The restore notifications, in the order CRIU sends them."""
+
+CRIU_PIDS = 900001
+"""The pids ``FakeCriu`` gives its own process, one per restore (never in the table)."""
 
 PSTREE_IMAGE = "pstree.img"
 INVENTORY_IMAGE = "inventory.img"
@@ -68,6 +73,11 @@ class FakeCriu:
     its ``ns_pid`` s, and the pid check is skipped as in a new namespace; a process
     stopped before the dump comes back STOPPED, the others are held stopped until resumed);
     ``post_restore``, ``pre_resume``; resumes them; ``post_resume``; returns the root pid.
+    Before all that it calls ``criu_started`` with a pid of its own (a new one each restore,
+    not in the table); with ``cgroups`` (a ``FakeCgroups``) that pid is a process there, in
+    its ``default`` cgroup, while the restore lasts, and with ``job.restore_cgroups`` false
+    the tree is born in its cgroup (``FakeCgroups.fork``); a ``criu_started`` that raises
+    fails the restore before anything (``CriuFailed``, the hook's error as cause).
 
     Failures: ``fail_dump`` / ``fail_restore`` (an exception, typically ``CriuFailed``) is
     raised as is once the hook named by ``fail_dump_after`` / ``fail_restore_after`` has run
@@ -87,9 +97,12 @@ class FakeCriu:
         path: str = "/usr/local/sbin/criu",
         clock: FakeClock | None = None,
         events: list[str] | None = None,
+        cgroups: FakeCgroups | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self.processes = processes
+        self.cgroups = cgroups
+        self._criu_pids = itertools.count(CRIU_PIDS)
         self.clock = clock
         self.events = events
         self.criu_status = CriuStatus(path, version, True, "Looks good.")
@@ -206,6 +219,26 @@ class FakeCriu:
         if not status.ok:
             raise CriuUnavailable(status.message)
         what = "restore"
+        with self._lock:
+            criu_pid = next(self._criu_pids)
+        if self.cgroups is not None:
+            self.cgroups.spawn(criu_pid)
+        try:
+            self._event(f"criu.started {criu_pid}")
+            try:
+                hooks.criu_started(criu_pid)
+            except Exception as exc:
+                error = self._failed(what, f"aborted before it began: {exc}", None,
+                                     aborted=True)
+                self._event("criu.failed")
+                raise error from exc
+            return self._restore(job, hooks, criu_pid)
+        finally:
+            if self.cgroups is not None:
+                self.cgroups.exit(criu_pid)
+
+    def _restore(self, job: CriuRestoreJob, hooks: CriuHooks, criu_pid: int) -> int:
+        what = "restore"
         tree, stdio, stopped = self._read_images(job.images_dir, what)
         own_ns = tree[0].ns_pid == 1
         if own_ns:
@@ -251,6 +284,8 @@ class FakeCriu:
                     namespaces=frozenset({"pid"}) if own_ns else frozenset(),
                 )
                 created.append(proc.pid)
+                if self.cgroups is not None and not job.restore_cgroups:
+                    self.cgroups.fork(proc.pid, criu_pid)
             self._hook(hooks, "post_restore", root, what, fail, after)
             self._hook(hooks, "pre_resume", root, what, fail, after)
             self._restore_states(

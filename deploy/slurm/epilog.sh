@@ -2,10 +2,11 @@
 # Slurm Epilog (slurm.conf: Epilog=/etc/slurm/epilog.d/ckptd.sh; runs as root on each node
 # after the job ended and Slurm killed the processes of the job's cgroup).
 #
-# A tree ckptd restored is not in the job's cgroup (CRIU restores it in the daemon's), so
-# Slurm does not kill it: a restored training of this job may still be running here. Rather
-# than leave it running outside any allocation, checkpoint it (which stops it) so that the
-# requeued job resumes from there. Jobs are found by the checkpoint name convention of
+# A tree restored from inside the job (train.sbatch's `ckptctl restore`) is in the job's
+# cgroup and Slurm has killed it. One that ckptd restored for itself (`ckptctl resume`) is in
+# /ckptd-jobs/<name>-<restore> (docs/adr/0010), which Slurm does not kill: a restored training
+# of this job may still be running here. Rather than leave it running outside any allocation,
+# checkpoint it (which stops it) so that the requeued job resumes from there. Jobs are found by the checkpoint name convention of
 # train.sbatch, "<job name>-<job id>" (so any name ending in "-$SLURM_JOB_ID"), and must
 # belong to the job's user. No such process: nothing to do, exit 0. The Epilog never fails
 # (a failing Epilog drains the node): problems are logged.

@@ -36,6 +36,10 @@ WORKLOADS_BIN = WORKLOADS_DIR / "bin"
 
 NOBODY = 65534
 CTL_TIMEOUT_S = 90.0
+TEST_CGROUPS = f"/ckptd-tests-{os.getpid()}"
+"""This session's cgroup (v2 path): each daemon's ``jobs_cgroup`` is a child of it (never
+the default /ckptd-jobs of the host); removed when the session's process exits
+(``remove_test_cgroups``)."""
 
 
 # ---- /proc ------------------------------------------------------------------------------------
@@ -398,6 +402,43 @@ def wait_for_lines(path: Path, n: int, timeout: float = 15.0) -> list[str]:
     raise AssertionError(f"{path} has {len(lines)} lines after {timeout:g}s, wanted {n}")
 
 
+# ---- cgroups ---------------------------------------------------------------------------------
+
+
+def cgroup_v2_mount() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted at its root (as the daemon finds it)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if " - cgroup2 " in line and fields[3] == "/":
+            return Path(fields[4])
+    return None
+
+
+def cgroup_of(pid: int) -> str:
+    """The ``0::`` path of /proc/PID/cgroup."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    raise AssertionError(f"pid {pid} is in no cgroup v2")
+
+
+def remove_test_cgroups() -> None:
+    """Remove ``TEST_CGROUPS`` and everything below it that is empty (deepest first)."""
+    mount = cgroup_v2_mount()
+    if mount is None:
+        return
+    top = mount / TEST_CGROUPS.lstrip("/")
+    if not top.is_dir():
+        return
+    dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    for d in [*dirs, top]:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+atexit.register(remove_test_cgroups)  # every tier whose daemons come from here
+
+
 # ---- the daemon and the CLI -------------------------------------------------------------------
 
 
@@ -535,6 +576,9 @@ class Daemon:
             str(CKPTD), "--socket", str(self.socket), "--store", str(self.store),
             "--state-dir", str(self.state_dir), *extra,
         ]
+        self.jobs_cgroup = f"{TEST_CGROUPS}/{root.name}"
+        if "--jobs-cgroup" not in extra and "jobs_cgroup" not in (config or {}):
+            args += ["--jobs-cgroup", self.jobs_cgroup]
         if config:
             conf = root / "ckptd.toml"
             conf.write_text(

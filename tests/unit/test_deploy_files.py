@@ -191,11 +191,17 @@ def test_daemonset() -> None:
     assert spec["hostPID"] is True
     (container,) = spec["containers"]
     assert container["securityContext"]["privileged"] is True
+    # the host's cgroup namespace and hierarchy: restored jobs go into their callers' pods'
+    # cgroups (or /ckptd-jobs), never this pod's (docs/adr/0010)
     assert container["command"] == [
-        "ckptd", "--socket", "/run/ckptd/ckptd.sock", "--store", "/var/lib/ckptd"
+        "nsenter", "--cgroup=/proc/1/ns/cgroup", "--",
+        "ckptd", "--socket", "/run/ckptd/ckptd.sock", "--store", "/var/lib/ckptd",
+        "--cgroup-fs", "/host/sys/fs/cgroup",
     ]
-    host_paths = {v["hostPath"]["path"] for v in spec["volumes"]}
-    assert {"/var/lib/ckptd", "/run/ckptd", "/dev/shm"} <= host_paths
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    assert {"/var/lib/ckptd", "/run/ckptd", "/dev/shm"} <= set(host_paths.values())
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert (host_paths["cgroup"], mounts["cgroup"]) == ("/sys/fs/cgroup", "/host/sys/fs/cgroup")
     assert any(t.get("key") == "nvidia.com/gpu" for t in spec["tolerations"])
     assert "ckptctl" in container["livenessProbe"]["exec"]["command"]
 

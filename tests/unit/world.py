@@ -10,6 +10,9 @@ Processes of the base table::
     1000  job        uid 1000         USER's job, children 1001, 1002
     2000  other      uid 2000         OTHER's job, child 2001
     3000  mixed      uid 1000         child 3001 owned by uid 2000
+
+Cgroups (``world.cgroups``): every process of the table in ``DAEMON_CGROUP``; the callers
+``USER`` and ``OTHER`` (processes of no table) in ``USER_CGROUP`` and ``OTHER_CGROUP``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ckptd.domain import (
 )
 from ckptd.domain.model import ROOT
 from ckptd.testing import (
+    FakeCgroups,
     FakeClock,
     FakeCriu,
     FakeGpu,
@@ -54,6 +58,9 @@ JOB = 1000
 JOB_TREE = (1000, 1001, 1002)
 OTHER_JOB = 2000
 MIXED_JOB = 3000
+DAEMON_CGROUP = "/system.slice/ckptd.service"
+USER_CGROUP = "/user.slice/user-1000.slice/session-4.scope"
+OTHER_CGROUP = "/slurm/job_42/step_0"
 
 
 class ProgrammableHooks(CriuHooks):
@@ -114,6 +121,7 @@ class World:
     gpu: FakeGpu | None = None
     node: FakeNodeInspector = field(default_factory=FakeNodeInspector)
     files: FakeJobFiles = field(default_factory=FakeJobFiles)
+    cgroups: FakeCgroups = field(default_factory=FakeCgroups)
 
     def dump(
         self, pid: int = JOB, caller: Caller = ROOT, *, leave_running: bool = False,
@@ -183,14 +191,20 @@ def make_world(
     gpu: bool = False,
     file_capture_limit: int = 8 << 30,
     file_capture_oversize: str = "refuse",
+    jobs_cgroup: str = "/ckptd-jobs",
+    place_cgroups: bool = True,
 ) -> World:
     """``gpu``: give the daemon GPU support (a ``FakeGpu`` over the world's processes, clock
-    and events, as ``world.gpu``); False: a daemon without GPU support."""
+    and events, as ``world.gpu``); False: a daemon without GPU support. ``place_cgroups``
+    False: the restore recipe has no ``Cgroups`` port (a node without cgroup v2)."""
     events: list[str] = []
     clock = FakeClock()
     processes = FakeProcessTable(kill_mode="free", events=events)
     base_processes(processes)
-    criu = FakeCriu(processes, clock=clock, events=events)
+    cgroups = FakeCgroups(processes, default=DAEMON_CGROUP, events=events)
+    cgroups.spawn(USER.pid or 0, USER_CGROUP)
+    cgroups.spawn(OTHER.pid or 0, OTHER_CGROUP)
+    criu = FakeCriu(processes, clock=clock, events=events, cgroups=cgroups)
     store = MemoryStore(tmp / "store", events=events)
     journal = MemoryJournal(events=events)
     stdio = FakeStdioProvider(events=events)
@@ -204,6 +218,7 @@ def make_world(
         keep_work_dirs=keep_work_dirs,
         file_capture_limit=file_capture_limit,
         file_capture_oversize=file_capture_oversize,
+        jobs_cgroup=jobs_cgroup,
     )
     files = FakeJobFiles(events=events)
     fake_gpu = FakeGpu(processes=processes, clock=clock, events=events) if gpu else None
@@ -216,12 +231,13 @@ def make_world(
     restore_recipe = RestoreRecipe(
         criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,
         hooks=hooks, gpu=gpu_steps, node=node, files=files,
+        cgroups=cgroups if place_cgroups else None,
     )
     world = World(
         tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,
         journal=journal, stdio=stdio, hooks=hooks, config=config, dump_recipe=dump_recipe,
         restore_recipe=restore_recipe, service=None,  # type: ignore[arg-type]
-        gpu=fake_gpu, node=node, files=files,
+        gpu=fake_gpu, node=node, files=files, cgroups=cgroups,
     )
     world.service = make_service(world)
     return world

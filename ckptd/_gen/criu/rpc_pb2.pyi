@@ -43,6 +43,31 @@ NFTABLES: criu_network_lock_method.ValueType  # 2
 SKIP: criu_network_lock_method.ValueType  # 3
 Global___criu_network_lock_method: _TypeAlias = criu_network_lock_method  # noqa: Y015
 
+class _criu_cg_mode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _criu_cg_modeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_criu_cg_mode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    IGNORE: _criu_cg_mode.ValueType  # 0
+    CG_NONE: _criu_cg_mode.ValueType  # 1
+    PROPS: _criu_cg_mode.ValueType  # 2
+    SOFT: _criu_cg_mode.ValueType  # 3
+    FULL: _criu_cg_mode.ValueType  # 4
+    STRICT: _criu_cg_mode.ValueType  # 5
+    DEFAULT: _criu_cg_mode.ValueType  # 6
+
+class criu_cg_mode(_criu_cg_mode, metaclass=_criu_cg_modeEnumTypeWrapper): ...
+
+IGNORE: criu_cg_mode.ValueType  # 0
+CG_NONE: criu_cg_mode.ValueType  # 1
+PROPS: criu_cg_mode.ValueType  # 2
+SOFT: criu_cg_mode.ValueType  # 3
+FULL: criu_cg_mode.ValueType  # 4
+STRICT: criu_cg_mode.ValueType  # 5
+DEFAULT: criu_cg_mode.ValueType  # 6
+Global___criu_cg_mode: _TypeAlias = criu_cg_mode  # noqa: Y015
+
 class _criu_req_type:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -156,6 +181,7 @@ class criu_opts(_message.Message):
     LINK_REMAP_FIELD_NUMBER: _builtins.int
     RST_SIBLING_FIELD_NUMBER: _builtins.int
     INHERIT_FD_FIELD_NUMBER: _builtins.int
+    MANAGE_CGROUPS_MODE_FIELD_NUMBER: _builtins.int
     EXTERNAL_FIELD_NUMBER: _builtins.int
     FREEZE_CGROUP_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
@@ -181,6 +207,7 @@ class criu_opts(_message.Message):
     work_dir_fd: _builtins.int
     link_remap: _builtins.bool
     rst_sibling: _builtins.bool
+    manage_cgroups_mode: Global___criu_cg_mode.ValueType
     freeze_cgroup: _builtins.str
     timeout: _builtins.int
     tcp_close: _builtins.bool
@@ -216,6 +243,7 @@ class criu_opts(_message.Message):
         link_remap: _builtins.bool | None = ...,
         rst_sibling: _builtins.bool | None = ...,
         inherit_fd: _abc.Iterable[Global___inherit_fd] | None = ...,
+        manage_cgroups_mode: Global___criu_cg_mode.ValueType | None = ...,
         external: _abc.Iterable[_builtins.str] | None = ...,
         freeze_cgroup: _builtins.str | None = ...,
         timeout: _builtins.int | None = ...,
@@ -224,9 +252,9 @@ class criu_opts(_message.Message):
         leave_stopped: _builtins.bool | None = ...,
         display_stats: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["auto_dedup", b"auto_dedup", "display_stats", b"display_stats", "evasive_devices", b"evasive_devices", "ext_unix_sk", b"ext_unix_sk", "file_locks", b"file_locks", "freeze_cgroup", b"freeze_cgroup", "images_dir_fd", b"images_dir_fd", "leave_running", b"leave_running", "leave_stopped", b"leave_stopped", "link_remap", b"link_remap", "log_file", b"log_file", "log_level", b"log_level", "network_lock", b"network_lock", "notify_scripts", b"notify_scripts", "parent_img", b"parent_img", "pid", b"pid", "ps", b"ps", "root", b"root", "rst_sibling", b"rst_sibling", "shell_job", b"shell_job", "tcp_close", b"tcp_close", "tcp_established", b"tcp_established", "timeout", b"timeout", "track_mem", b"track_mem", "work_dir_fd", b"work_dir_fd"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["auto_dedup", b"auto_dedup", "display_stats", b"display_stats", "evasive_devices", b"evasive_devices", "ext_unix_sk", b"ext_unix_sk", "file_locks", b"file_locks", "freeze_cgroup", b"freeze_cgroup", "images_dir_fd", b"images_dir_fd", "leave_running", b"leave_running", "leave_stopped", b"leave_stopped", "link_remap", b"link_remap", "log_file", b"log_file", "log_level", b"log_level", "manage_cgroups_mode", b"manage_cgroups_mode", "network_lock", b"network_lock", "notify_scripts", b"notify_scripts", "parent_img", b"parent_img", "pid", b"pid", "ps", b"ps", "root", b"root", "rst_sibling", b"rst_sibling", "shell_job", b"shell_job", "tcp_close", b"tcp_close", "tcp_established", b"tcp_established", "timeout", b"timeout", "track_mem", b"track_mem", "work_dir_fd", b"work_dir_fd"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_dedup", b"auto_dedup", "display_stats", b"display_stats", "evasive_devices", b"evasive_devices", "ext_unix_sk", b"ext_unix_sk", "external", b"external", "file_locks", b"file_locks", "freeze_cgroup", b"freeze_cgroup", "images_dir_fd", b"images_dir_fd", "inherit_fd", b"inherit_fd", "leave_running", b"leave_running", "leave_stopped", b"leave_stopped", "link_remap", b"link_remap", "log_file", b"log_file", "log_level", b"log_level", "network_lock", b"network_lock", "notify_scripts", b"notify_scripts", "parent_img", b"parent_img", "pid", b"pid", "ps", b"ps", "root", b"root", "rst_sibling", b"rst_sibling", "shell_job", b"shell_job", "tcp_close", b"tcp_close", "tcp_established", b"tcp_established", "timeout", b"timeout", "track_mem", b"track_mem", "work_dir_fd", b"work_dir_fd"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_dedup", b"auto_dedup", "display_stats", b"display_stats", "evasive_devices", b"evasive_devices", "ext_unix_sk", b"ext_unix_sk", "external", b"external", "file_locks", b"file_locks", "freeze_cgroup", b"freeze_cgroup", "images_dir_fd", b"images_dir_fd", "inherit_fd", b"inherit_fd", "leave_running", b"leave_running", "leave_stopped", b"leave_stopped", "link_remap", b"link_remap", "log_file", b"log_file", "log_level", b"log_level", "manage_cgroups_mode", b"manage_cgroups_mode", "network_lock", b"network_lock", "notify_scripts", b"notify_scripts", "parent_img", b"parent_img", "pid", b"pid", "ps", b"ps", "root", b"root", "rst_sibling", b"rst_sibling", "shell_job", b"shell_job", "tcp_close", b"tcp_close", "tcp_established", b"tcp_established", "timeout", b"timeout", "track_mem", b"track_mem", "work_dir_fd", b"work_dir_fd"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -181,9 +181,12 @@ class CriuSwrk:
                 opts.tcp_close = True
             if job.leave_stopped:
                 opts.leave_stopped = True
+            if not job.restore_cgroups:
+                opts.manage_cgroups_mode = rpc_pb2.IGNORE
             req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
             fds = (images_fd, work_fd, *(i.fd for i in job.inherit_fds))
-            resp = self._call(req, hooks, fds, job.work_dir / "restore.log", "restore", None)
+            resp = self._call(req, hooks, fds, job.work_dir / "restore.log", "restore", None,
+                              started=hooks.criu_started)
         return int(resp.restore.pid)
 
     def _opts(
@@ -221,7 +224,11 @@ class CriuSwrk:
         log_path: Path,
         what: str,
         pid: int | None,
+        started: Callable[[int], None] | None = None,
     ) -> rpc_pb2.criu_resp:
+        """Run one CRIU for ``req``. ``started(criu's pid)`` runs before CRIU is sent the
+        request (it waits for it, having done nothing yet); if it raises, CRIU is sent nothing
+        and exits, and the error is raised as CriuFailed (its cause kept)."""
         status = self.status()
         if not status.ok:
             raise CriuUnavailable(status.message, pid=pid)
@@ -243,6 +250,8 @@ class CriuSwrk:
                     raise CriuUnavailable(f"cannot start {self._path}: {exc}", pid=pid) from exc
             theirs.close()
             try:
+                if started is not None:
+                    _run_started(started, proc.pid, what, log_path, pid)
                 resp = self._converse(ours, req, hooks, what, log_path, pid)
             finally:
                 ours.close()
@@ -301,6 +310,17 @@ class CriuSwrk:
             f"CRIU {what} failed: {detail}", errno=errno, log_tail=tail,
             log_path=str(log_path), pid=pid, hint=f"see {log_path}",
         )
+
+
+def _run_started(
+    started: Callable[[int], None], criu_pid: int, what: str, log_path: Path, pid: int | None
+) -> None:
+    try:
+        started(criu_pid)
+    except Exception as exc:
+        log.exception("hook criu_started failed")
+        raise CriuFailed(f"CRIU {what} aborted before it began: {exc}",
+                         log_path=str(log_path), pid=pid, hint="") from exc
 
 
 def _receive(sock: socket.socket) -> rpc_pb2.criu_resp | None:
