@@ -1,0 +1,43 @@
+"""A container init standing in for ``ckptctl run`` where the daemon is not involved:
+``pid1.py -- CMD ...`` starts CMD in a session of its own and exits with its status;
+``pid1.py --adopt`` starts nothing and waits for a child to be given to it (a tree restored
+into its pid namespace is reparented to it when CRIU exits), then exits with its status.
+Either way it reaps every other orphan, as an init must."""
+
+import os
+import sys
+import time
+
+
+def status(wait_status: int) -> int:
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    job = 0
+    if args[:1] == ["--adopt"]:
+        print(f"pid1: {os.getpid()} waiting for a child", file=sys.stderr, flush=True)
+    else:
+        if args[:1] == ["--"]:
+            args = args[1:]
+        job = os.fork()
+        if job == 0:
+            os.setsid()
+            os.execvp(args[0], args)
+    while True:
+        try:
+            pid, wait_status = os.wait()
+        except ChildProcessError:
+            time.sleep(0.02)
+            continue
+        if job == 0:
+            job = pid  # the first adopted child is the job
+        if pid == job:
+            return status(wait_status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
