@@ -5,7 +5,8 @@ deleted, container B is started, the job is restored into B's namespaces, cgroup
 filesystem, continues bit for bit, and B exits with the job's status.
 
     scripts/proto_container_restore.py [--work DIR] [--steps N] [--interval-ms MS]
-        [--dump-after-step K] [--exit-status S] [--no-preload] [--json]
+        [--dump-after-step K] [--exit-status S] [--no-preload] [--job writer|tcp] [--podman]
+        [--json]
 
 Root, CRIU >= 4.1 and runc or crun ($CKPTD_TEST_RUNTIME picks one). Prints what it saw of the
 restored job and the timings; exits 0 when everything held. See docs/design/containers.md.
@@ -34,12 +35,18 @@ def main() -> int:
     parser.add_argument("--no-preload", action="store_true",
                         help="CRIU from the container's root filesystem (nsenter --mount), not "
                         "loaded from the node then moved in")
+    parser.add_argument("--job", choices=("writer", "tcp"), default="writer",
+                        help="writer: log + state file + stdout; tcp: a loopback TCP pair in "
+                        "the container (dumped established)")
+    parser.add_argument("--podman", action="store_true",
+                        help="podman run --rootfs instead of runc/crun with a bundle")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ckptd-proto-") as tmp:
         flow = Flow(work=args.work or Path(tmp), steps=args.steps, interval_ms=args.interval_ms,
                     dump_after_step=args.dump_after_step, exit_status=args.exit_status,
-                    preload=not args.no_preload)
+                    preload=not args.no_preload, job=args.job,
+                    engine="podman" if args.podman else "oci")
         try:
             seen = flow.run()
         except FlowError as exc:

@@ -162,7 +162,15 @@ def podman_argv(spec: ContainerSpec, name: str) -> list[str]:
     """``podman run --rootfs`` for the same container (no image, no registry)."""
     argv = ["podman", "run", "--rm", "--name", name, "--hostname", spec.hostname,
             "--network", "none", "--cgroupns", "private", "--ipc", "private",
-            "--pid", "private", "--read-only", "--tmpfs", "/tmp"]
+            "--pid", "private", "--read-only", "--tmpfs", "/tmp",
+            # our own limits: podman raises RLIMIT_NOFILE (and NPROC) by default, which
+            # needs CAP_SYS_RESOURCE (these machines' root lacks it)
+            *_podman_ulimits()]
+    rt = runtime()
+    if rt is not None:
+        argv += ["--runtime", rt]  # Debian's podman picks crun, which refuses hybrid cgroups
+    for hidden in spec.hide:
+        argv += ["--tmpfs", f"{hidden}:ro,size=4k,notmpcopyup"]
     for source, dest in host_binds():
         argv += ["-v", f"{source}:{dest}:ro"]
     for source, dest in spec.volumes.items():
@@ -173,6 +181,18 @@ def podman_argv(spec: ContainerSpec, name: str) -> list[str]:
     if spec.cgroups_path:
         argv += ["--cgroup-parent", os.path.dirname("/" + spec.cgroups_path.strip("/"))]
     return [*argv, "--rootfs", str(spec.rootfs), *spec.args]
+
+
+def _podman_ulimits() -> list[str]:
+    """Limits podman may set: ours for open files, a modest one for processes. Podman raises
+    both by default, which needs CAP_SYS_RESOURCE (these machines' root lacks it; seen: any
+    nproc from 65536 up refused, even below our hard limit)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    argv = ["--ulimit", "nproc=4096:4096"]
+    if resource.RLIM_INFINITY not in (soft, hard):
+        argv += ["--ulimit", f"nofile={soft}:{hard}"]
+    return argv
 
 
 def runtime() -> str | None:

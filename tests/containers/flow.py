@@ -38,9 +38,10 @@ from ckptd.adapters.criu.containers import (
 )
 
 from .bundle import CHECKOUT, ContainerSpec, build_rootfs
-from .runtime import OciContainer
+from .runtime import OciContainer, PodmanContainer
 
 WRITER = CHECKOUT / "tests" / "integration" / "jobs" / "writer.py"
+TCP_PAIR = CHECKOUT / "tests" / "integration" / "jobs" / "tcp_pair.py"
 PID1 = CHECKOUT / "tests" / "containers" / "jobs" / "pid1.py"
 SHIM_DIR = CHECKOUT / "native" / "enter-mntns"
 SHIM = SHIM_DIR / "bin" / "ckptd_enter_mntns.so"
@@ -81,6 +82,13 @@ class Flow:
     """CRIU enters the mount namespace after being loaded from the node (``SHIM``); the
     containers then hide /usr/local/sbin: no CRIU in their root filesystem."""
     pid_base: int = PID_BASE
+    engine: str = "oci"
+    """``oci``: runc or crun with a bundle (``bundle.runtime()``); ``podman``: ``podman run
+    --rootfs`` (with the same OCI runtime)."""
+    job: str = "writer"
+    """``writer`` (a log, a state file, stdout) or ``tcp`` (two processes talking TCP over
+    the container's loopback: dumped established, the network locked by nftables in the
+    container's network namespace)."""
     prefix: str = field(default_factory=lambda: f"ckptd-ct-{os.getpid()}")
     timings: dict[str, float] = field(default_factory=dict)
     facts: dict[str, object] = field(default_factory=dict)
@@ -98,9 +106,13 @@ class Flow:
         return self.work / "images"
 
     def job_argv(self) -> list[str]:
-        """The job: a tree (sh, then the writer), exiting with ``exit_status``."""
-        return ["sh", "-c", f"python3 {WRITER} /data {self.steps} {self.interval_ms}; "
-                            f"exit {self.exit_status}"]
+        """The job: a tree (sh, then the writer or the TCP pair), exiting with
+        ``exit_status``."""
+        if self.job == "tcp":
+            run = f"python3 {TCP_PAIR} {self.steps} {self.interval_ms}"
+        else:
+            run = f"python3 {WRITER} /data {self.steps} {self.interval_ms}"
+        return ["sh", "-c", f"{run}; exit {self.exit_status}"]
 
     def spec(self, name: str, args: list[str]) -> ContainerSpec:
         return ContainerSpec(
@@ -110,7 +122,8 @@ class Flow:
             hide=("/usr/local/sbin",) if self.preload else ())
 
     def container(self, name: str, args: list[str]) -> OciContainer:
-        return OciContainer(f"{self.prefix}-{name}", self.work / name, self.spec(name, args))
+        kind = PodmanContainer if self.engine == "podman" else OciContainer
+        return kind(f"{self.prefix}-{name}", self.work / name, self.spec(name, args))
 
     # ---- the steps ---------------------------------------------------------------------
 
@@ -126,14 +139,19 @@ class Flow:
             build_shim()
 
     def start_a(self) -> OciContainer:
-        """Container A running the job under a stand-in for ``ckptctl run``, its pid
-        counter moved past ``pid_base`` before the job starts."""
-        a = self.container("a", ["python3", str(PID1), "--", *self.job_argv()])
-        init = a.create()
+        """Container A running the job under a stand-in for ``ckptctl run``, which waits
+        until A's pid counter is moved past ``pid_base`` before it starts the job."""
+        go = self.data / ".go"
+        go.unlink(missing_ok=True)
+        a = self.container("a", ["python3", str(PID1), "--wait-for", "/data/.go", "--",
+                                 *self.job_argv()])
+        init = a.run()
         with Container.open(init) as ns:
-            ns.set_last_pid(self.pid_base)
-        a.start()
+            if self.pid_base:
+                ns.set_last_pid(self.pid_base)
+        go.touch()
         a.wait_for_output(f"step {self.dump_after_step} ", timeout=30)
+        go.unlink()
         return a
 
     def checkpoint(self, a: OciContainer) -> CriuResult:
@@ -150,7 +168,8 @@ class Flow:
             self.facts["a_namespaces"] = dict(ns.inodes)
             self.facts["a_stdio"] = stdio_pipes(job)
             result = criu_dump(ns, criu_binary(), self.images, ns_pid,
-                               preload=SHIM if self.preload else None)
+                               preload=SHIM if self.preload else None,
+                               tcp_established=self.job == "tcp")
         self.timings["dump_s"] = result.seconds
         if result.returncode != 0:
             raise FlowError(f"dump failed ({result.returncode}): {result.first_error()}")
@@ -185,7 +204,8 @@ class Flow:
             try:
                 inherit = {key: ours[fd] for fd, key in stdio.items()}
                 result = criu_restore(ns, criu_binary(), self.images,
-                                      preload=SHIM if self.preload else None, inherit=inherit)
+                                      preload=SHIM if self.preload else None, inherit=inherit,
+                                      tcp_established=self.job == "tcp")
             finally:
                 for fd in ours.values():
                     os.close(fd)
@@ -217,10 +237,15 @@ class Flow:
         }
 
     def reference(self) -> tuple[bytes, bytes, bytes]:
-        """stdout, train.log and state.bin of an uninterrupted run of the writer."""
+        """stdout, train.log and state.bin of an uninterrupted run of the job (the TCP pair
+        writes no files: b"", b"")."""
         ref = self.work / "reference"
         shutil.rmtree(ref, ignore_errors=True)
         ref.mkdir()
+        if self.job == "tcp":
+            out = subprocess.run([sys.executable, str(TCP_PAIR), str(self.steps), "0"],
+                                 capture_output=True, check=True).stdout
+            return out, b"", b""
         out = subprocess.run([sys.executable, str(WRITER), str(ref), str(self.steps), "0"],
                              capture_output=True, check=True).stdout
         return out, (ref / "train.log").read_bytes(), (ref / "state.bin").read_bytes()
@@ -245,8 +270,10 @@ class Flow:
             out, log, state = self.reference()
             got = a.out.read_bytes() + b.out.read_bytes()
             self.facts["stdout_equal"] = got == out
-            self.facts["log_equal"] = (self.data / "train.log").read_bytes() == log
-            self.facts["state_equal"] = (self.data / "state.bin").read_bytes() == state
+            written = [self.data / "train.log", self.data / "state.bin"]
+            log_now, state_now = (p.read_bytes() if p.exists() else b"" for p in written)
+            self.facts["log_equal"] = log_now == log
+            self.facts["state_equal"] = state_now == state
             self.facts["b_stderr"] = b.err.read_text(errors="replace").strip()
         except ContainerError as exc:
             raise FlowError(str(exc)) from exc

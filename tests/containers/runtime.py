@@ -152,3 +152,57 @@ def _copy(stream: IO[bytes], path: Path) -> None:
             sink.write(chunk)
     stream.close()
 
+
+
+class PodmanContainer(OciContainer):
+    """The same container under ``podman run --rootfs`` (attached, ``--log-driver
+    passthrough``: its stdio is our pipe; podman's own OCI runtime makes it)."""
+
+    def __post_init__(self) -> None:
+        self.bundle.mkdir(parents=True, exist_ok=True)
+        self.out = self.bundle / "stdout"
+        self.err = self.bundle / "stderr"
+
+    def create(self) -> int:
+        raise NotImplementedError("podman: use run (the job waits with pid1.py --wait-for)")
+
+    def run(self) -> int:
+        from .bundle import podman_argv
+
+        self._reset()
+        argv = podman_argv(self.spec, self.name)
+        at = argv.index("--rootfs")
+        argv[at:at] = ["--log-driver", "passthrough"]
+        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+        self._pump(self._proc)
+        return self.init_pid()
+
+    def init_pid(self, wait_s: float = 20.0) -> int:
+        deadline = time.monotonic() + wait_s
+        while True:
+            done = subprocess.run(["podman", "inspect", "--format", "{{.State.Pid}}",
+                                   self.name], capture_output=True, text=True, check=False,
+                                  timeout=30)
+            if done.returncode == 0 and done.stdout.strip() not in ("", "0"):
+                return int(done.stdout.strip())
+            exited = self._proc is not None and self._proc.poll() is not None
+            if exited or time.monotonic() > deadline:
+                raise RuntimeError_(f"podman container {self.name}: no init pid after "
+                                    f"{wait_s}s ({self._stderr_tail()})")
+            time.sleep(0.05)
+
+    def status(self) -> str:
+        done = subprocess.run(["podman", "inspect", "--format", "{{.State.Status}}",
+                               self.name], capture_output=True, text=True, check=False,
+                              timeout=30)
+        return done.stdout.strip() if done.returncode == 0 else "absent"
+
+    def delete(self) -> None:
+        subprocess.run(["podman", "rm", "--force", "--time", "0", self.name],
+                       capture_output=True, check=False, timeout=60)
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()

@@ -1,5 +1,7 @@
 """A container init standing in for ``ckptctl run`` where the daemon is not involved:
 ``pid1.py -- CMD ...`` starts CMD in a session of its own and exits with its status;
+``pid1.py --wait-for PATH -- CMD ...`` first waits for PATH to exist (the test moves the
+pid namespace's pid counter meanwhile, as the daemon would for ``ckptctl run``);
 ``pid1.py --adopt`` starts nothing and waits for a child to be given to it (a tree restored
 into its pid namespace is reparented to it when CRIU exits), then exits with its status.
 Either way it reaps every other orphan, as an init must."""
@@ -21,6 +23,10 @@ def main() -> int:
     if args[:1] == ["--adopt"]:
         print(f"pid1: {os.getpid()} waiting for a child", file=sys.stderr, flush=True)
     else:
+        if args[:1] == ["--wait-for"]:
+            while not os.path.exists(args[1]):
+                time.sleep(0.01)
+            args = args[2:]
         if args[:1] == ["--"]:
             args = args[1:]
         job = os.fork()
