@@ -82,6 +82,10 @@ class Flow:
     """CRIU enters the mount namespace after being loaded from the node (``SHIM``); the
     containers then hide /usr/local/sbin: no CRIU in their root filesystem."""
     pid_base: int = PID_BASE
+    decoys: int = 0
+    """Sleeping children B's init starts first (pids 2.., as ckptctl run's threads)."""
+    rootfs_dir: Path | None = None
+    """A root filesystem shared between flows (default: ``work/rootfs``)."""
     engine: str = "oci"
     """``oci``: runc or crun with a bundle (``bundle.runtime()``); ``podman``: ``podman run
     --rootfs`` (with the same OCI runtime)."""
@@ -95,7 +99,7 @@ class Flow:
 
     @property
     def rootfs(self) -> Path:
-        return self.work / "rootfs"
+        return self.rootfs_dir or self.work / "rootfs"
 
     @property
     def data(self) -> Path:
@@ -185,20 +189,25 @@ class Flow:
     def start_b(self) -> OciContainer:
         """Container B: a new init waiting for the job (``pid1.py --adopt``), run in the
         foreground so that its exit status is the runtime's."""
-        b = self.container("b", ["python3", str(PID1), "--adopt"])
+        decoys = ["--decoys", str(self.decoys)] if self.decoys else []
+        b = self.container("b", ["python3", str(PID1), "--adopt", *decoys])
         b.run()
         return b
 
-    def restore_into(self, b: OciContainer) -> tuple[CriuResult, int]:
+    def restore_into(self, b: OciContainer, *, check_pids: bool = True) -> tuple[CriuResult, int]:
         """CRIU run inside B restores the job there; returns CRIU's result and the node pid
-        of the restored root."""
+        of the restored root. ``check_pids=False`` skips the check that the image's pids are
+        free in B (to see what CRIU says)."""
         init = b.init_pid()
+        if self.decoys:
+            b.wait_for_output_err("waiting for a child", timeout=20)
         stdio = self.facts["a_stdio"]
         assert isinstance(stdio, dict)
         with Container.open(init) as ns:
             pids = image_pids(self.images)
             started = time.monotonic()
-            make_pids_free(ns, pids)
+            if check_pids:
+                make_pids_free(ns, pids)
             self.timings["pids_free_s"] = time.monotonic() - started
             ours = open_stdio_of(init, sorted(stdio))
             try:

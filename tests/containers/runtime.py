@@ -52,7 +52,9 @@ class OciContainer:
                     return int(text)
             except OSError:
                 pass
-            if time.monotonic() > deadline:
+            exited = self._proc is not None and self._proc.poll() is not None
+            if exited or time.monotonic() > deadline:
+                time.sleep(0.1)  # its stderr
                 raise RuntimeError_(f"container {self.name}: no init pid after {wait_s}s "
                                     f"({self._stderr_tail()})")
             time.sleep(0.01)
@@ -126,10 +128,18 @@ class OciContainer:
 
     def wait_for_output(self, text: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while text not in self.out.read_text(errors="replace"):
+        while text not in _read(self.out):
             if time.monotonic() > deadline:
                 raise RuntimeError_(f"container {self.name}: {text!r} not printed in "
                                     f"{timeout}s; stderr: {self._stderr_tail()}")
+            time.sleep(0.02)
+
+    def wait_for_output_err(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in _read(self.err):
+            if time.monotonic() > deadline:
+                raise RuntimeError_(f"container {self.name}: {text!r} not on stderr in "
+                                    f"{timeout}s: {self._stderr_tail()}")
             time.sleep(0.02)
 
     def _pump(self, proc: subprocess.Popen[bytes]) -> None:
@@ -144,6 +154,13 @@ class OciContainer:
             return " | ".join(self.err.read_text(errors="replace").strip().splitlines()[-3:])
         except OSError:
             return ""
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def _copy(stream: IO[bytes], path: Path) -> None:

@@ -2,8 +2,10 @@
 ``pid1.py -- CMD ...`` starts CMD in a session of its own and exits with its status;
 ``pid1.py --wait-for PATH -- CMD ...`` first waits for PATH to exist (the test moves the
 pid namespace's pid counter meanwhile, as the daemon would for ``ckptctl run``);
-``pid1.py --adopt`` starts nothing and waits for a child to be given to it (a tree restored
-into its pid namespace is reparented to it when CRIU exits), then exits with its status.
+``pid1.py --adopt [--decoys N]`` starts nothing and waits for a child to be given to it (a
+tree restored into its pid namespace is reparented to it when CRIU exits), then exits with its
+status; with ``--decoys N`` it first starts N sleeping children, holding the lowest pids as
+``ckptctl run``'s own threads would.
 Either way it reaps every other orphan, as an init must."""
 
 import os
@@ -20,8 +22,16 @@ def status(wait_status: int) -> int:
 def main() -> int:
     args = sys.argv[1:]
     job = 0
+    decoys: list[int] = []
     if args[:1] == ["--adopt"]:
-        print(f"pid1: {os.getpid()} waiting for a child", file=sys.stderr, flush=True)
+        for _ in range(int(args[2]) if args[1:2] == ["--decoys"] else 0):
+            pid = os.fork()
+            if pid == 0:
+                while True:
+                    time.sleep(3600)
+            decoys.append(pid)
+        print(f"pid1: {os.getpid()} waiting for a child (decoys {decoys})", file=sys.stderr,
+              flush=True)
     else:
         if args[:1] == ["--wait-for"]:
             while not os.path.exists(args[1]):
@@ -39,9 +49,11 @@ def main() -> int:
         except ChildProcessError:
             time.sleep(0.02)
             continue
-        if job == 0:
+        if job == 0 and pid not in decoys:
             job = pid  # the first adopted child is the job
         if pid == job:
+            for decoy in decoys:
+                os.kill(decoy, 9)
             return status(wait_status)
 
 
