@@ -171,6 +171,9 @@ class Flow:
             self.facts["a_job_ns_pid"] = ns_pid
             self.facts["a_namespaces"] = dict(ns.inodes)
             self.facts["a_stdio"] = stdio_pipes(job)
+            self.facts["a_seccomp"] = int(next(
+                ln.split()[1] for ln in Path(f"/proc/{job}/status").read_text().splitlines()
+                if ln.startswith("Seccomp:")))
             result = criu_dump(ns, criu_binary(), self.images, ns_pid,
                                preload=SHIM if self.preload else None,
                                tcp_established=self.job == "tcp")
@@ -234,7 +237,9 @@ class Flow:
         status = Path(f"/proc/{root}/status").read_text()
         ppid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
         nspid = next(ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:"))
+        seccomp = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Seccomp:"))
         return {
+            "seccomp": int(seccomp),
             "ppid_is_b_init": ppid == b_init,
             "ns_pid": int(nspid[-1]),
             "namespaces_equal": {k: ns_inodes(root, (k,))[k] == ns_inodes(b_init, (k,))[k]

@@ -55,7 +55,8 @@ class OciContainer:
             exited = self._proc is not None and self._proc.poll() is not None
             if exited or time.monotonic() > deadline:
                 time.sleep(0.1)  # its stderr
-                raise RuntimeError_(f"container {self.name}: no init pid after {wait_s}s "
+                why = "the runtime exited" if exited else f"none after {wait_s}s"
+                raise RuntimeError_(f"container {self.name}: no init pid, {why} "
                                     f"({self._stderr_tail()})")
             time.sleep(0.01)
 

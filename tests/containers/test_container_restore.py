@@ -35,6 +35,7 @@ def assert_moved(seen: dict[str, object], flow: Flow) -> None:
     assert restored["root_equal"], seen
     assert restored["ppid_is_b_init"], seen
     assert restored["ns_pid"] == seen["a_job_ns_pid"], seen
+    assert restored["seccomp"] == seen["a_seccomp"], seen  # podman's default filter: 2
     assert seen["a_status_after_dump"] in ("stopped", "absent", "exited"), seen
     assert seen["b_exit_status"] == flow.exit_status, seen
     assert seen["stdout_equal"], seen
