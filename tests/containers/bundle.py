@@ -111,6 +111,9 @@ class ContainerSpec:
     cgroups_path: str = ""
     """cgroup (v2, relative to /sys/fs/cgroup) the runtime puts the container in."""
     cwd: str = "/"
+    node_binds: bool = True
+    """Bind the node's /usr, python, venv and checkout (False: a root filesystem of its own,
+    e.g. debootstrap's, with nothing of the node's)."""
     hide: Sequence[str] = ()
     """Paths of the node's binds hidden in the container by an empty read-only tmpfs (e.g.
     /usr/local/sbin: no CRIU in the container's root filesystem)."""
@@ -133,7 +136,7 @@ def oci_config(spec: ContainerSpec) -> dict[str, object]:
     assert isinstance(mounts, list)
     mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                    "options": ["nosuid", "nodev", "mode=1777"]})
-    for source, dest in host_binds():
+    for source, dest in host_binds() if spec.node_binds else ():
         mounts.append({"destination": str(dest), "type": "bind", "source": str(source),
                        "options": ["rbind", "ro"]})
     for source, dest in spec.volumes.items():

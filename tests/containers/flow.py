@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,12 +176,26 @@ class Flow:
             self.facts["a_seccomp"] = int(next(
                 ln.split()[1] for ln in Path(f"/proc/{job}/status").read_text().splitlines()
                 if ln.startswith("Seccomp:")))
-            result = criu_dump(ns, criu_binary(), self.images, ns_pid,
-                               preload=SHIM if self.preload else None,
-                               tcp_established=self.job == "tcp")
-        self.timings["dump_s"] = result.seconds
-        if result.returncode != 0:
-            raise FlowError(f"dump failed ({result.returncode}): {result.first_error()}")
+            # The tree is left stopped and killed only once CRIU has exited (as ckptd's dump
+            # recipe does): CRIU is a process of A's pid namespace, and A's init exits when
+            # its job dies, which makes the kernel kill every process of the namespace,
+            # CRIU included (seen: CRIU killed by SIGKILL after a complete dump).
+            tree = [os.pidfd_open(node) for p, node in ns.node_pids().items() if p != 1]
+            try:
+                result = criu_dump(ns, criu_binary(), self.images, ns_pid,
+                                   preload=SHIM if self.preload else None,
+                                   tcp_established=self.job == "tcp",
+                                   extra=["--leave-stopped"])
+                self.timings["dump_s"] = result.seconds
+                if result.returncode != 0:
+                    raise FlowError(f"dump failed ({result.returncode}): "
+                                    f"{result.first_error()}")
+                for fd in tree:
+                    with suppress(ProcessLookupError):
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+            finally:
+                for fd in tree:
+                    os.close(fd)
         return result
 
     def remove(self, c: OciContainer) -> None:
