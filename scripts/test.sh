@@ -3,6 +3,7 @@
 #   static:      ruff, mypy --strict, generated code up to date
 #   unit:        no root, no CRIU (fakes from ckptd.testing), contract suites
 #   integration: root + real CRIU on real processes, through the real daemon and CLI
+#   containers:  root, CRIU, runc/crun/podman (installed here): jobs moved between containers
 #   jobshapes:   real PyTorch jobs (DDP, DataLoader workers, Slurm) under the daemon: needs
 #                the pinned CPU wheel, installed here (scripts/install-torch.sh), not by setup.sh
 #   gpu:         only where an NVIDIA GPU is present (skipped, with the reason, elsewhere)
@@ -12,6 +13,21 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
 bash scripts/install-torch.sh .venv
+# the containers tier (tests/containers): OCI runtimes and podman from Debian 12, not needed
+# by the daemon itself (so not in setup.sh, which the demo runs)
+container_pkgs=()
+for p in runc crun podman; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
+        || container_pkgs+=("$p")
+done
+if [ ${#container_pkgs[@]} -gt 0 ]; then
+    echo "== installing ${container_pkgs[*]} (containers tier)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        "${container_pkgs[@]}" >/dev/null \
+        || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+             --no-install-recommends "${container_pkgs[@]}" >/dev/null; }
+fi
+make -s -C native/enter-mntns
 
 echo "== static checks"
 .venv/bin/ruff check ckptd tests scripts

@@ -1,8 +1,8 @@
 """Shared pytest set-up: the per-tier summary printed at the end of every run.
 
 Tiers are the directories under tests/: unit and contract (no root, no CRIU), integration
-(root + real CRIU), jobshapes (root, CRIU and PyTorch: real training jobs), system (the
-packaging: systemd unit, generated code), gpu (a GPU).
+(root + real CRIU), containers (root, CRIU and runc/crun/podman), jobshapes (root, CRIU and
+PyTorch: real training jobs), system (the packaging: systemd unit, generated code), gpu (a GPU).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     tr = terminalreporter
     tr.section("ckptd test tiers: what ran, what was skipped and why")
-    for tier in ("unit", "contract", "integration", "jobshapes", "system", "gpu",
+    for tier in ("unit", "contract", "integration", "containers", "jobshapes", "system", "gpu",
                  "workloads_selftest"):
         counts = _results.get(tier, Counter())
         if not counts:
