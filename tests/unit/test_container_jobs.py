@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from ckptd.core.ports import CriuPlacement
-from ckptd.errors import TargetRefused
+from ckptd.errors import PreconditionFailed, TargetRefused
 
 from .world import World
 
@@ -92,3 +92,16 @@ def test_the_container_init_itself_is_refused_as_before(world: World) -> None:
     with pytest.raises(TargetRefused) as info:
         world.dump(INIT)
     assert "mount namespace" in str(info.value)
+
+
+def test_a_container_checkpoint_is_not_restored_on_the_node(world: World) -> None:
+    """Its images are a plain tree with the container's pids (12, 13): restored by CRIU in
+    the daemon's namespaces they would clash with the node's or land outside any container.
+    Refused before CRIU runs, the checkpoint kept."""
+    _container(world)
+    record = world.dump(JOB)
+    with pytest.raises(PreconditionFailed) as info:
+        world.restore(checkpoint_id=record.id)
+    assert "is of a job in a container (pids 12, 13" in str(info.value)
+    assert world.criu.restore_jobs == []
+    assert [r.id for r in world.store.list()] == [record.id]

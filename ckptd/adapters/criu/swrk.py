@@ -221,6 +221,11 @@ class CriuSwrk:
                            f"dump of pid {job.pid}", job.pid, container=container,
                            notified_pid=node_pid,
                            env={**self._env(), "CRIU_LIBS_DIR": f"/proc/self/fd/{plugins_fd}"})
+            except CriuFailed as exc:  # its log is moved to the work directory (below)
+                if exc.log_path:
+                    exc.log_path = str(job.work_dir / "dump.log")
+                    exc.hint = f"see {exc.log_path}"
+                raise
             finally:
                 for name in ("dump.log", "dump.stderr", "stats-dump"):
                     with contextlib.suppress(OSError):
