@@ -114,6 +114,13 @@ def test_ckptctl_dump_of_a_job_in_a_container(setup: Setup, by: str) -> None:
         # by name the dump drains J (ckptctl run says so, 143); by pid it only kills the job
         assert a.wait(timeout=30) == (143 if by == "name" else 128 + 9)
         _check_checkpoint(setup, dump.out, job, ns_pid)
+        if by == "pid":  # the daemon does not restore it outside a container (not yet in one)
+            assert isinstance(dump.out, dict)
+            restore = run_ckptctl(setup.daemon.socket, "restore", dump.out["id"], timeout=60)
+            assert restore.rc != 0
+            assert "can only be restored inside a container" in restore.err, restore.err
+            shown = run_ckptctl(setup.daemon.socket, "show", dump.out["id"])
+            assert shown.rc == 0, shown.err
     finally:
         a.delete()
 
