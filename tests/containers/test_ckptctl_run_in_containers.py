@@ -86,6 +86,7 @@ def _check_checkpoint(setup: Setup, dumped: object, job: int, ns_pid: int) -> No
     assert isinstance(ck, dict), ck
     ck = ck.get("checkpoint", ck)
     assert ck.get("container") is True, ck
+    assert ck["frozen_s"] > 0  # CRIU's stats, written among the images, were found
     procs = ck["processes"]
     assert procs[0]["pid"] == job
     assert procs[0].get("nsPid", procs[0].get("ns_pid")) == ns_pid

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -228,8 +229,8 @@ class CriuSwrk:
                 raise
             finally:
                 for name in ("dump.log", "dump.stderr", "stats-dump"):
-                    with contextlib.suppress(OSError):
-                        os.replace(job.images_dir / name, job.work_dir / name)
+                    with contextlib.suppress(OSError):  # staging may be another file system
+                        shutil.move(job.images_dir / name, job.work_dir / name)
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
