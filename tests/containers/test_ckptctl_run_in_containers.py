@@ -147,3 +147,25 @@ def test_ckptctl_run_job_moves_from_container_a_to_container_b(setup: Setup) -> 
         a.delete()
         if b is not None:
             b.delete()
+
+
+def test_ckptctl_dump_leave_running_of_a_job_in_a_container(setup: Setup) -> None:
+    """``--leave-running``: CRIU inside A lets the job go on; it runs to its end and A's init
+    exits with its status."""
+    a = setup.container("a")
+    try:
+        a.run()
+        a.wait_for_output(f"step {setup.flow.dump_after_step} ", timeout=30)
+        job, ns_pid = _job_of(a)
+        dump = run_ckptctl(setup.daemon.socket, "dump", "--leave-running", job, timeout=60)
+        assert dump.rc == 0, dump.err.strip()
+        assert isinstance(dump.out, dict)
+        shown = run_ckptctl(setup.daemon.socket, "show", dump.out["id"])
+        assert shown.rc == 0 and isinstance(shown.out, dict), shown.err
+        ck = shown.out.get("checkpoint", shown.out)
+        assert ck["container"] is True and ck["processes"][0]["ns_pid"] == ns_pid
+        assert a.wait(timeout=60) == setup.flow.exit_status
+        out, _, _ = setup.flow.reference()
+        assert a.out.read_bytes() == out
+    finally:
+        a.delete()
