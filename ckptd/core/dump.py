@@ -56,6 +56,7 @@ from ckptd.core.ports import (
     CriuDumpJob,
     CriuDumpResult,
     CriuHooks,
+    CriuPlacement,
     JobFiles,
     Journal,
     NodeInspector,
@@ -63,7 +64,7 @@ from ckptd.core.ports import (
     ProcessTable,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
-from ckptd.core.targets import check_dump_target, check_tcp
+from ckptd.core.targets import check_dump_target, check_tcp, container_init
 from ckptd.domain import (
     Caller,
     CapturedFile,
@@ -113,6 +114,8 @@ class DumpContext:
     precopies: dict[str, Precopy] = field(default_factory=dict)
     tcp_connections: int = 0
     """Connected TCP sockets of the tree at ``inspect`` (CRIU dumps them established)."""
+    container: CriuPlacement | None = None
+    """A container job: CRIU runs inside the container (its init's namespaces, cgroups)."""
 
 
 class DumpRecipe:
@@ -194,6 +197,7 @@ class DumpRecipe:
         if not ctx.tree or ctx.tree[0].pid != ctx.request.pid:
             raise ProcessNotFound(f"pid {ctx.request.pid} exited while it was inspected",
                                   pid=ctx.request.pid)
+        ctx.container = self._placement(ctx)
         ctx.stdio = self._processes.stdio(ctx.tree)
         connections = self._processes.tcp_connections(ctx.tree)
         check_tcp(connections, ctx.request.pid, tcp_close=ctx.request.tcp_close,
@@ -207,6 +211,22 @@ class DumpRecipe:
             jobfiles.refuse_oversized(self._files.written(ctx.tree), self._config,
                                       ctx.request.pid)
         ctx.fingerprint = replace(self._node.fingerprint(ctx.tree), criu_version=status.version)
+
+    def _placement(self, ctx: DumpContext) -> CriuPlacement | None:
+        """A container job (``targets.container_init``): CRIU runs inside the container and
+        leaves the tree stopped; the tree is killed through its handles only after CRIU has
+        exited (CRIU is a process of the container's pid namespace, killed with it when the
+        container's init exits on its job's death)."""
+        status = self._processes.status(ctx.request.pid)
+        init = container_init(self._processes, ctx.request.pid, status)
+        if not init:
+            return None
+        init_status = self._processes.status(init)
+        if init_status.state is PidState.FREE or not ctx.tree[0].ns_pid:
+            raise ProcessNotFound(f"the container of pid {ctx.request.pid} (init {init}) "
+                                  "exited while it was inspected", pid=ctx.request.pid)
+        return CriuPlacement(init=init, init_start_time=init_status.start_time,
+                             ns_pid=ctx.tree[0].ns_pid)
 
     def _journal_begin(self, ctx: DumpContext) -> None:
         self._journal.begin(
@@ -262,6 +282,7 @@ class DumpRecipe:
             leave_running=ctx.request.leave_running,
             leave_stopped=not ctx.request.leave_running,
             tcp_established=ctx.tcp_connections > 0,
+            container=ctx.container,
         )
         started = self._clock.monotonic()
         ctx.criu = self._criu.dump(job, self._hooks)
@@ -389,6 +410,7 @@ class DumpRecipe:
             files_skipped=ctx.files_skipped,
             tcp_connections=ctx.tcp_connections,
             tcp_close=ctx.request.tcp_close and ctx.tcp_connections > 0,
+            container=ctx.container is not None,
         )
 
     def _parent_of(self, ctx: DumpContext) -> str:

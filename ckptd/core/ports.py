@@ -107,6 +107,17 @@ class ProcessTable(Protocol):
         ``time``) in which ``pid`` differs from the daemon; empty when it is gone."""
         ...
 
+    def pid_namespace_init(self, pid: int) -> int:
+        """The pid (the daemon's namespace) of the init of ``pid``'s pid namespace (pid 1
+        inside it; ``pid`` itself when it is that init); 0 when ``pid`` is in the daemon's
+        pid namespace, is gone, or no such init is found among its ancestors."""
+        ...
+
+    def namespaces_differing(self, pid: int, other: int) -> frozenset[str]:
+        """The namespaces (the kinds of ``foreign_namespaces``) in which ``pid`` and
+        ``other`` differ; every kind when either is gone."""
+        ...
+
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         """Every connected TCP socket a process of ``tree`` holds (listening ones are not
         connections), with its addresses as seen in that process's network namespace."""
@@ -295,6 +306,21 @@ class CriuHooks:
 
 
 @dataclass(frozen=True)
+class CriuPlacement:
+    """Where CRIU runs for a job in a container (docs/design/containers.md): inside the
+    namespaces (all but user and time) and cgroups of the container's init, a process of
+    its pid namespace."""
+
+    init: int
+    """The container's init, the daemon's pid."""
+    init_start_time: int
+    """Its start time: a pid reused meanwhile is never entered."""
+    ns_pid: int
+    """The dumped tree's root as the container's pid namespace numbers it (what CRIU is
+    given, and what its notifications and images say)."""
+
+
+@dataclass(frozen=True)
 class CriuDumpJob:
     pid: int
     images_dir: Path
@@ -305,6 +331,9 @@ class CriuDumpJob:
     tcp_established: bool = False
     """Dump established TCP connections (the network is locked with nftables meanwhile)."""
     ext_unix_sk: bool = False
+    container: CriuPlacement | None = None
+    """None: CRIU runs in the daemon's namespaces. Else inside the container, which it does
+    not dump (cgroups ignored, the images name pids of the container's namespace)."""
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ from ckptd.errors import (
     GpuMismatch,
     PermissionDenied,
     PidInUse,
+    PreconditionFailed,
     ProcessNotFound,
 )
 
@@ -257,6 +258,16 @@ class RestoreRecipe:
         the GPU plan's own error (GpuMismatch / GpuUnavailable, every GPU problem in it)."""
         record = ctx.record
         assert record is not None
+        if record.container:
+            raise PreconditionFailed(
+                f"checkpoint {record.id} is of a job in a container (pids "
+                f"{', '.join(str(p.image_pid) for p in record.processes[:3])} of the "
+                "container's pid namespace): it can only be restored inside a container, "
+                "which ckptd does not do yet (issue #12)",
+                hint="keep the checkpoint; restoring it into a container (`ckptctl run "
+                     "--name NAME` as the container's init) is being built",
+                checkpoint_id=record.id,
+            )
         if record.gpu is None and ctx.request.gpu_map:
             raise GpuMismatch(
                 f"--gpu-map given but checkpoint {record.id} holds no CUDA process",

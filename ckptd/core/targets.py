@@ -113,10 +113,37 @@ _NOT_YET = {
 }
 
 
-def check_namespaces(processes: ProcessTable, pid: int, status: PidStatus) -> None:
+CONTAINER_SHARED = ("pid", "mnt", "net", "ipc", "uts", "cgroup", "user", "time")
+"""What a container job shares with its container's init (CRIU is run in the same ones)."""
+
+
+def container_init(processes: ProcessTable, pid: int, status: PidStatus) -> int:
+    """The init of the container ``pid`` is a job of (the daemon's pid), or 0: a container
+    job is in a pid namespace one level below the daemon's, together with a mount namespace
+    of its own, is not that namespace's init, and shares every namespace with it (user and
+    time are the daemon's). CRIU then runs inside the container and dumps a plain tree
+    (docs/design/containers.md)."""
+    if len(status.ns_pids) != 2 or status.ns_pids[-1] == 1:
+        return 0
+    foreign = processes.foreign_namespaces(pid)
+    if "pid" not in foreign or "mnt" not in foreign or foreign & {"user", "time"}:
+        return 0
+    init = processes.pid_namespace_init(pid)
+    if init <= 0 or init == pid:
+        return 0
+    if processes.namespaces_differing(pid, init) & set(CONTAINER_SHARED):
+        return 0
+    return init
+
+
+def check_namespaces(processes: ProcessTable, pid: int, status: PidStatus) -> int:
     """Refuse, before anything is touched, a target whose namespaces CRIU or ckptd cannot
-    bring back: a process inside a pid namespace that is not its init, a nested one, or a
-    namespace kind not handled yet."""
+    bring back: a process inside a pid namespace that is not its init (unless it is a
+    container job: ``container_init``), a nested one, or a namespace kind not handled yet.
+    Returns the container's init for a container job, else 0."""
+    init = container_init(processes, pid, status)
+    if init:
+        return init
     foreign = processes.foreign_namespaces(pid)
     what = f"pid {pid} ({status.comm})"
     if "pid" in foreign and status.ns_pids:
@@ -145,6 +172,7 @@ def check_namespaces(processes: ProcessTable, pid: int, status: PidStatus) -> No
                      "`unshare --fork --pid CMD`, without --mount/--mount-proc/--user/--net)",
                 pid=pid,
             )
+    return 0
 
 
 def check_no_nested_pid_namespace(

@@ -12,6 +12,10 @@ from typing import Any
 from ckptd.adapters.storage.url import local_path
 
 DEFAULT_CRIU_PATHS = ("/usr/local/sbin/criu", "/usr/sbin/criu", "/usr/bin/criu")
+DEFAULT_ENTER_PRELOADS = (
+    "/usr/lib/ckptd/ckptd_enter_mntns.so",
+    str(Path(__file__).resolve().parents[2] / "native/enter-mntns/bin/ckptd_enter_mntns.so"),
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,10 @@ class DaemonConfig:
     criu_path: str = ""
     """Empty: the first of DEFAULT_CRIU_PATHS that exists."""
     criu_log_level: int = 4
+    criu_enter_preload: str = ""
+    """native/enter-mntns's library, with which CRIU run inside a container (a job in one)
+    is loaded from the node; empty: the first of DEFAULT_ENTER_PRELOADS that exists, else
+    none (CRIU must then be in the container's root filesystem)."""
     zombie_wait_s: float = 5.0
     file_capture_limit: int = 8 << 30
     """Largest file a job writes whose content a checkpoint captures (bytes)."""
@@ -109,6 +117,11 @@ class DaemonConfig:
             if Path(cand).exists():
                 return cand
         return DEFAULT_CRIU_PATHS[0]
+
+    def resolved_enter_preload(self) -> Path | None:
+        if self.criu_enter_preload:
+            return Path(self.criu_enter_preload)
+        return next((Path(c) for c in DEFAULT_ENTER_PRELOADS if Path(c).is_file()), None)
 
 
 _PATHS = {"socket", "state_dir"}

@@ -114,6 +114,7 @@ def wire(config: DaemonConfig) -> Wired:
         config.resolved_criu(),
         plugin_dir=state / "criu-plugins",
         log_level=config.criu_log_level,
+        enter_preload=config.resolved_enter_preload(),
     )
     blobs = open_blob_store(
         config.store,

@@ -410,6 +410,10 @@ class CheckpointRecord:
     """Connected TCP sockets dumped (CRIU's tcp-established; a restore needs it too)."""
     tcp_close: bool = False
     """A restore brings those connections back closed (peers outside the tree)."""
+    container: bool = False
+    """A job in a container (not its init): dumped by CRIU run inside the container's
+    namespaces, so the images hold a plain tree and pids of the container's namespace
+    (each process's ``ns_pid``); a restore must run inside a container (issue #12)."""
 
     @property
     def own_pid_namespace(self) -> bool:

@@ -51,6 +51,12 @@ class FakeProcess:
     """Its pid in the pid namespace of the tree root it belongs to (0: the daemon's)."""
     namespaces: frozenset[str] = frozenset()
     """The namespaces it does not share with the daemon (``foreign_namespaces``)."""
+    ns_owner: int = 0
+    """Whose namespaces (of those in ``namespaces``) it is in: two processes share a foreign
+    namespace when it is in both sets and their ``ns_owner`` is equal (0: its own)."""
+    pidns_init: int = 0
+    """The init of its pid namespace when that is not the daemon's (``pid_namespace_init``;
+    0 with ``pid`` in ``namespaces``: itself when ``ns_pid`` is 1, else none found)."""
     tcp: tuple[tuple[str, str], ...] = ()
     """Its connected TCP sockets, ``(local, remote)`` each (``tcp_connections``)."""
     io_uring: bool = False
@@ -179,6 +185,8 @@ class FakeProcessTable:
         ns_pid: int = 0,
         namespaces: frozenset[str] = frozenset(),
         io_uring: bool = False,
+        ns_owner: int = 0,
+        pidns_init: int = 0,
     ) -> FakeProcess:
         """Add a process (``gid`` defaults to ``uid``, ``cmdline`` to ``(comm,)``, ``start_time``
         to a new one). Raises ValueError if ``pid`` is taken or ``state`` is FREE."""
@@ -205,6 +213,8 @@ class FakeProcessTable:
                 ns_pid=ns_pid,
                 namespaces=frozenset(namespaces),
                 io_uring=io_uring,
+                ns_owner=ns_owner,
+                pidns_init=pidns_init,
             )
             self.processes[pid] = proc
             return proc
@@ -367,6 +377,26 @@ class FakeProcessTable:
         with self._lock:
             proc = self.processes.get(pid)
             return proc.namespaces if proc is not None else frozenset()
+
+    def pid_namespace_init(self, pid: int) -> int:
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None or "pid" not in proc.namespaces:
+                return 0
+            if proc.pidns_init:
+                return proc.pidns_init
+            return pid if proc.ns_pid == 1 else 0
+
+    def namespaces_differing(self, pid: int, other: int) -> frozenset[str]:
+        every = frozenset({"pid", "mnt", "net", "ipc", "uts", "user", "cgroup", "time"})
+        with self._lock:
+            one, two = self.processes.get(pid), self.processes.get(other)
+            if one is None or two is None:
+                return every
+            differ = set(one.namespaces ^ two.namespaces)
+            if (one.ns_owner or one.pid) != (two.ns_owner or two.pid):
+                differ |= one.namespaces & two.namespaces
+            return frozenset(differ)
 
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         out = []

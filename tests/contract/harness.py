@@ -325,7 +325,8 @@ class FakeHarness(ProcessHarness):
         for inner in (2, 3):
             kid = self._pid()
             self.fake.add_process(kid, root, comm="sleep", uid=self.uid, ns_pid=inner,
-                                  namespaces=frozenset({"pid"}))
+                                  namespaces=frozenset({"pid"}), ns_owner=root,
+                                  pidns_init=root)
             kids.append(kid)
         return root, tuple(kids)
 

@@ -173,6 +173,23 @@ def test_tree_of_a_pid_namespace_init_names_its_pids_inside(processes: ProcessHa
     assert all(f.start_time > 0 for f in tree)
 
 
+@needs_root_for_real
+def test_the_init_of_a_pid_namespace_is_found_from_its_processes(
+    processes: ProcessHarness,
+) -> None:
+    """A process of a pid namespace (not its init) finds the init, with which it shares
+    every namespace; the init finds itself; a process of the daemon's namespace has none."""
+    root, children = processes.spawn_pidns_tree()
+    assert processes.table.pid_namespace_init(children[0]) == root
+    assert processes.table.pid_namespace_init(root) == root
+    assert processes.table.pid_namespace_init(processes.spawn()) == 0
+    assert processes.table.namespaces_differing(children[0], root) == frozenset()
+    assert processes.table.namespaces_differing(root, processes.self_pid) == {"pid"}
+    gone = processes.free_pid()
+    assert "pid" in processes.table.namespaces_differing(root, gone)
+    assert processes.table.pid_namespace_init(gone) == 0
+
+
 def _stdout(processes: ProcessHarness, pid: int) -> StdioFact:
     facts = processes.table.stdio(processes.table.tree(pid))
     assert sorted(f.fd for f in facts) == [0, 1, 2]

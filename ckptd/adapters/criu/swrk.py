@@ -13,9 +13,11 @@ tail of its log, or ``CriuUnavailable`` when CRIU cannot run at all.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -24,11 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
+from ckptd.adapters.criu.containers import Container, ContainerError
 from ckptd.adapters.criu.images import read_dump_stats, read_pstree
 from ckptd.core.ports import (
     CriuDumpJob,
     CriuDumpResult,
     CriuHooks,
+    CriuPlacement,
     CriuRestoreJob,
 )
 from ckptd.domain import CriuStatus
@@ -38,7 +42,10 @@ log = logging.getLogger(__name__)
 
 MIN_VERSION = (4, 1)
 LOG_TAIL_LINES = 25
-_HARMLESS = ("RLIMIT_NOFILE",)  # CAP_SYS_RESOURCE missing: CRIU says so and carries on
+_HARMLESS = (
+    "RLIMIT_NOFILE",  # CAP_SYS_RESOURCE missing: CRIU says so and carries on
+    "tun: Unable to create tun",  # kerndat's probe inside a container without /dev/net/tun
+)
 
 
 def _hook_table(hooks: CriuHooks) -> dict[str, Callable[[int], None]]:
@@ -86,8 +93,12 @@ def first_error(path: Path) -> str:
 class CriuSwrk:
     """The ``Criu`` port over ``criu swrk``. Thread-safe: each call runs its own CRIU."""
 
-    def __init__(self, criu_path: str, *, plugin_dir: Path, log_level: int = 4) -> None:
+    def __init__(
+        self, criu_path: str, *, plugin_dir: Path, log_level: int = 4,
+        enter_preload: Path | None = None,
+    ) -> None:
         self._path = criu_path
+        self._preload = enter_preload
         self._plugin_dir = plugin_dir
         self._log_level = log_level
         self._status: CriuStatus | None = None
@@ -161,6 +172,9 @@ class CriuSwrk:
         return dump
 
     def _run_dump(self, job: CriuDumpJob, hooks: CriuHooks) -> None:
+        if job.container is not None:
+            self._run_dump_in_container(job, job.container, hooks)
+            return
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
             opts = self._opts(images_fd, work_fd, job, "dump.log")
             opts.pid = job.pid
@@ -171,6 +185,52 @@ class CriuSwrk:
             req = rpc_pb2.criu_req(type=rpc_pb2.DUMP, opts=opts)
             self._call(req, hooks, (images_fd, work_fd), job.work_dir / "dump.log",
                        f"dump of pid {job.pid}", job.pid)
+
+    def _run_dump_in_container(
+        self, job: CriuDumpJob, where: CriuPlacement, hooks: CriuHooks
+    ) -> None:
+        """CRIU run inside the container (docs/design/containers.md): it resolves paths in
+        the container's mount namespace and descriptors by the peer's pid (0 there), so the
+        images directory is named ``/proc/self/fd/N`` and there is no work directory: CRIU
+        writes its log and stats among the images, moved to ``work_dir`` once it exits."""
+        try:
+            container = Container.open(where.init)
+        except ContainerError as exc:
+            raise CriuFailed(f"CRIU dump of pid {job.pid}: {exc}", pid=job.pid,
+                             hint="the job's container is gone or cannot be entered") from exc
+        self._plugin_dir.mkdir(parents=True, exist_ok=True)
+        with container, _DirFd(job.images_dir) as images_fd, \
+                _DirFd(self._plugin_dir) as plugins_fd:
+            if container.start_time != where.init_start_time:
+                raise CriuFailed(f"CRIU dump of pid {job.pid}: the container's init (pid "
+                                 f"{where.init}) is another process now", pid=job.pid, hint="")
+            opts = self._opts(-1, -1, job, "dump.log")
+            opts.images_dir = f"/proc/self/fd/{images_fd}"
+            opts.pid = where.ns_pid
+            opts.leave_running = job.leave_running
+            opts.link_remap = True
+            opts.manage_cgroups_mode = rpc_pb2.IGNORE
+            if job.leave_stopped:
+                opts.leave_stopped = True
+            req = rpc_pb2.criu_req(type=rpc_pb2.DUMP, opts=opts)
+
+            def node_pid(ns_pid: int) -> int:
+                return job.pid if ns_pid == where.ns_pid else 0
+
+            try:
+                self._call(req, hooks, (images_fd, plugins_fd), job.images_dir / "dump.log",
+                           f"dump of pid {job.pid}", job.pid, container=container,
+                           notified_pid=node_pid,
+                           env={**self._env(), "CRIU_LIBS_DIR": f"/proc/self/fd/{plugins_fd}"})
+            except CriuFailed as exc:  # its log is moved to the work directory (below)
+                if exc.log_path:
+                    exc.log_path = str(job.work_dir / "dump.log")
+                    exc.hint = f"see {exc.log_path}"
+                raise
+            finally:
+                for name in ("dump.log", "dump.stderr", "stats-dump"):
+                    with contextlib.suppress(OSError):  # staging may be another file system
+                        shutil.move(job.images_dir / name, job.work_dir / name)
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
@@ -195,7 +255,6 @@ class CriuSwrk:
         """What dumps and restores share: image and work directories, logs, notifications."""
         opts = rpc_pb2.criu_opts(
             images_dir_fd=images_fd,
-            work_dir_fd=work_fd,
             shell_job=job.shell_job,
             tcp_established=job.tcp_established,
             ext_unix_sk=job.ext_unix_sk,
@@ -204,6 +263,8 @@ class CriuSwrk:
             notify_scripts=True,
             file_locks=True,
         )
+        if work_fd >= 0:
+            opts.work_dir_fd = work_fd
         if job.tcp_established:
             # no iptables here: nftables locks the connections (per socket, in the host's
             # network namespace) while CRIU works
@@ -225,10 +286,15 @@ class CriuSwrk:
         what: str,
         pid: int | None,
         started: Callable[[int], None] | None = None,
+        container: Container | None = None,
+        notified_pid: Callable[[int], int] | None = None,
+        env: dict[str, str] | None = None,
     ) -> rpc_pb2.criu_resp:
         """Run one CRIU for ``req``. ``started(criu's pid)`` runs before CRIU is sent the
         request (it waits for it, having done nothing yet); if it raises, CRIU is sent nothing
-        and exits, and the error is raised as CriuFailed (its cause kept)."""
+        and exits, and the error is raised as CriuFailed (its cause kept). ``container``: CRIU
+        runs inside it (its namespaces and cgroups, loaded from the node with the preload);
+        ``notified_pid`` maps the pids of CRIU's notifications to the daemon's."""
         status = self.status()
         if not status.ok:
             raise CriuUnavailable(status.message, pid=pid)
@@ -236,15 +302,19 @@ class CriuSwrk:
         stderr_path = log_path.with_suffix(".stderr")
         try:
             with open(stderr_path, "wb") as stderr:
+                argv = [self._path, "swrk", str(theirs.fileno())]
+                entry: tuple[int, ...] = ()
+                if container is not None:
+                    argv, entry = container.command(argv, preload=self._preload)
                 try:
                     proc = subprocess.Popen(
-                        [self._path, "swrk", str(theirs.fileno())],
-                        pass_fds=(theirs.fileno(), *fds),
+                        argv,
+                        pass_fds=(theirs.fileno(), *fds, *entry),
                         stdin=subprocess.DEVNULL,
                         stdout=stderr,
                         stderr=stderr,
                         start_new_session=True,
-                        env=self._env(),
+                        env=env if env is not None else self._env(),
                     )
                 except OSError as exc:
                     raise CriuUnavailable(f"cannot start {self._path}: {exc}", pid=pid) from exc
@@ -252,7 +322,7 @@ class CriuSwrk:
             try:
                 if started is not None:
                     _run_started(started, proc.pid, what, log_path, pid)
-                resp = self._converse(ours, req, hooks, what, log_path, pid)
+                resp = self._converse(ours, req, hooks, what, log_path, pid, notified_pid)
             finally:
                 ours.close()
                 proc.wait()
@@ -268,6 +338,7 @@ class CriuSwrk:
         what: str,
         log_path: Path,
         pid: int | None,
+        notified_pid: Callable[[int], int] | None = None,
     ) -> rpc_pb2.criu_resp:
         table = _hook_table(hooks)
         sock.send(req.SerializeToString())
@@ -286,7 +357,8 @@ class CriuSwrk:
             hook = table.get(resp.notify.script)
             if hook is not None and hook_error is None:
                 try:
-                    hook(resp.notify.pid)
+                    npid = resp.notify.pid
+                    hook(notified_pid(npid) if notified_pid is not None else npid)
                 except Exception as exc:
                     log.exception("hook %s failed", resp.notify.script)
                     hook_error, ok = exc, False

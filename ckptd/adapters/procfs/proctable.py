@@ -164,6 +164,42 @@ class ProcFsTable:
                 out.add(name)
         return frozenset(out)
 
+    def pid_namespace_init(self, pid: int) -> int:
+        """Walks up the parents: a process's ancestors inside its pid namespace end at that
+        namespace's init (orphans are reparented to it), whose parent is outside."""
+        try:
+            mine = os.stat(self._proc / "self" / "ns" / "pid").st_ino
+            theirs = os.stat(self._proc / str(pid) / "ns" / "pid").st_ino
+        except OSError:
+            return 0
+        if mine == theirs:
+            return 0
+        for candidate in (pid, *self.ancestors(pid)):
+            try:
+                if os.stat(self._proc / str(candidate) / "ns" / "pid").st_ino != theirs:
+                    return 0
+                status = (self._proc / str(candidate) / "status").read_text()
+            except (OSError, ProcessLookupError):
+                return 0
+            nspids = _ns_pids(status)
+            if nspids and nspids[-1] == 1:
+                return candidate
+        return 0
+
+    def namespaces_differing(self, pid: int, other: int) -> frozenset[str]:
+        out = set()
+        for name in NAMESPACES:
+            if not (self._proc / "self" / "ns" / name).exists():
+                continue  # a kernel without this kind
+            try:
+                one = os.readlink(self._proc / str(pid) / "ns" / name)
+                two = os.readlink(self._proc / str(other) / "ns" / name)
+            except OSError:  # either is gone
+                return frozenset(NAMESPACES)
+            if one != two:
+                out.add(name)
+        return frozenset(out)
+
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         return tcp_connections(self._proc, tree)
 

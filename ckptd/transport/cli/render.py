@@ -239,6 +239,8 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
     if tcp:
         how = "restored closed" if ck.get("tcp_close") else "restored established"
         pairs.append(("tcp connections", f"{tcp} ({how})"))
+    if ck.get("container"):
+        pairs.append(("container", "yes: dumped inside it, pids of its namespace (NS PID)"))
     out = [key_values(pairs)]
 
     processes = ck["processes"]

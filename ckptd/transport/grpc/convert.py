@@ -129,6 +129,7 @@ def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
         files_skipped=list(r.files_skipped),
         tcp_connections=r.tcp_connections,
         tcp_close=r.tcp_close,
+        container=r.container,
     )
     msg.created.FromNanoseconds(int(r.created * 1e9))
     if r.gpu is not None:

@@ -1,0 +1,107 @@
+"""A job of a container (issue #12, the dump half): not its pid namespace's init, every other
+namespace its init's. The dump is accepted and placed inside the container; the other cases
+keep their refusals. Over the fakes."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from ckptd.core.ports import CriuPlacement
+from ckptd.errors import PreconditionFailed, TargetRefused
+
+from .world import World
+
+SIGKILL = int(signal.SIGKILL)
+CONTAINER = frozenset({"pid", "mnt", "net", "ipc", "uts", "cgroup"})
+INIT, JOB, CHILD = 6000, 6001, 6002
+
+
+def _container(world: World, *, job_ns: frozenset[str] = CONTAINER, owner: int = INIT,
+               init_found: int = INIT) -> None:
+    """Container init 6000 (``ckptctl run``, pid 1 inside) with the job 6001 (pid 12) and its
+    child 6002 (pid 13)."""
+    world.processes.add_process(INIT, 1, comm="ckptctl", ns_pid=1, namespaces=CONTAINER)
+    world.processes.add_process(JOB, INIT, comm="sh", ns_pid=12, namespaces=job_ns,
+                                ns_owner=owner, pidns_init=init_found, session=12)
+    world.processes.add_process(CHILD, JOB, comm="python3", ns_pid=13, namespaces=job_ns,
+                                ns_owner=owner, pidns_init=init_found, session=12)
+
+
+def test_a_job_of_a_container_is_dumped_by_criu_inside_it(world: World) -> None:
+    _container(world)
+    record = world.dump(JOB)
+    (job,) = world.criu.dump_jobs
+    start = world.processes.processes[INIT].start_time
+    assert job.container == CriuPlacement(init=INIT, init_start_time=start, ns_pid=12)
+    assert job.pid == JOB and job.leave_stopped and not job.leave_running
+    assert record.container and not record.own_pid_namespace
+    assert [(p.pid, p.ns_pid) for p in record.processes] == [(JOB, 12), (CHILD, 13)]
+    # killed through the held handles after the commit; the container's init is left alone
+    assert world.processes.signals_to(JOB) == [SIGKILL]
+    assert world.processes.signals_to(CHILD) == [SIGKILL]
+    assert world.processes.signals_to(INIT) == []
+
+
+def test_a_job_outside_containers_is_dumped_from_the_node(world: World) -> None:
+    world.processes.add_process(5000, 1, comm="boxed", ns_pid=1,
+                                namespaces=frozenset({"pid", "uts"}))
+    record = world.dump(5000)
+    assert world.criu.dump_jobs[0].container is None
+    assert not record.container
+
+
+def _refused(world: World, *needles: str) -> None:
+    with pytest.raises(TargetRefused) as info:
+        world.dump(JOB)
+    for needle in needles:
+        assert needle in str(info.value)
+    assert world.criu.dump_jobs == []
+    assert world.processes.signals == []
+
+
+def test_a_pid_namespace_without_a_mount_namespace_is_not_a_container(world: World) -> None:
+    """``unshare --fork --pid`` without --mount: CRIU run in the pid namespace would see the
+    node's /proc; refused as before."""
+    _container(world, job_ns=frozenset({"pid"}))
+    _refused(world, "is pid 12 inside a pid namespace", "not that namespace's init")
+
+
+def test_a_job_in_namespaces_other_than_its_inits_is_refused(world: World) -> None:
+    _container(world, owner=7777)
+    _refused(world, "is pid 12 inside a pid namespace", "not that namespace's init")
+
+
+def test_a_job_whose_pid_namespace_init_is_not_found_is_refused(world: World) -> None:
+    _container(world, init_found=0)
+    _refused(world, "is pid 12 inside a pid namespace", "not that namespace's init")
+
+
+@pytest.mark.parametrize("kind", ["user", "time"])
+def test_a_rootless_or_time_namespaced_container_is_refused(world: World, kind: str) -> None:
+    _container(world, job_ns=CONTAINER | {kind})
+    world.processes.processes[INIT].namespaces = CONTAINER | {kind}
+    _refused(world, "not that namespace's init")
+
+
+def test_the_container_init_itself_is_refused_as_before(world: World) -> None:
+    """``ckptctl run`` (pid 1 of the container) is an init of its own namespace with a mount
+    namespace ckptd does not record: refused as before (its child is the job)."""
+    _container(world)
+    with pytest.raises(TargetRefused) as info:
+        world.dump(INIT)
+    assert "mount namespace" in str(info.value)
+
+
+def test_a_container_checkpoint_is_not_restored_on_the_node(world: World) -> None:
+    """Its images are a plain tree with the container's pids (12, 13): restored by CRIU in
+    the daemon's namespaces they would clash with the node's or land outside any container.
+    Refused before CRIU runs, the checkpoint kept."""
+    _container(world)
+    record = world.dump(JOB)
+    with pytest.raises(PreconditionFailed) as info:
+        world.restore(checkpoint_id=record.id)
+    assert "is of a job in a container (pids 12, 13" in str(info.value)
+    assert world.criu.restore_jobs == []
+    assert [r.id for r in world.store.list()] == [record.id]
