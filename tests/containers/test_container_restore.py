@@ -137,11 +137,14 @@ def test_a_checkpoint_whose_pids_are_taken_in_b_is_refused_before_criu_runs(
         assert isinstance(job_pid, int) and job_pid < 30, flow.facts
         images = sorted(p.name for p in flow.images.iterdir())
         b = flow.start_b()
-        with pytest.raises(ContainerError, match=rf"pid {job_pid} of the checkpoint is taken"):
+        # the job is a tree (sh, its child): whichever of its low pids B holds is named
+        with pytest.raises(ContainerError, match=r"pid (\d+) of the checkpoint is taken") as info:
             flow.restore_into(b)
+        taken = int(info.value.args[0].split()[1])
+        assert job_pid <= taken < job_pid + 5, (taken, job_pid)
         assert b.status() == "running"
         assert sorted(p.name for p in flow.images.iterdir()) == images
-        with pytest.raises(FlowError, match=rf"Can't fork for {job_pid}: File exists"):
+        with pytest.raises(FlowError, match=r"Can't fork for \d+: File exists"):
             flow.restore_into(b, check_pids=False)
         assert b.status() == "running"
     finally:
