@@ -68,7 +68,9 @@ class ProcessNotFound(InvalidTarget):
 
 
 class TargetRefused(InvalidTarget):
-    """A process that must never be checkpointed (pid 1, the daemon, kernel threads, zombies)."""
+    """A process that cannot be checkpointed as asked (pid 1, the daemon, kernel threads,
+    zombies, session 0, namespaces ckptd cannot take, an io_uring, a TCP peer outside the
+    tree, a written file over the capture limit): refused before anything is touched."""
 
 
 class CheckpointNotFound(CkptdError):

@@ -47,8 +47,8 @@ class FakeCriu:
 
     Records: ``dump_jobs``, ``restore_jobs``, ``status_calls`` and ``hook_calls`` (``(hook
     name, pid)`` in call order). With ``events``, appends ``"criu.dump <pid>"``,
-    ``"criu.hook <name>"``, ``"criu.dumped <pid>"``, ``"criu.restore"``, ``"criu.restored
-    <pid>"`` and ``"criu.failed"``.
+    ``"criu.hook <name>"``, ``"criu.dumped <pid>"`` (images written), ``"criu.finished
+    <pid>"``, ``"criu.restore"``, ``"criu.restored <pid>"`` and ``"criu.failed"``.
 
     Status: ``criu_status`` is what ``status()`` returns; ``set_status(False, "...")`` makes
     both ``dump`` and ``restore`` raise ``CriuUnavailable`` (like ``CriuSwrk``).
@@ -57,13 +57,16 @@ class FakeCriu:
     STOPPED) and writes ``inventory.img``; ``network_lock``; writes ``pstree.img`` (the tree,
     its stdio and which processes were stopped before, as JSON) and ``pages-<pid>.img``
     (``PAGE_SIZE`` bytes per process) into ``job.images_dir`` and ``dump.log`` into
-    ``job.work_dir``; ``post_dump``; ``network_unlock``. With a ``clock``, the tree stays
-    frozen for ``frozen_s`` of it (a restore takes ``restore_s``). Afterwards
+    ``job.work_dir``; ``post_dump`` — and ``dump`` returns there, the tree held STOPPED (the
+    ``CriuDumpInProgress`` port). ``finish`` then calls ``network_unlock`` and ends it:
     ``leave_running`` puts every process back in the state it had; else ``leave_stopped``
     leaves them all STOPPED; else they are terminated (``FakeProcessTable.terminate``: no
-    signal is recorded). Both directories must exist (else ``CriuFailed``), as must the root.
-    The result's ``pids`` are the seized tree's as CRIU's images name them (``image_pid``: pids
-    in the root's pid namespace when it is the init of its own), root first.
+    signal is recorded). ``abort`` puts every process back as it was (as CRIU does when its
+    post-dump notification is answered with a failure). With a ``clock``, the tree stays
+    frozen for ``frozen_s`` of it (a restore takes ``restore_s``). Both directories must exist
+    (else ``CriuFailed``), as must the root. ``pids`` (and the result's) are the seized tree's
+    as CRIU's images name them (``image_pid``: pids in the root's pid namespace when it is the
+    init of its own), root first; ``holds_connections`` is ``job.tcp_established``.
 
     Restore, like CRIU: reads the images (missing or bad -> ``CriuFailed``), calls
     ``pre_restore(0)``; fails if a pid of the tree is not free, or if a stdio

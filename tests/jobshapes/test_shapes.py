@@ -12,10 +12,8 @@ uninterrupted run:
 (e) the two DDP ranks on two nodes (network namespaces, a daemon each): a group checkpoint,
     both killed, a group restore, the loss curve going on bit for bit.
 
-A shape that cannot pass before the rest of issue 11 lands is marked xfail (strict: it fails
-the run once it passes, so that the marker is removed) with what it needs: A = files the job
-writes captured and put back, B = established TCP connections (``--tcp-established``),
-C = no io_uring in jobs launched by ``ckptctl run``.
+What makes each pass: the files the job writes captured and put back (c, d), established TCP
+connections inside the tree (a, e), no io_uring in jobs launched by ``ckptctl run`` (a).
 """
 
 from __future__ import annotations
