@@ -118,6 +118,14 @@ class ProcessTable(Protocol):
         ``other`` differ; every kind when either is gone."""
         ...
 
+    def reserve_pids(self, pid: int, above: int) -> int:
+        """In the pid namespace of ``pid`` (a container's), make the next pids handed out be
+        above ``above`` (the counter is never lowered), so that a job started there now can be
+        restored into another container whose own processes took the low pids. Returns the
+        namespace's counter after; 0 when ``pid`` shares the daemon's pid namespace (nothing
+        done). Raises ProcessNotFound when ``pid`` is gone."""
+        ...
+
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         """Every connected TCP socket a process of ``tree`` holds (listening ones are not
         connections), with its addresses as seen in that process's network namespace."""

@@ -40,7 +40,13 @@ from ckptd.domain import (
     RestoreRequest,
     VerifyReport,
 )
-from ckptd.errors import Cancelled, CkptdError, CorruptCheckpoint, PermissionDenied
+from ckptd.errors import (
+    Cancelled,
+    CkptdError,
+    CorruptCheckpoint,
+    InvalidTarget,
+    PermissionDenied,
+)
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +223,19 @@ class CheckpointService:
 
     def check(self) -> NodeReport:
         return self._probe()
+
+    def reserve_pids(self, caller: Caller, above: int) -> int:
+        """The caller's pid namespace (a container's) hands out pids above ``above`` from now
+        on (``ckptctl run`` asks before it starts its job, so that the job's pids stay free in
+        the next container, whose own processes take low ones). Returns the namespace's
+        counter; 0 when the caller shares the daemon's pid namespace (nothing to do)."""
+        if caller.pid is None or caller.pid <= 0:
+            raise InvalidTarget("the daemon cannot tell the caller's process",
+                                hint="call it over the Unix socket (SO_PEERCRED)")
+        if not 0 < above < 1 << 22:
+            raise InvalidTarget(f"cannot reserve pids up to {above}",
+                                hint="give a number between 1 and 4194303")
+        return self._processes.reserve_pids(caller.pid, above)
 
     def verify(self, caller: Caller, checkpoint_id: str = "") -> VerifyReport:
         """One checkpoint (its owner or root), or the whole store (root only). Root gets a

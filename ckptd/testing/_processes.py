@@ -159,6 +159,8 @@ class FakeProcessTable:
         self.kill_mode: KillMode = kill_mode
         self.events = events
         self.processes: dict[int, FakeProcess] = {}
+        self.pid_counters: dict[int, int] = {}
+        """Pid-namespace counters raised by ``reserve_pids``, by the namespace init's pid."""
         self.signals: list[tuple[int, int]] = []
         """Every signal delivered, as ``(pid, signo)``, in order."""
         self._next_start = 1000
@@ -397,6 +399,28 @@ class FakeProcessTable:
             if (one.ns_owner or one.pid) != (two.ns_owner or two.pid):
                 differ |= one.namespaces & two.namespaces
             return frozenset(differ)
+
+    def reserve_pids(self, pid: int, above: int) -> int:
+        """Its pid namespace's counter (``pid_counters``, by the namespace's init, 0 at
+        first) raised to ``above``; 0 when ``pid`` shares the daemon's pid namespace."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None:
+                raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+            if "pid" not in proc.namespaces:
+                return 0
+            key = self._pid_ns_root(proc)
+            self.pid_counters[key] = max(self.pid_counters.get(key, 0), above)
+            return self.pid_counters[key]
+
+    def _pid_ns_root(self, proc: FakeProcess) -> int:
+        """The node pid of the init of ``proc``'s pid namespace (ns_pid 1), or its own."""
+        while proc.ns_pid != 1 and proc.ppid in self.processes:
+            parent = self.processes[proc.ppid]
+            if "pid" not in parent.namespaces:
+                break
+            proc = parent
+        return proc.pid
 
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         out = []

@@ -91,7 +91,9 @@ def _check_checkpoint(setup: Setup, dumped: object, job: int, ns_pid: int) -> No
     assert procs[0]["pid"] == job
     assert procs[0].get("nsPid", procs[0].get("ns_pid")) == ns_pid
     inner = [p.get("nsPid", p.get("ns_pid")) for p in procs]
-    assert all(isinstance(p, int) and p > 1 for p in inner), procs
+    # ckptctl run had the daemon reserve the low pids of A's pid namespace (ReservePids): the
+    # job's pids are above them, so they will be free in the next container
+    assert all(isinstance(p, int) and p > 1000 for p in inner), procs
     assert len(procs) >= 2  # sh and the writer
     for p in procs:  # killed after the commit
         assert not Path(f"/proc/{p['pid']}").exists() or \

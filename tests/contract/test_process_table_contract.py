@@ -261,3 +261,17 @@ def test_a_process_gone_holds_no_io_uring(processes: ProcessHarness) -> None:
     assert handle.wait_exit(5.0) is True
     handle.close()
     assert processes.table.io_uring_holders(tree) == ()
+
+
+@needs_root_for_real
+def test_reserving_pids_moves_a_pid_namespace_counter_up_never_down(
+    processes: ProcessHarness,
+) -> None:
+    """What ``ckptctl run`` asks for in a container: the namespace's next pids are above the
+    number (the counter is never lowered); in the daemon's namespace nothing is done."""
+    root, children = processes.spawn_pidns_tree()
+    assert processes.table.reserve_pids(children[0], 1000) >= 1000
+    assert processes.table.reserve_pids(root, 500) >= 1000  # never lowered
+    assert processes.table.reserve_pids(processes.spawn(), 1000) == 0
+    with pytest.raises(ProcessNotFound):
+        processes.table.reserve_pids(processes.free_pid(), 1000)

@@ -5,13 +5,15 @@ keep their refusals. Over the fakes."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
 from ckptd.core.ports import CriuPlacement
-from ckptd.errors import PreconditionFailed, TargetRefused
+from ckptd.domain import Caller
+from ckptd.errors import InvalidTarget, PreconditionFailed, TargetRefused
 
-from .world import World
+from .world import World, make_world
 
 SIGKILL = int(signal.SIGKILL)
 CONTAINER = frozenset({"pid", "mnt", "net", "ipc", "uts", "cgroup"})
@@ -105,3 +107,12 @@ def test_a_container_checkpoint_is_not_restored_on_the_node(world: World) -> Non
     assert "is of a job in a container (pids 12, 13" in str(info.value)
     assert world.criu.restore_jobs == []
     assert [r.id for r in world.store.list()] == [record.id]
+
+
+def test_reserve_pids_needs_the_callers_process_and_a_sane_number(tmp_path: Path) -> None:
+    world = make_world(tmp_path)
+    with pytest.raises(InvalidTarget, match="cannot tell the caller"):
+        world.service.reserve_pids(Caller(uid=0), 1000)
+    with pytest.raises(InvalidTarget, match="cannot reserve pids up to"):
+        world.service.reserve_pids(Caller(uid=0, pid=1000), 0)
+    assert world.service.reserve_pids(Caller(uid=0, pid=1000), 1000) == 0  # the node's

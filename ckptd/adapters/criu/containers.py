@@ -245,6 +245,18 @@ class Container:
                               timeout=timeout, check=False, stdin=subprocess.DEVNULL,
                               start_new_session=True)
 
+    def raise_last_pid(self, value: int) -> int:
+        """Make the pid namespace hand out pids above ``value`` next, never lowering its
+        counter; returns the counter after (the last pid handed out, or ``value``)."""
+        v = int(value)
+        script = (f"n=$(cat /proc/sys/kernel/ns_last_pid); [ \"$n\" -lt {v} ] && "
+                  f"echo {v} > /proc/sys/kernel/ns_last_pid; cat /proc/sys/kernel/ns_last_pid")
+        done = self.run(["sh", "-c", script], enter=("pid",), cgroups=False, timeout=30)
+        if done.returncode != 0:
+            raise ContainerError(f"cannot set the pid counter of the pid namespace of "
+                                 f"process {self.pid}: {done.stderr.strip()}")
+        return int(done.stdout.split()[-1])
+
     def set_last_pid(self, value: int) -> None:
         """Make the container's pid namespace hand out pids above ``value`` next (its
         ``ns_last_pid``, written by a process born in it; the node's /proc/sys is used, so a

@@ -200,6 +200,19 @@ class ProcFsTable:
                 out.add(name)
         return frozenset(out)
 
+    def reserve_pids(self, pid: int, above: int) -> int:
+        if "pid" not in self.foreign_namespaces(pid):
+            if not (self._proc / str(pid)).exists():
+                raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+            return 0
+        from ckptd.adapters.criu.containers import Container, ContainerError
+
+        try:
+            with Container.open(pid) as container:
+                return container.raise_last_pid(above)
+        except ContainerError as exc:
+            raise ProcessNotFound(f"cannot reserve pids for pid {pid}: {exc}", pid=pid) from exc
+
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         return tcp_connections(self._proc, tree)
 

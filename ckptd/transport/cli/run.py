@@ -60,6 +60,7 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
         argv = no_io_uring.launcher(command)  # the filter, then exec: the job's own pid
         if argv is not command and shutil.which(command[0]) is None:
             raise CliError(f"cannot start {command[0]}: No such file or directory", 127)
+    _reserve_pids(ctx)
     terminated = threading.Event()
     handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: terminated.set())}
     try:
@@ -92,6 +93,23 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
     finally:
         for signo, old in handlers.items():
             signal.signal(signo, old)
+
+
+RESERVED_PIDS = 1000
+"""In a container, the job's pids start above this: the next container's own processes (its
+init, ``ckptctl run``'s threads) take low pids, and a restore there needs the job's free."""
+
+
+def _reserve_pids(ctx: Any) -> None:
+    """Ask the daemon to move our pid namespace's counter (a no-op outside a container); a
+    daemon without it, or a failure, only costs the job's restorability into another
+    container: said in one line, the job starts anyway."""
+    try:
+        ctx.client.ReservePids(pb.ReservePidsRequest(above=RESERVED_PIDS), timeout=ctx.timeout)
+    except grpc.RpcError as exc:
+        if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+            err(f"cannot reserve pids for the job ({exc.details()}); it may not be restorable "
+                "into another container")
 
 
 def _pass_on(job: subprocess.Popen[bytes], signo: int) -> None:

@@ -218,6 +218,11 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
         self._unary(context, lambda c: self._service.delete(c, request.id))
         return pb.DeleteResponse(id=request.id)
 
+    def ReservePids(self, request: pb.ReservePidsRequest, context: grpc.ServicerContext
+                    ) -> Any:
+        last = self._unary(context, lambda c: self._service.reserve_pids(c, request.above or 1000))
+        return pb.ReservePidsResponse(last_pid=last)
+
     def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> Any:
         report = self._unary(context, lambda _c: self._service.check())
         return convert.check_response(report, __version__)

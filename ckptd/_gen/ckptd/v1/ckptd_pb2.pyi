@@ -1792,3 +1792,43 @@ class GcResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GcResponse: _TypeAlias = GcResponse  # noqa: Y015
+
+@_typing.final
+class ReservePidsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ABOVE_FIELD_NUMBER: _builtins.int
+    above: _builtins.int
+    """0: 1000"""
+    def __init__(
+        self,
+        *,
+        above: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["above", b"above"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReservePidsRequest: _TypeAlias = ReservePidsRequest  # noqa: Y015
+
+@_typing.final
+class ReservePidsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAST_PID_FIELD_NUMBER: _builtins.int
+    last_pid: _builtins.int
+    """the namespace's counter now; 0: the daemon's pid namespace"""
+    def __init__(
+        self,
+        *,
+        last_pid: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_pid", b"last_pid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReservePidsResponse: _TypeAlias = ReservePidsResponse  # noqa: Y015

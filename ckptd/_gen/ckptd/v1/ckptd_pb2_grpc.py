@@ -95,6 +95,11 @@ class CheckpointerStub:
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.SetPolicyRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.Policy.FromString,
                 _registered_method=True)
+        self.ReservePids = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/ReservePids',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ReservePidsRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ReservePidsResponse.FromString,
+                _registered_method=True)
         self.ListPolicies = channel.unary_unary(
                 '/ckptd.v1.Checkpointer/ListPolicies',
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListPoliciesRequest.SerializeToString,
@@ -238,6 +243,15 @@ class CheckpointerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReservePids(self, request, context):
+        """The caller's pid namespace (a container's) hands out pids above `above` from now on:
+        `ckptctl run` asks before it starts its job, so that the job's pids stay free in the next
+        container. next_pid 0: the caller shares the daemon's pid namespace (nothing done).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListPolicies(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -367,6 +381,11 @@ def add_CheckpointerServicer_to_server(servicer, server):
                     servicer.SetPolicy,
                     request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.SetPolicyRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_ckptd__pb2.Policy.SerializeToString,
+            ),
+            'ReservePids': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReservePids,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ReservePidsRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ReservePidsResponse.SerializeToString,
             ),
             'ListPolicies': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPolicies,
@@ -743,6 +762,33 @@ class Checkpointer:
             '/ckptd.v1.Checkpointer/SetPolicy',
             ckptd_dot_v1_dot_ckptd__pb2.SetPolicyRequest.SerializeToString,
             ckptd_dot_v1_dot_ckptd__pb2.Policy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReservePids(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/ReservePids',
+            ckptd_dot_v1_dot_ckptd__pb2.ReservePidsRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.ReservePidsResponse.FromString,
             options,
             channel_credentials,
             insecure,
