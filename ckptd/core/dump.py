@@ -62,6 +62,7 @@ from ckptd.core.ports import (
     NodeInspector,
     Precopy,
     ProcessTable,
+    WrittenFile,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
 from ckptd.core.targets import check_dump_target, check_tcp, container_init
@@ -111,6 +112,8 @@ class DumpContext:
     """The tree's processes, held since ``inspect`` (and those CRIU found later)."""
     files: tuple[CapturedFile, ...] = ()
     files_skipped: tuple[str, ...] = ()
+    written: tuple[WrittenFile, ...] = ()
+    """The files the tree writes, as ``inspect`` listed them (re-listed while frozen)."""
     precopies: dict[str, Precopy] = field(default_factory=dict)
     tcp_connections: int = 0
     """Connected TCP sockets of the tree at ``inspect`` (CRIU dumps them established)."""
@@ -208,8 +211,8 @@ class DumpRecipe:
         )
         self._gpu.inspect(ctx.gpu, ctx.tree)
         if self._files is not None:  # refuse a file over the capture limit before freezing
-            jobfiles.refuse_oversized(self._files.written(ctx.tree), self._config,
-                                      ctx.request.pid)
+            ctx.written = self._files.written(ctx.tree)
+            jobfiles.refuse_oversized(ctx.written, self._config, ctx.request.pid)
         ctx.fingerprint = replace(self._node.fingerprint(ctx.tree), criu_version=status.version)
 
     def _placement(self, ctx: DumpContext) -> CriuPlacement | None:
@@ -328,7 +331,7 @@ class DumpRecipe:
         if self._files is None:
             return
         assert ctx.images_dir is not None
-        ctx.precopies = jobfiles.precopy(self._files, ctx.tree, ctx.images_dir, self._config)
+        ctx.precopies = jobfiles.precopy(self._files, ctx.written, ctx.images_dir, self._config)
 
     def _capture_files(self, ctx: DumpContext) -> None:
         if self._files is None:
@@ -369,7 +372,7 @@ class DumpRecipe:
             self._inspect(ctx)
             if self._files is not None:  # what the dump will capture (a target checks paths)
                 ctx.files = tuple(
-                    jobfiles.planned(w) for w in self._files.written(ctx.tree)
+                    jobfiles.planned(w) for w in ctx.written
                     if w.size <= self._config.file_capture_limit
                 )
             return self._record(ctx)

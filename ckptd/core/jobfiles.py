@@ -81,12 +81,13 @@ class Capture:
 
 
 def precopy(
-    files: JobFiles, tree: Sequence[ProcessFact], images_dir: Path, config: CoreConfig
+    files: JobFiles, written: Sequence[WrittenFile], images_dir: Path, config: CoreConfig
 ) -> dict[str, Precopy]:
-    """Copy, before the tree is frozen, what its append-only files hold (they can only grow):
-    the freeze then copies only what they gained meanwhile. By path."""
+    """Copy, before the tree is frozen, what its append-only files (of ``written``, listed at
+    inspect) hold (they can only grow): the freeze then copies only what they gained
+    meanwhile. By path."""
     done: dict[str, Precopy] = {}
-    for file in files.written(tree):
+    for file in written:
         if file.append_only and file.size <= config.file_capture_limit:
             early = files.precopy(file, images_dir / image_name(file.path))
             if early is not None:

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 import xxhash
 
+from ckptd.adapters.procfs.node import fd_flags
 from ckptd.adapters.procfs.stdio import _as_user
 from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.domain import CapturedFile, ProcessFact
@@ -96,7 +97,7 @@ class ProcJobFiles:
         for name in fds:
             try:
                 target = os.readlink(fd_dir / name)
-                flags = _fdinfo_flags(self._proc / str(pid) / "fdinfo" / name)
+                flags = fd_flags(self._proc / str(pid) / "fdinfo" / name)
                 if flags & os.O_ACCMODE not in (os.O_WRONLY, os.O_RDWR):
                     continue
                 if not _capturable(target):
@@ -136,13 +137,6 @@ def _capturable(path: str) -> bool:
     if not path.startswith("/") or path.endswith(" (deleted)"):
         return False
     return path.startswith(_KEPT_UNDER_DEV) or not path.startswith(_SKIPPED_ROOTS)
-
-
-def _fdinfo_flags(path: Path) -> int:
-    for line in path.read_text().splitlines():
-        if line.startswith("flags:"):
-            return int(line.split()[1], 8)
-    return 0
 
 
 @dataclass

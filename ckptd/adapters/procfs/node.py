@@ -72,7 +72,7 @@ def _unescape(text: str) -> str:
     return text.encode().decode("unicode_escape") if "\\" in text else text
 
 
-def _fd_flags(fdinfo: Path) -> int:
+def fd_flags(fdinfo: Path) -> int:
     """The open flags /proc/PID/fdinfo/FD shows (0 when unreadable)."""
     with contextlib.suppress(OSError, ValueError):
         for line in fdinfo.read_text().splitlines():
@@ -138,7 +138,7 @@ class ProcNodeInspector:
                             stat.S_ISREG(os.stat(base / "fd" / fd).st_mode)
                         ):
                             want(target, FileKind.FILE)
-                            flags = _fd_flags(base / "fdinfo" / fd)
+                            flags = fd_flags(base / "fdinfo" / fd)
                             if flags & os.O_ACCMODE != os.O_RDONLY:
                                 writable.add(target)
                             if not flags & os.O_APPEND:
