@@ -74,7 +74,8 @@ def gpu_problems(
 
 
 def refuse_unless_compatible(
-    record: CheckpointRecord, report: CompatReport, *, ignore_warnings: bool
+    record: CheckpointRecord, report: CompatReport, *, ignore_warnings: bool,
+    where: str = "this node",
 ) -> None:
     """Raise ``Incompatible`` listing every difference, unless there is none (or only
     warnings and ``ignore_warnings``)."""
@@ -82,12 +83,15 @@ def refuse_unless_compatible(
         return
     parts = [f"blocking: {b}" for b in report.blocking]
     parts += [f"warning: {w}" for w in report.warnings]
-    if report.blocking:
+    if report.blocking and where != "this node":
+        hint = ("start the new container from the image the job ran in (the files it maps "
+                "unchanged), with its volumes and enough memory")
+    elif report.blocking:
         hint = "restore it on a node that matches, or put the files back as they were"
     else:
         hint = "restore with --ignore-warnings to accept these differences"
     raise Incompatible(
-        f"checkpoint {record.id} does not fit this node: " + "; ".join(parts),
+        f"checkpoint {record.id} does not fit {where}: " + "; ".join(parts),
         hint=hint,
         blocking=report.blocking,
         warnings=report.warnings,

@@ -110,7 +110,9 @@ class PolicyService:
                 same_job = policy.pid in (0, old.pid)
                 policy = replace(
                     policy, last_fired=old.last_fired, last_checkpoint_id=old.last_checkpoint_id,
-                    last_error=old.last_error, drained_checkpoint_id=old.drained_checkpoint_id,
+                    last_error=old.last_error,
+                    # a new process under the name (a restored or restarted job) runs again
+                    drained_checkpoint_id=old.drained_checkpoint_id if same_job else "",
                     pid=old.pid if same_job else policy.pid, uid=old.uid,
                     started=old.started if same_job else status.start_time if status else 0,
                 )

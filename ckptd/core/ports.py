@@ -126,6 +126,11 @@ class ProcessTable(Protocol):
         done). Raises ProcessNotFound when ``pid`` is gone."""
         ...
 
+    def ns_pid_taken(self, init: int, ns_pid: int) -> str:
+        """What holds pid ``ns_pid`` of the pid namespace whose init is ``init`` (a node
+        pid): its command name, or "" when that pid (process or thread id) is free there."""
+        ...
+
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         """Every connected TCP socket a process of ``tree`` holds (listening ones are not
         connections), with its addresses as seen in that process's network namespace."""
@@ -165,6 +170,25 @@ class Cgroups(Protocol):
         returns them. Never raises (what cannot be removed stays)."""
         ...
 
+    def memory_limit(self, pid: int) -> MemoryLimit | None:
+        """The tightest memory limit over the cgroups of ``pid`` (every hierarchy, each
+        cgroup and its ancestors) with what is charged there now; None when unlimited.
+        Raises ProcessNotFound when ``pid`` is gone."""
+        ...
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A cgroup's memory limit (``memory.max``, v1's ``memory.limit_in_bytes``)."""
+
+    cgroup: str
+    limit: int
+    usage: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.usage)
+
 
 class NodeInspector(Protocol):
     """This node's facts (CPU, kernel, libc) and the files a process tree uses.
@@ -185,6 +209,12 @@ class NodeInspector(Protocol):
     def file(self, path: str, kind: FileKind, with_hash: bool) -> FileNeed | None:
         """``path`` as it is on this node now (None: missing). For EXE/MAP/FILE a regular
         file (hashed when ``with_hash`` and small); CWD a directory; MOUNT a mount point."""
+        ...
+
+    def seen_by(self, pid: int) -> NodeInspector:
+        """The same inspector with every path resolved as process ``pid`` sees it: in its
+        root file system and mount table (a container's), never escaping that root through
+        a symbolic link. Raises ProcessNotFound when ``pid`` is gone."""
         ...
 
 
@@ -271,6 +301,12 @@ class JobFiles(Protocol):
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         """The file exactly as ``put_back`` found it (the copy aside removed)."""
+        ...
+
+    def seen_by(self, pid: int) -> JobFiles:
+        """The same port with ``check``/``put_back``/``undo`` acting on paths as process
+        ``pid`` sees them (its root file system: a container's), never escaping that root
+        through a symbolic link. Raises ProcessNotFound when ``pid`` is gone."""
         ...
 
 
@@ -378,6 +414,12 @@ class CriuRestoreJob:
     """CRIU puts each task back in the cgroups it was dumped from (creating missing ones:
     CRIU's default). False: CRIU leaves cgroups alone (its ``ignore`` mode), so the tree is
     born in CRIU's own cgroup, where the caller placed CRIU (``CriuHooks.criu_started``)."""
+    container: CriuPlacement | None = None
+    """None: CRIU runs in the daemon's namespaces. Else inside the container of
+    ``container.init`` (its namespaces and cgroups; ``ns_pid`` unused): the images' pids
+    are made free there first (every pid and thread id checked, the namespace's counter
+    moved past them), the tree is born there and becomes that init's child when CRIU exits;
+    the notified and returned pids are node pids."""
 
 
 class CriuDumpInProgress(Protocol):
@@ -540,6 +582,16 @@ class StdioProvider(Protocol):
         tree keeps its own copies). The output file belongs to ``owner`` (uid, gid): a path
         the caller chose is opened with the owner's file-system identity (never root's for a
         user's job), one the daemon chose is created by root and given to the owner."""
+        ...
+
+    def from_process(
+        self, stdio: Sequence[StdioFact], pid: int
+    ) -> AbstractContextManager[tuple[InheritFd, ...]]:
+        """Replacements taken from process ``pid`` (the init of the container restored
+        into): each external descriptor 0-2 becomes the same descriptor of ``pid``, reopened
+        (a pipe to its runtime: the tree writes to the container's log); any other external
+        one its stdout when written, /dev/null when read. Ours are closed on exit. Raises
+        ProcessNotFound when ``pid`` or its descriptor is gone."""
         ...
 
 

@@ -46,6 +46,12 @@ from ckptd.core.compat import check_restore, gpu_problems, refuse_unless_compati
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree, pid_map
+from ckptd.core.intocontainer import (
+    CallerContainer,
+    caller_container,
+    check_pids_free,
+    memory_problems,
+)
 from ckptd.core.jobfiles import PutBackAll
 from ckptd.core.ports import (
     Cgroups,
@@ -111,6 +117,8 @@ class RestoreContext:
     """The cgroup the restored tree goes into ("" when ckptd places nothing)."""
     create_cgroup: bool = False
     """``cgroup`` is one of the tree's own, created for it."""
+    into: CallerContainer | None = None
+    """Restoring into the caller's container (``RestoreRequest.into_callers_container``)."""
 
 
 def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
@@ -195,11 +203,13 @@ class RestoreRecipe:
         finally:
             if ctx.held is not None:
                 ctx.held.close()
-        assert ctx.record is not None and ctx.output_path is not None
+        assert ctx.record is not None
         return RestoreOutcome(
             checkpoint_id=ctx.record.id,
             pid=ctx.pid,
-            output_path=str(ctx.output_path) if ctx.inherit_fds else "",
+            ns_pid=ctx.record.processes[0].image_pid if ctx.into and ctx.record.processes
+            else 0,
+            output_path=str(ctx.output_path) if ctx.inherit_fds and ctx.output_path else "",
             cgroup=ctx.cgroup,
             duration_s=self._clock.time() - ctx.started,
             stdio=ctx.record.stdio,
@@ -227,6 +237,8 @@ class RestoreRecipe:
                         f"uid {proc.uid}, the caller is uid {ctx.caller.uid}",
                         checkpoint_id=record.id,
                     )
+        if ctx.request.into_callers_container:
+            ctx.into = caller_container(self._processes, ctx.caller, record)
         status = self._criu.status()
         if not status.ok:
             raise CriuUnavailable(f"cannot restore: {status.message}", checkpoint_id=record.id)
@@ -258,14 +270,14 @@ class RestoreRecipe:
         the GPU plan's own error (GpuMismatch / GpuUnavailable, every GPU problem in it)."""
         record = ctx.record
         assert record is not None
-        if record.container:
+        if record.container and ctx.into is None:
             raise PreconditionFailed(
                 f"checkpoint {record.id} is of a job in a container (pids "
                 f"{', '.join(str(p.image_pid) for p in record.processes[:3])} of the "
-                "container's pid namespace): it can only be restored inside a container, "
-                "which ckptd does not do yet (issue #12)",
-                hint="keep the checkpoint; restoring it into a container (`ckptctl run "
-                     "--name NAME` as the container's init) is being built",
+                "container's pid namespace): it can only be restored inside a container",
+                hint=f"start the next container with `ckptctl run --name "
+                     f"{record.name or 'NAME'} -- CMD` as its entrypoint: it restores the "
+                     "newest checkpoint of that name into itself",
                 checkpoint_id=record.id,
             )
         if record.gpu is None and ctx.request.gpu_map:
@@ -273,17 +285,26 @@ class RestoreRecipe:
                 f"--gpu-map given but checkpoint {record.id} holds no CUDA process",
                 hint="leave --gpu-map out",
             )
+        node, files = self._node, self._files
+        if ctx.into is not None:  # the job's files as the new container sees them
+            node = node.seen_by(ctx.into.init)
+            files = files.seen_by(ctx.into.init) if files is not None else None
         report = check_restore(
-            record, self._node, criu_version=self._criu.status().version, include_gpu=False,
-            files=self._files,
+            record, node, criu_version=self._criu.status().version, include_gpu=False,
+            files=files,
         )
+        if ctx.into is not None:
+            more = memory_problems(self._cgroups, ctx.into, record)
+            report = replace(report, blocking=report.blocking + tuple(more))
         if record.gpu is not None:
             if report.blocking:
                 more = gpu_problems(record, self._gpu, ctx.request.gpu_map)
                 report = replace(report, blocking=report.blocking + tuple(more))
             else:
                 ctx.gpu_map = self._gpu.plan_restore(record.gpu, dict(ctx.request.gpu_map))
-        refuse_unless_compatible(record, report, ignore_warnings=ctx.request.ignore_warnings)
+        refuse_unless_compatible(
+            record, report, ignore_warnings=ctx.request.ignore_warnings,
+            where="this node" if ctx.into is None else f"the container of pid {ctx.into.init}")
 
     def _gate(self, ctx: RestoreContext) -> None:
         """Group restores only: hold the stopped tree until every member is restored."""
@@ -315,6 +336,9 @@ class RestoreRecipe:
 
     def _wait_pids_free(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
+        if ctx.into is not None:
+            check_pids_free(self._processes, ctx.into, ctx.record)
+            return
         if ctx.record.own_pid_namespace:
             return  # restored into a new pid namespace: its pids are all free there
         deadline = self._clock.monotonic() + self._config.zombie_wait_s
@@ -350,6 +374,10 @@ class RestoreRecipe:
 
     def _stdio_replacements(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
+        if ctx.into is not None:  # the container's own stdio (its log stream)
+            ctx.inherit_fds = ctx.resources.enter_context(
+                self._stdio.from_process(ctx.record.stdio, ctx.into.init))
+            return
         if ctx.request.output_path:
             ctx.output_path = Path(ctx.request.output_path)
         else:
@@ -367,7 +395,8 @@ class RestoreRecipe:
         assert ctx.record is not None and ctx.images_dir is not None
         if not ctx.record.files or self._files is None:
             return
-        ctx.files = PutBackAll(self._files, ctx.record)
+        files = self._files if ctx.into is None else self._files.seen_by(ctx.into.init)
+        ctx.files = PutBackAll(files, ctx.record)
         ctx.files.run(ctx.images_dir, ctx.op_id)
 
     def _undo_files(self, ctx: RestoreContext) -> None:
@@ -384,7 +413,8 @@ class RestoreRecipe:
             leave_stopped=ctx.gate is not None,
             tcp_established=ctx.record.tcp_connections > 0,
             tcp_close=ctx.record.tcp_close,
-            restore_cgroups=not ctx.cgroup,
+            restore_cgroups=not ctx.cgroup and ctx.into is None,
+            container=ctx.into.placement() if ctx.into is not None else None,
         )
         try:
             ctx.pid = self._criu.restore(job, _HoldOnPostRestore(self._hooks, self, ctx))
@@ -404,6 +434,10 @@ class RestoreRecipe:
         if self._cgroups is None:
             return
         assert ctx.record is not None
+        if ctx.into is not None:  # CRIU is run in the container's cgroups (every hierarchy)
+            ctx.cgroup = self._cgroup_of(ctx.into.init, f"the container's init (pid "
+                                                        f"{ctx.into.init})")
+            return
         daemon_pid = self._config.daemon_pid
         daemon = self._cgroup_of(daemon_pid, f"the daemon (pid {daemon_pid})")
         caller = ctx.caller.pid or 0
@@ -432,8 +466,8 @@ class RestoreRecipe:
     def place_criu(self, ctx: RestoreContext, criu_pid: int) -> None:
         """CRIU's process into the tree's cgroup, before it creates anything (the tree is
         then born there, and what it restores is charged there)."""
-        if not ctx.cgroup or self._cgroups is None:
-            return
+        if not ctx.cgroup or self._cgroups is None or ctx.into is not None:
+            return  # (into a container: CRIU's entry moves itself into its cgroups)
         if ctx.create_cgroup:  # leftovers of restores whose trees have ended
             self._cgroups.remove_empty(ctx.cgroup.rsplit("/", 1)[0] or "/")
         self._cgroups.move((criu_pid,), ctx.cgroup, create=ctx.create_cgroup)

@@ -365,6 +365,9 @@ class RestoreRequest:
     present, else free ones of the same model)."""
     ignore_warnings: bool = False
     """Restore despite compatibility warnings (never despite blocking differences)."""
+    into_callers_container: bool = False
+    """Restore inside the caller's container, as its child (the caller is the container's
+    init: ``ckptctl run`` in the next pod). Only for container checkpoints."""
 
 
 @dataclass(frozen=True)
@@ -486,6 +489,9 @@ class RestoreOutcome:
     """Where the versions found on disk were kept (beside each file put back)."""
     cgroup: str = ""
     """The cgroup (v2) the restored tree was placed in; empty when ckptd placed nothing."""
+    ns_pid: int = 0
+    """The restored root's pid in the caller's pid namespace (a restore into the caller's
+    container), else 0."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ckptd.core.ports import MemoryLimit
 from ckptd.domain import PidState
 from ckptd.errors import CgroupUnavailable, ProcessNotFound
 from ckptd.testing._processes import FakeProcessTable
@@ -65,6 +66,8 @@ class FakeCgroups:
         self.fail_move: Exception | None = None
         self.fail_into: set[str] = set()
         self.born_in: str | None = None
+        self.limits: dict[str, tuple[int, int]] = {}
+        """Memory limits by cgroup: ``(limit, usage)`` in bytes (``memory_limit``)."""
 
     # ---- set-up helpers ----------------------------------------------------------------------
 
@@ -131,6 +134,15 @@ class FakeCgroups:
                 self.where[pid] = cgroup
             self.moves.append((tuple(pids), cgroup))
             self._event(f"cgroups.move {cgroup} " + " ".join(map(str, pids)))
+
+    def memory_limit(self, pid: int) -> MemoryLimit | None:
+        """``limits[cgroup]`` (limit, usage) of ``pid``'s cgroup or its nearest limited
+        ancestor (the tightest); None when none is set."""
+        with self._lock:
+            cgroup = self.cgroup_of(pid)
+            found = [MemoryLimit(c, *self.limits[c]) for c in _parents(cgroup)
+                     if c in self.limits]
+            return min(found, key=lambda m: m.free) if found else None
 
     def remove_empty(self, parent: str) -> list[str]:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,24 @@ class FakeJobFiles:
         self.appending: set[str] = set()
         self.events = events
         self.fail_put_back: set[str] = set()
+        self.roots: dict[int, Path] = {}
+        """``seen_by(pid)``: a directory standing for that process's root file system (a
+        container's); check/put_back/undo then act on ``root + path``, the paths reported
+        unchanged. A pid not there sees the node's."""
+        self.root: Path | None = None
+
+    def seen_by(self, pid: int) -> FakeJobFiles:
+        root = self.roots.get(pid)
+        if root is None:
+            return self
+        view = FakeJobFiles(self.events)
+        view.writes, view.appending, view.fail_put_back = (
+            self.writes, self.appending, self.fail_put_back)
+        view.root = root
+        return view
+
+    def _in_root(self, path: str) -> str:
+        return path if self.root is None else f"{self.root}{path}"
 
     def open_for_writing(self, pid: int, path: str | Path, *, append: bool = False) -> None:
         """Fake ``pid`` writes ``path`` (``append``: only through O_APPEND)."""
@@ -61,7 +80,7 @@ class FakeJobFiles:
         return capture_file(file, dest, precopy)
 
     def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck:
-        return check_file(captured)
+        return check_file(replace(captured, path=self._in_root(captured.path)))
 
     def put_back(
         self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int
@@ -69,11 +88,14 @@ class FakeJobFiles:
         if captured.path in self.fail_put_back:
             raise OSError(f"cannot put back {captured.path} (FakeJobFiles)")
         self._event(f"files.put_back {captured.path}")
-        return put_back(captured, content, aside)
+        done = put_back(replace(captured, path=self._in_root(captured.path)), content,
+                        self._in_root(aside))
+        return None if done is None else PutBack(captured.path, aside if done.aside else "")
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         self._event(f"files.undo {done.path}")
-        undo_put_back(done)
+        undo_put_back(PutBack(self._in_root(done.path),
+                              self._in_root(done.aside) if done.aside else ""))
 
     def _event(self, text: str) -> None:
         if self.events is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from ckptd.domain import HASH_LIMIT, FileKind, FileNeed, NodeFingerprint, ProcessFact
+from ckptd.errors import ProcessNotFound
 
 
 @dataclass
@@ -46,6 +47,10 @@ class FakeNodeInspector:
     append_only: set[str] = field(default_factory=set)
     events: list[str] | None = None
     calls: int = 0
+    views: dict[int, FakeNodeInspector] = field(default_factory=dict)
+    """What ``seen_by(pid)`` returns (a container's files); a pid not there sees this node's
+    files, one in ``gone`` is a process that ended."""
+    gone: set[int] = field(default_factory=set)
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -107,6 +112,11 @@ class FakeNodeInspector:
         if with_hash and f.length <= HASH_LIMIT:
             digest = xxhash.xxh3_128_hexdigest(f.data)
         return FileNeed(path, kind, size=f.length, mtime_ns=f.mtime_ns, hash=digest)
+
+    def seen_by(self, pid: int) -> FakeNodeInspector:
+        if pid in self.gone:
+            raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+        return self.views.get(pid, self)
 
     def _mount_of(self, path: str) -> str:
         best = "/"

@@ -400,6 +400,20 @@ class FakeProcessTable:
                 differ |= one.namespaces & two.namespaces
             return frozenset(differ)
 
+    def ns_pid_taken(self, init: int, ns_pid: int) -> str:
+        """The comm of a live process whose ``pidns_init`` is ``init`` (or ``init`` itself
+        for ns pid 1) and whose ``ns_pid`` is ``ns_pid``; "" when none."""
+        with self._lock:
+            if init not in self.processes:
+                raise ProcessNotFound(f"no process with pid {init}", pid=init)
+            for proc in self.processes.values():
+                if proc.state is PidState.FREE:  # a zombie still holds its pid
+                    continue
+                mine = init in (proc.pid, proc.pidns_init)
+                if mine and (proc.ns_pid or proc.pid) == ns_pid:
+                    return proc.comm
+            return ""
+
     def reserve_pids(self, pid: int, above: int) -> int:
         """Its pid namespace's counter (``pid_counters``, by the namespace's init, 0 at
         first) raised to ``above``; 0 when ``pid`` shares the daemon's pid namespace."""

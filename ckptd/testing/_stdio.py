@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ckptd.core.ports import InheritFd
 from ckptd.domain import StdioFact
+from ckptd.errors import ProcessNotFound
 
 if TYPE_CHECKING:
     from ckptd.core.ports import StdioProvider
@@ -34,6 +35,8 @@ class FakeStdioProvider:
         self.opened: list[int] = []
         self.closed: list[int] = []
         self.fail: Exception | None = None
+        self.from_calls: list[tuple[tuple[StdioFact, ...], int]] = []
+        self.gone: set[int] = set()
 
     @property
     def open_fds(self) -> list[int]:
@@ -70,6 +73,19 @@ class FakeStdioProvider:
                 with self._lock:
                     self.closed.append(inherit.fd)
             self._event("stdio.close")
+
+    @contextlib.contextmanager
+    def from_process(
+        self, stdio: Sequence[StdioFact], pid: int
+    ) -> Iterator[tuple[InheritFd, ...]]:
+        """As ``replacements`` (one /dev/null per external key), recorded in
+        ``from_calls`` as ``(stdio, pid)``; ``gone`` pids raise ProcessNotFound."""
+        with self._lock:
+            self.from_calls.append((tuple(stdio), pid))
+        if pid in self.gone:
+            raise ProcessNotFound(f"cannot reopen the stdio of process {pid}: gone", pid=pid)
+        with self.replacements(stdio, Path(os.devnull)) as fds:
+            yield fds
 
     def _event(self, text: str) -> None:
         if self.events is not None:

@@ -26,7 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
-from ckptd.adapters.criu.containers import Container, ContainerError
+from ckptd.adapters.criu.containers import (
+    Container,
+    ContainerError,
+    image_pids,
+    make_pids_free,
+)
 from ckptd.adapters.criu.images import read_dump_stats, read_pstree
 from ckptd.core.ports import (
     CriuDumpJob,
@@ -45,6 +50,10 @@ LOG_TAIL_LINES = 25
 _HARMLESS = (
     "RLIMIT_NOFILE",  # CAP_SYS_RESOURCE missing: CRIU says so and carries on
     "tun: Unable to create tun",  # kerndat's probe inside a container without /dev/net/tun
+    # a restore inside a container unlocks the nftables table CRIU made in the old one's
+    # network namespace, which the new one does not have
+    "Could not process rule: No such file or directory",
+    "delete table inet CRIU-",
 )
 
 
@@ -233,6 +242,8 @@ class CriuSwrk:
                         shutil.move(job.images_dir / name, job.work_dir / name)
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
+        if job.container is not None:
+            return self._restore_in_container(job, job.container, hooks)
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
             opts = self._opts(images_fd, work_fd, job, "restore.log")
             for inherit in job.inherit_fds:
@@ -248,6 +259,63 @@ class CriuSwrk:
             resp = self._call(req, hooks, fds, job.work_dir / "restore.log", "restore", None,
                               started=hooks.criu_started)
         return int(resp.restore.pid)
+
+    def _restore_in_container(
+        self, job: CriuRestoreJob, where: CriuPlacement, hooks: CriuHooks
+    ) -> int:
+        """CRIU run inside the container of ``where.init`` (its namespaces and cgroups), as
+        for a dump; before it starts, every pid and thread id of the images is checked free
+        there and the namespace's counter moved past them (CRIU's clone3 needs each exact
+        pid). Returns the restored root's node pid."""
+        what = f"restore into the container of pid {where.init}"
+        try:
+            container = Container.open(where.init)
+        except ContainerError as exc:
+            raise CriuFailed(f"CRIU {what}: {exc}", pid=where.init,
+                             hint="the container restored into is gone") from exc
+        self._plugin_dir.mkdir(parents=True, exist_ok=True)
+        with container, _DirFd(job.images_dir) as images_fd, \
+                _DirFd(self._plugin_dir) as plugins_fd:
+            if container.start_time != where.init_start_time:
+                raise CriuFailed(f"CRIU {what}: pid {where.init} is another process now",
+                                 pid=where.init, hint="")
+            try:
+                make_pids_free(container, image_pids(job.images_dir))
+            except (ContainerError, OSError) as exc:
+                raise CriuFailed(f"CRIU {what}: {exc}", pid=where.init,
+                                 hint="start the job with `ckptctl run` (its pids are then "
+                                      "above those a container's own processes take)") from exc
+            opts = self._opts(-1, -1, job, "restore.log")
+            opts.images_dir = f"/proc/self/fd/{images_fd}"
+            for inherit in job.inherit_fds:
+                opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
+            if job.tcp_close:
+                opts.tcp_close = True
+            if job.leave_stopped:
+                opts.leave_stopped = True
+            opts.manage_cgroups_mode = rpc_pb2.IGNORE
+            req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
+
+            def node_pid(ns_pid: int) -> int:
+                return container.node_pids().get(ns_pid, 0)
+
+            log_path = job.images_dir / "restore.log"
+            try:
+                resp = self._call(
+                    req, hooks, (images_fd, plugins_fd, *(i.fd for i in job.inherit_fds)),
+                    log_path, what, None, started=hooks.criu_started, container=container,
+                    notified_pid=node_pid,
+                    env={**self._env(), "CRIU_LIBS_DIR": f"/proc/self/fd/{plugins_fd}"})
+            except CriuFailed as exc:
+                if exc.log_path:
+                    exc.log_path = str(job.work_dir / "restore.log")
+                    exc.hint = f"see {exc.log_path}"
+                raise
+            finally:
+                for name in ("restore.log", "restore.stderr"):
+                    with contextlib.suppress(OSError):
+                        shutil.move(job.images_dir / name, job.work_dir / name)
+            return node_pid(int(resp.restore.pid))
 
     def _opts(
         self, images_fd: int, work_fd: int, job: CriuDumpJob | CriuRestoreJob, log_file: str

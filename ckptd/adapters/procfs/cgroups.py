@@ -23,6 +23,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from ckptd.core.ports import MemoryLimit
 from ckptd.errors import CgroupUnavailable, ProcessNotFound
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,15 @@ class CgroupFs:
                 self._create(cgroup)
             for pid in pids:
                 self._write_procs(target, pid, cgroup)
+
+    def memory_limit(self, pid: int) -> MemoryLimit | None:
+        from ckptd.adapters.criu.containers import cgroup_dirs
+
+        try:
+            dirs = cgroup_dirs(pid)
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessNotFound(f"process {pid} is gone", pid=pid) from exc
+        return tightest_memory_limit(dirs)
 
     def remove_empty(self, parent: str) -> list[str]:
         removed: list[str] = []
@@ -213,3 +223,42 @@ def _enable_accounting(cgroup_dir: Path) -> None:
             (cgroup_dir / "cgroup.subtree_control").write_text(f"+{name}")
         except OSError as exc:
             log.info("cannot enable the %s controller in %s: %s", name, cgroup_dir, exc)
+
+
+_UNLIMITED_V1 = 1 << 62
+"""cgroup v1 says "no limit" with a page-rounded LONG_MAX in ``memory.limit_in_bytes``."""
+
+
+def tightest_memory_limit(dirs: Sequence[Path]) -> MemoryLimit | None:
+    """The limit with the least room left among ``dirs`` (each a cgroup directory of one
+    hierarchy) and their ancestors up to the hierarchy's mount: cgroup v2's ``memory.max`` /
+    ``memory.current``, v1's ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``; None
+    when none is limited."""
+    best: MemoryLimit | None = None
+    for start in dirs:
+        here = start
+        while (here / "cgroup.procs").exists():
+            found = _limit_in(here)
+            if found is not None and (best is None or found.free < best.free):
+                best = found
+            if here.parent == here:
+                break
+            here = here.parent
+    return best
+
+
+def _limit_in(directory: Path) -> MemoryLimit | None:
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory.limit_in_bytes", "memory.usage_in_bytes")):
+        try:
+            raw = (directory / limit_file).read_text().strip()
+        except OSError:
+            continue
+        if raw == "max" or not raw.isdigit() or int(raw) >= _UNLIMITED_V1:
+            return None
+        try:
+            usage = int((directory / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            usage = 0
+        return MemoryLimit(str(directory), int(raw), usage)
+    return None

@@ -24,10 +24,11 @@ from typing import Any, BinaryIO
 import xxhash
 
 from ckptd.adapters.procfs.node import fd_flags
+from ckptd.adapters.procfs.rootpath import ContainerPathError, in_root, process_root, same_root
 from ckptd.adapters.procfs.stdio import _as_user
 from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.domain import CapturedFile, ProcessFact
-from ckptd.errors import StoreError
+from ckptd.errors import ProcessNotFound, StoreError
 
 PAGE = 4096
 BLOCK = 1 << 20
@@ -38,9 +39,26 @@ _KEPT_UNDER_DEV = ("/dev/shm/",)
 class ProcJobFiles:
     """``JobFiles`` over /proc and the local file systems (paths as the daemon sees them)."""
 
-    def __init__(self, proc: Path = Path("/proc"), *, owner_rights: bool = True) -> None:
+    def __init__(
+        self, proc: Path = Path("/proc"), *, owner_rights: bool = True, root: Path | None = None
+    ) -> None:
         self._proc = proc
         self._owner_rights = owner_rights
+        self._root = root
+        """Where ``check``/``put_back``/``undo`` resolve paths (None: the daemon's root)."""
+
+    def seen_by(self, pid: int) -> ProcJobFiles:
+        if not (self._proc / str(pid)).exists():
+            raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+        if same_root(self._proc, pid):
+            return self
+        return ProcJobFiles(self._proc, owner_rights=self._owner_rights,
+                            root=process_root(self._proc, pid))
+
+    def _rooted(self, captured: CapturedFile) -> CapturedFile:
+        if self._root is None:
+            return captured
+        return replace(captured, path=in_root(self._root, captured.path))
 
     def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
         found: dict[str, WrittenFile] = {}
@@ -64,16 +82,27 @@ class ProcJobFiles:
         return capture_file(file, dest, precopy)
 
     def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck:
+        try:
+            rooted = self._rooted(captured)
+        except ContainerPathError as exc:
+            return FileCheck(differs=True, problem=str(exc))
         with self._rights(uid, gid):
-            return check_file(captured)
+            return check_file(rooted)
 
     def put_back(
         self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int
     ) -> PutBack | None:
-        with self._rights(uid, gid):
-            return put_back(captured, content, aside)
+        if self._root is None:
+            with self._rights(uid, gid):
+                return put_back(captured, content, aside)
+        with self._rights(uid, gid):  # paths in the container's root; reported as it names them
+            done = put_back(self._rooted(captured), content, in_root(self._root, aside))
+        return None if done is None else PutBack(captured.path, aside if done.aside else "")
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
+        if self._root is not None:
+            done = PutBack(in_root(self._root, done.path),
+                           in_root(self._root, done.aside) if done.aside else "")
         with self._rights(uid, gid):
             undo_put_back(done)
 

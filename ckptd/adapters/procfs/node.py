@@ -15,7 +15,9 @@ from pathlib import Path
 
 import xxhash
 
+from ckptd.adapters.procfs.rootpath import in_root, process_root, same_root
 from ckptd.domain import HASH_LIMIT, FileKind, FileNeed, NodeFingerprint, ProcessFact
+from ckptd.errors import ProcessNotFound
 
 _PSEUDO = ("/proc/", "/sys/", "/dev/")
 _PRIORITY = {FileKind.EXE: 0, FileKind.MAP: 1, FileKind.FILE: 2, FileKind.CWD: 3}
@@ -90,8 +92,24 @@ def file_hash(path: str) -> str:
 
 
 class ProcNodeInspector:
-    def __init__(self, proc: Path = Path("/proc")) -> None:
+    """``NodeInspector`` over /proc. ``root``/``mountinfo``: the file system and mount table
+    paths are resolved in (the daemon's by default; a container's for ``seen_by``)."""
+
+    def __init__(
+        self, proc: Path = Path("/proc"), *, root: Path | None = None,
+        mountinfo: Path | None = None,
+    ) -> None:
         self._proc = proc
+        self._root = root
+        self._mountinfo = mountinfo or proc / "self" / "mountinfo"
+
+    def seen_by(self, pid: int) -> ProcNodeInspector:
+        if not (self._proc / str(pid)).exists():
+            raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+        if same_root(self._proc, pid):
+            return self
+        return ProcNodeInspector(self._proc, root=process_root(self._proc, pid),
+                                 mountinfo=self._proc / str(pid) / "mountinfo")
 
     def here(self) -> NodeFingerprint:
         uname = os.uname()
@@ -107,6 +125,15 @@ class ProcNodeInspector:
         )
 
     def fingerprint(self, tree: Sequence[ProcessFact]) -> NodeFingerprint:
+        """Paths as the tree's root process sees them (a container's root file system and
+        mounts when it is in one), so that a restore checks them in the same place."""
+        if tree and self._root is None:
+            try:
+                view = self.seen_by(tree[0].pid)
+            except ProcessNotFound:
+                view = self
+            if view is not self:
+                return view.fingerprint(tree)
         wanted: dict[str, FileKind] = {}
         writable: set[str] = set()
         sized: set[str] = set()  # opened without O_APPEND, or mapped: CRIU checks the size
@@ -163,8 +190,11 @@ class ProcNodeInspector:
     def file(self, path: str, kind: FileKind, with_hash: bool) -> FileNeed | None:
         if kind is FileKind.MOUNT:
             return FileNeed(path, kind) if path in self._mount_points() else None
+        where = path
         try:
-            st = os.stat(path)
+            if self._root is not None:
+                where = in_root(self._root, path)
+            st = os.stat(where)
         except OSError:
             return None
         if kind is FileKind.CWD:
@@ -174,12 +204,12 @@ class ProcNodeInspector:
         digest = ""
         if with_hash and st.st_size <= HASH_LIMIT:
             with contextlib.suppress(OSError):
-                digest = file_hash(path)
+                digest = file_hash(where)
         return FileNeed(path, kind, size=st.st_size, mtime_ns=st.st_mtime_ns, hash=digest)
 
     def _mount_points(self) -> set[str]:
         try:
-            return set(parse_mount_points((self._proc / "self" / "mountinfo").read_text()))
+            return set(parse_mount_points(self._mountinfo.read_text()))
         except OSError:
             return {"/"}
 

@@ -213,6 +213,28 @@ class ProcFsTable:
         except ContainerError as exc:
             raise ProcessNotFound(f"cannot reserve pids for pid {pid}: {exc}", pid=pid) from exc
 
+    def ns_pid_taken(self, init: int, ns_pid: int) -> str:
+        """Through the container's own /proc (its pid namespace's; every task id is there,
+        threads too), reached in its root without following links."""
+        from ckptd.adapters.procfs.rootpath import ContainerPathError, in_root, process_root
+
+        try:
+            where = in_root(process_root(self._proc, init), f"/proc/{int(ns_pid)}/comm")
+            return Path(where).read_text().strip() or "?"
+        except FileNotFoundError:
+            if not (self._proc / str(init)).exists():
+                raise ProcessNotFound(f"no process with pid {init}", pid=init) from None
+            if not Path(in_root(process_root(self._proc, init), "/proc/1")).exists():
+                raise ProcessNotFound(
+                    f"the container of pid {init} has no /proc mounted: its pids cannot be "
+                    "told", pid=init) from None
+            return ""
+        except ProcessLookupError:
+            return ""
+        except ContainerPathError as exc:
+            raise ProcessNotFound(f"the pids of the container of pid {init} cannot be told: "
+                                  f"{exc}", pid=init) from exc
+
     def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
         return tcp_connections(self._proc, tree)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ckptd.core.ports import InheritFd
 from ckptd.domain import StdioFact, StdioKind
-from ckptd.errors import StoreError
+from ckptd.errors import ProcessNotFound, StoreError
 
 
 class LocalStdioProvider:
@@ -66,6 +66,39 @@ class LocalStdioProvider:
                 else:
                     fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
                     ours.append(fd)
+                out[fact.external_key] = InheritFd(fact.external_key, fd)
+            yield tuple(out.values())
+        finally:
+            for fd in ours:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+    @contextlib.contextmanager
+    def from_process(
+        self, stdio: Sequence[StdioFact], pid: int
+    ) -> Iterator[tuple[InheritFd, ...]]:
+        ours: list[int] = []
+        out: dict[str, InheritFd] = {}
+        try:
+            for fact in stdio:
+                if not fact.external_key or fact.external_key in out:
+                    continue
+                if fact.fd in (0, 1, 2):
+                    source, writable = fact.fd, fact.fd != 0
+                elif fact.writable:
+                    source, writable = 1, True
+                else:
+                    source, writable = -1, False
+                path = f"/proc/{pid}/fd/{source}" if source >= 0 else os.devnull
+                try:
+                    fd = os.open(path, (os.O_WRONLY if writable else os.O_RDONLY)
+                                 | os.O_CLOEXEC)
+                except OSError as exc:
+                    raise ProcessNotFound(
+                        f"cannot reopen descriptor {source} of process {pid} for the restored "
+                        f"tree's fd {fact.fd}: {exc.strerror}", pid=pid) from exc
+                ours.append(fd)
                 out[fact.external_key] = InheritFd(fact.external_key, fd)
             yield tuple(out.values())
         finally:

@@ -13,6 +13,16 @@ checkpoints with ``--every``). Then it waits:
 - any other signal ``run`` gets (SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2, SIGWINCH, SIGCONT) is
   passed to the job.
 
+As a container's entrypoint (pid 1 of its pid namespace: the next pod of a Kubernetes Job),
+``run`` first looks for a checkpoint of ``--name``: when there is one, the daemon restores
+its newest INTO this container (docs/adr/0011): the job comes back as ``run``'s child, in the
+container's namespaces, cgroups and root file system, writing to the container's stdout, and
+``run`` then waits for it as above (reaping every other orphan, as an init must). A restore
+that fails or is refused starts nothing: ``run`` says why in one line and exits 1
+(``--fresh-on-failure`` starts COMMAND instead; ``--fresh`` never restores). Without a
+checkpoint, COMMAND starts as usual. Outside containers ``run`` always starts COMMAND (a
+restored tree could not become its child): ``ckptctl restore --name`` restores there.
+
 The job never gets an io_uring instance, which CRIU cannot checkpoint: a seccomp filter makes
 ``io_uring_setup`` fail with ENOSYS in it and all its descendants, and libraries (libuv under
 PyTorch's TCPStore) fall back to epoll (``no_io_uring``; ``--allow-io-uring`` opts out).
@@ -34,7 +44,7 @@ import grpc
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.transport.cli import no_io_uring
 from ckptd.transport.cli.jobs import Command, duration
-from ckptd.transport.cli.output import EXIT_USAGE, CliError, err
+from ckptd.transport.cli.output import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, err, stream_result
 
 EXIT_TERMINATED = 143
 PASSED_ON = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -60,13 +70,17 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
         argv = no_io_uring.launcher(command)  # the filter, then exec: the job's own pid
         if argv is not command and shutil.which(command[0]) is None:
             raise CliError(f"cannot start {command[0]}: No such file or directory", 127)
-    _reserve_pids(ctx)
     terminated = threading.Event()
     handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: terminated.set())}
-    try:
-        job = subprocess.Popen(argv, start_new_session=True)
-    except OSError as exc:
-        raise CliError(f"cannot start {command[0]}: {exc.strerror}", 127) from exc
+    job = _restore_into_this_container(ctx, args, name) if _container_init() else None
+    if job is None:
+        _reserve_pids(ctx)
+        try:
+            started = subprocess.Popen(argv, start_new_session=True)
+            job = Child(started.pid, started)
+        except OSError as exc:
+            signal.signal(signal.SIGTERM, handlers[signal.SIGTERM])
+            raise CliError(f"cannot start {command[0]}: {exc.strerror}", 127) from exc
     for signo in PASSED_ON:
         handlers[signo] = signal.signal(signo, lambda s, _f: _pass_on(job, s))
     try:
@@ -88,7 +102,7 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
                 err(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
                     f"`ckptctl resume {name}` restores it")
                 return EXIT_TERMINATED
-            return _status(job.returncode)
+            return _status(job.wait())
         return _checkpoint_then_stop(ctx, args, job, name)
     finally:
         for signo, old in handlers.items():
@@ -112,11 +126,93 @@ def _reserve_pids(ctx: Any) -> None:
                 "into another container")
 
 
-def _pass_on(job: subprocess.Popen[bytes], signo: int) -> None:
+class Child:
+    """The job: a child of ours, started or adopted (a restored tree's root, reparented to
+    us). As the init of a container, waiting for it also reaps every other process that
+    ends orphaned there; ``returncode`` as ``subprocess`` says it (-N: killed by signal N)."""
+
+    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None = None) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._reap_all = os.getpid() == 1
+        self._popen = popen  # kept, and told the status: it must never reap the pid itself
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap(block=False)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self._reap(block=True)
+        return self.returncode
+
+    def _reap(self, *, block: bool) -> None:
+        target = -1 if self._reap_all else self.pid
+        while True:
+            try:
+                pid, status = os.waitpid(target, 0 if block else os.WNOHANG)
+            except ChildProcessError:  # not our child (any more): gone without a status
+                self.returncode = 255 if self.returncode is None else self.returncode
+                return
+            if pid == 0:
+                return
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                if self._popen is not None:
+                    self._popen.returncode = self.returncode
+                return
+
+
+def _container_init() -> bool:
+    """We are pid 1 of our pid namespace: a container's entrypoint."""
+    return os.getpid() == 1
+
+
+EXIT_RESTORE_FAILED = 1
+
+
+def _restore_into_this_container(
+    ctx: Any, args: argparse.Namespace, name: str
+) -> Child | None:
+    """The newest checkpoint of ``name`` restored into this container, as our child; None
+    when there is none (or ``--fresh``), or when it fails and ``--fresh-on-failure`` says
+    to start afresh. Raises CliError (exit 1) when it fails otherwise."""
+    if args.fresh or not args.name:
+        return None
+    try:
+        listed = ctx.client.List(pb.ListRequest(name=name), timeout=ctx.timeout)
+    except grpc.RpcError as exc:
+        raise CliError(f"cannot look for a checkpoint of {name}: {exc.details()}",
+                       EXIT_UNAVAILABLE) from exc
+    if not listed.checkpoints:
+        return None
+    newest = max(listed.checkpoints, key=lambda c: (c.created, c.id))
+    try:
+        result = stream_result(ctx.client.Restore(
+            pb.RestoreRequest(checkpoint_id=newest.id, into_callers_container=True),
+            timeout=ctx.timeout), "result")
+        if result is None:
+            raise CliError(f"ckptd ended the restore of {newest.id} without a result")
+    except (grpc.RpcError, CliError) as exc:
+        why = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+        if args.fresh_on_failure:
+            err(f"cannot restore {name} from {newest.id}: {why}; starting it afresh "
+                "(--fresh-on-failure)")
+            return None
+        raise CliError(f"cannot restore {name} from {newest.id}: {why} (nothing was "
+                       "started; --fresh-on-failure starts the command afresh instead)",
+                       EXIT_RESTORE_FAILED) from exc
+    err(f"{name} restored from {newest.id} as pid {result.ns_pid} "
+        f"({result.duration_s:.2f}s)")
+    return Child(int(result.ns_pid))
+
+
+def _pass_on(job: Child, signo: int) -> None:
     _signal_job(job, signo)
 
 
-def _signal_job(job: subprocess.Popen[bytes], signo: int) -> None:
+def _signal_job(job: Child, signo: int) -> None:
     """Signal the job we started through a pidfd: never a process that took its pid after it
     ended (it is our child, so its pid stays its own until we reap it; the pidfd keeps that
     true whoever reaps it)."""
@@ -157,7 +253,7 @@ def _forget_unless_drained(ctx: Any, name: str, wait_s: float = 60.0) -> str:
 
 
 def _checkpoint_then_stop(
-    ctx: Any, args: argparse.Namespace, job: subprocess.Popen[bytes], name: str
+    ctx: Any, args: argparse.Namespace, job: Child, name: str
 ) -> int:
     late = False
     try:
@@ -214,4 +310,10 @@ def add_command(command: Command) -> None:
                      help="do not keep io_uring away from the job (by default io_uring_setup "
                      "fails with ENOSYS in it, so libraries fall back to epoll); a job that "
                      "then uses io_uring cannot be checkpointed")
+    run.add_argument("--fresh", action="store_true",
+                     help="as a container's entrypoint, start COMMAND even when a checkpoint "
+                     "of --name exists (by default the newest is restored into the container)")
+    run.add_argument("--fresh-on-failure", action="store_true",
+                     help="when restoring the checkpoint of --name fails, start COMMAND "
+                     "afresh instead of exiting 1")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")

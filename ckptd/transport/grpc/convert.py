@@ -67,6 +67,7 @@ def restore_request(msg: pb.RestoreRequest) -> RestoreRequest:
         output_path=msg.output_path,
         gpu_map=dict(msg.gpu_map),
         ignore_warnings=msg.ignore_warnings,
+        into_callers_container=msg.into_callers_container,
     )
 
 
@@ -167,6 +168,8 @@ def restore_result(o: RestoreOutcome) -> pb.RestoreResult:
         stdio=[stdio(s) for s in o.stdio],
         files_put_back=list(o.files_put_back),
         files_kept=list(o.files_kept),
+        cgroup=o.cgroup,
+        ns_pid=o.ns_pid,
     )
 
 

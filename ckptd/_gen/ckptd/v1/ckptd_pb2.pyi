@@ -918,6 +918,7 @@ class RestoreRequest(_message.Message):
     OUTPUT_PATH_FIELD_NUMBER: _builtins.int
     GPU_MAP_FIELD_NUMBER: _builtins.int
     IGNORE_WARNINGS_FIELD_NUMBER: _builtins.int
+    INTO_CALLERS_CONTAINER_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     pid: _builtins.int
     """the latest checkpoint of this pid"""
@@ -929,6 +930,12 @@ class RestoreRequest(_message.Message):
     """
     ignore_warnings: _builtins.bool
     """Restore despite compatibility warnings (never despite blocking differences)."""
+    into_callers_container: _builtins.bool
+    """Restore inside the caller's container (the caller must be its init, pid 1 of its pid
+    namespace: `ckptctl run` in the next pod): CRIU runs in the caller's namespaces and
+    cgroups, the tree's stdio is the caller's, its files are put back in the caller's root
+    file system, and the tree becomes the caller's child. Only for container checkpoints.
+    """
     @_builtins.property
     def gpu_map(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Checkpoint GPU UUID -> this node's GPU UUID (every checkpointed GPU, or none)."""
@@ -942,10 +949,11 @@ class RestoreRequest(_message.Message):
         output_path: _builtins.str = ...,
         gpu_map: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         ignore_warnings: _builtins.bool = ...,
+        into_callers_container: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "name", b"name", "pid", b"pid", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "gpu_map", b"gpu_map", "ignore_warnings", b"ignore_warnings", "name", b"name", "output_path", b"output_path", "pid", b"pid", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "gpu_map", b"gpu_map", "ignore_warnings", b"ignore_warnings", "into_callers_container", b"into_callers_container", "name", b"name", "output_path", b"output_path", "pid", b"pid", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["checkpoint_id", "pid", "name"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
@@ -964,10 +972,16 @@ class RestoreResult(_message.Message):
     STDIO_FIELD_NUMBER: _builtins.int
     FILES_PUT_BACK_FIELD_NUMBER: _builtins.int
     FILES_KEPT_FIELD_NUMBER: _builtins.int
+    CGROUP_FIELD_NUMBER: _builtins.int
+    NS_PID_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     pid: _builtins.int
     output_path: _builtins.str
     duration_s: _builtins.float
+    cgroup: _builtins.str
+    """The cgroup (v2 path) the restored tree was placed in; empty when ckptd placed nothing."""
+    ns_pid: _builtins.int
+    """The restored root's pid in the caller's pid namespace (into_callers_container), else 0."""
     @_builtins.property
     def stdio(self) -> _containers.RepeatedCompositeFieldContainer[Global___StdioFact]: ...
     @_builtins.property
@@ -988,10 +1002,12 @@ class RestoreResult(_message.Message):
         stdio: _abc.Iterable[Global___StdioFact] | None = ...,
         files_put_back: _abc.Iterable[_builtins.str] | None = ...,
         files_kept: _abc.Iterable[_builtins.str] | None = ...,
+        cgroup: _builtins.str = ...,
+        ns_pid: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "duration_s", b"duration_s", "files_kept", b"files_kept", "files_put_back", b"files_put_back", "output_path", b"output_path", "pid", b"pid", "stdio", b"stdio"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "checkpoint_id", b"checkpoint_id", "duration_s", b"duration_s", "files_kept", b"files_kept", "files_put_back", b"files_put_back", "ns_pid", b"ns_pid", "output_path", b"output_path", "pid", b"pid", "stdio", b"stdio"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
