@@ -49,6 +49,7 @@ from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree, map_image_pids
 from ckptd.core.ports import (
+    Cgroups,
     CheckpointStore,
     Clock,
     Criu,
@@ -137,7 +138,9 @@ class DumpRecipe:
         node: NodeInspector,
         hooks: CriuHooks | None = None,
         files: JobFiles | None = None,
+        cgroups: Cgroups | None = None,
     ) -> None:
+        self._cgroups = cgroups
         self._gpu = gpu
         self._node = node
         self._files = files
@@ -414,7 +417,17 @@ class DumpRecipe:
             tcp_connections=ctx.tcp_connections,
             tcp_close=ctx.request.tcp_close and ctx.tcp_connections > 0,
             container=ctx.container is not None,
+            container_memory_limit=self._memory_limit(ctx.container),
         )
+
+    def _memory_limit(self, where: CriuPlacement | None) -> int:
+        if where is None or self._cgroups is None:
+            return 0
+        try:
+            limit = self._cgroups.memory_limit(where.init)
+        except CkptdError:
+            return 0
+        return limit.limit if limit is not None else 0
 
     def _parent_of(self, ctx: DumpContext) -> str:
         earlier = [r for r in self._store.list() if r.pid == ctx.request.pid]

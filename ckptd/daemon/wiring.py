@@ -149,6 +149,7 @@ def wire(config: DaemonConfig) -> Wired:
         gpu=gpu,
         node=ProcNodeInspector(),
         files=files,
+        cgroups=cgroups,
     )
     restore = RestoreRecipe(
         criu=criu,

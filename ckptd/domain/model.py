@@ -416,7 +416,12 @@ class CheckpointRecord:
     container: bool = False
     """A job in a container (not its init): dumped by CRIU run inside the container's
     namespaces, so the images hold a plain tree and pids of the container's namespace
-    (each process's ``ns_pid``); a restore must run inside a container (issue #12)."""
+    (each process's ``ns_pid``); a restore must run inside a container (issue #12). What
+    it needs of the next container is recorded with the rest: ``fingerprint`` holds the files
+    it maps and mounts it uses *as the container saw them* (its image's files, by content
+    hash or size and mtime), ``gpu`` its GPUs."""
+    container_memory_limit: int = 0
+    """The container's memory limit at the checkpoint, bytes (0: none, or not known)."""
 
     @property
     def own_pid_namespace(self) -> bool:

@@ -73,8 +73,11 @@ class FakeCriu:
     ``external_key`` of the images has no ``InheritFd`` in the job or its fd is not open;
     ``setup_namespaces``; recreates the processes (the root's parent becomes pid 1; a tree
     that was the init of its own pid namespace gets new pids above every pid in use, keeping
-    its ``ns_pid`` s, and the pid check is skipped as in a new namespace; a process
-    stopped before the dump comes back STOPPED, the others are held stopped until resumed);
+    its ``ns_pid`` s, and the pid check is skipped as in a new namespace; with
+    ``job.container`` the tree is born in that init's namespaces with new node pids, its
+    ``ns_pid`` s kept (each must be free there: ``ns_pid_taken``) and the root that init's
+    child; a process stopped before the dump comes back STOPPED, the others are held
+    stopped until resumed);
     ``post_restore``, ``pre_resume``; resumes them; ``post_resume``; returns the root pid.
     Before all that it calls ``criu_started`` with a pid of its own (a new one each restore,
     not in the table); with ``cgroups`` (a ``FakeCgroups``) that pid is a process there, in
@@ -244,7 +247,8 @@ class FakeCriu:
         what = "restore"
         tree, stdio, stopped = self._read_images(job.images_dir, what)
         own_ns = tree[0].ns_pid == 1
-        if own_ns:
+        into = job.container
+        if own_ns or into is not None:  # new node pids; the same pids in their namespace
             tree, stdio, stopped = self._renumbered(tree, stdio, stopped)
         root = tree[0].pid
         created: list[int] = []
@@ -254,6 +258,9 @@ class FakeCriu:
             for proc in tree:
                 if self.processes.status(proc.pid).state is not PidState.FREE:
                     raise _Abort(self._failed(what, f"can't fork for {proc.pid}: pid in use", root))
+                if into is not None and self.processes.ns_pid_taken(into.init, proc.image_pid):
+                    raise _Abort(self._failed(
+                        what, f"can't fork for {proc.image_pid}: File exists", root))
 
             given = {i.key: i.fd for i in job.inherit_fds}
             for fact in stdio:
@@ -272,10 +279,16 @@ class FakeCriu:
             self._hook(hooks, "setup_namespaces", root, what, fail, after)
             if self.clock is not None:
                 self.clock.advance(self.restore_s)
+            if into is not None:
+                init = self.processes.processes[into.init]
+                namespaces, owner = init.namespaces, init.ns_owner or into.init
+            else:
+                namespaces, owner = frozenset({"pid"}) if own_ns else frozenset(), 0
             for proc in tree:
+                parent = (into.init if into is not None else 1) if proc.pid == root else proc.ppid
                 self.processes.add_process(
                     proc.pid,
-                    1 if proc.pid == root else proc.ppid,
+                    parent,
                     comm=proc.comm,
                     uid=proc.uid,
                     gid=proc.gid,
@@ -284,7 +297,9 @@ class FakeCriu:
                     threads=proc.threads,
                     stdio=[s for s in stdio if s.pid == proc.pid],
                     ns_pid=proc.ns_pid,
-                    namespaces=frozenset({"pid"}) if own_ns else frozenset(),
+                    namespaces=namespaces,
+                    ns_owner=owner,
+                    pidns_init=into.init if into is not None else 0,
                 )
                 created.append(proc.pid)
                 if self.cgroups is not None and not job.restore_cgroups:

@@ -240,7 +240,9 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
         how = "restored closed" if ck.get("tcp_close") else "restored established"
         pairs.append(("tcp connections", f"{tcp} ({how})"))
     if ck.get("container"):
-        pairs.append(("container", "yes: dumped inside it, pids of its namespace (NS PID)"))
+        limit = int(ck.get("container_memory_limit") or 0)
+        pairs.append(("container", "yes: dumped inside it, pids of its namespace (NS PID)"
+                      + (f"; memory limit {limit >> 20} MiB" if limit else "")))
     out = [key_values(pairs)]
 
     processes = ck["processes"]

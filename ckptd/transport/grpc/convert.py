@@ -131,6 +131,7 @@ def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
         tcp_connections=r.tcp_connections,
         tcp_close=r.tcp_close,
         container=r.container,
+        container_memory_limit=r.container_memory_limit,
     )
     msg.created.FromNanoseconds(int(r.created * 1e9))
     if r.gpu is not None:

@@ -1168,6 +1168,7 @@ class Checkpoint(_message.Message):
     TCP_CONNECTIONS_FIELD_NUMBER: _builtins.int
     TCP_CLOSE_FIELD_NUMBER: _builtins.int
     CONTAINER_FIELD_NUMBER: _builtins.int
+    CONTAINER_MEMORY_LIMIT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     pid: _builtins.int
     name: _builtins.str
@@ -1192,6 +1193,8 @@ class Checkpoint(_message.Message):
     """A job in a container (not its init), dumped by CRIU run inside the container: the
     processes' ns_pid are the container's pids (issue #12).
     """
+    container_memory_limit: _builtins.int
+    """The container's memory limit at the checkpoint (bytes; 0: none or not known)."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -1243,10 +1246,11 @@ class Checkpoint(_message.Message):
         tcp_connections: _builtins.int = ...,
         tcp_close: _builtins.bool = ...,
         container: _builtins.bool = ...,
+        container_memory_limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "fingerprint", b"fingerprint", "gpu", b"gpu"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "container", b"container", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "files", b"files", "files_skipped", b"files_skipped", "fingerprint", b"fingerprint", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "tcp_close", b"tcp_close", "tcp_connections", b"tcp_connections", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_logical", b"bytes_logical", "bytes_new", b"bytes_new", "container", b"container", "container_memory_limit", b"container_memory_limit", "created", b"created", "criu_version", b"criu_version", "duration_s", b"duration_s", "files", b"files", "files_skipped", b"files_skipped", "fingerprint", b"fingerprint", "frozen_s", b"frozen_s", "gpu", b"gpu", "id", b"id", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "node", b"node", "parent_id", b"parent_id", "pid", b"pid", "processes", b"processes", "stdio", b"stdio", "tcp_close", b"tcp_close", "tcp_connections", b"tcp_connections", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
