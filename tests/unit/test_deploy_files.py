@@ -65,9 +65,18 @@ def schema_errors(doc: dict[str, Any], version: str) -> list[str]:
     return []
 
 
+ENV_FIELD_PATHS = re.compile(
+    r"metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[^']+'\]"
+    r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs)"
+)
+"""The pod fields an environment variable may take (fieldRef); whole label/annotation maps
+are for downwardAPI volumes only."""
+
+
 def api_errors(doc: dict[str, Any]) -> list[str]:
     """What the API server checks beyond the schema, for the kinds of deploy/: names, the
-    selector of a DaemonSet, a Job's restart policy, volumes, hostPath types, $(VAR)s."""
+    selector of a DaemonSet, a Job's restart policy and pod failure policy, volumes, hostPath
+    types, $(VAR)s (and where the kubelet does not expand them), env fieldRefs."""
     problems: list[str] = []
     dns_label = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
     meta = doc.get("metadata") or {}
@@ -83,6 +92,21 @@ def api_errors(doc: dict[str, Any]) -> list[str]:
     pod = template.get("spec") or {}
     if doc.get("kind") == "Job" and pod.get("restartPolicy") not in ("OnFailure", "Never"):
         problems.append("a Job's pods need restartPolicy OnFailure or Never")
+    failure_policy = spec.get("podFailurePolicy") if doc.get("kind") == "Job" else None
+    if failure_policy is not None:
+        if pod.get("restartPolicy") != "Never":
+            problems.append("spec.podFailurePolicy needs restartPolicy Never")
+        if spec.get("podReplacementPolicy", "Failed") != "Failed":
+            problems.append("spec.podReplacementPolicy must be Failed with a podFailurePolicy")
+        containers = {c.get("name") for c in pod.get("containers") or []}
+        for rule in failure_policy.get("rules") or []:
+            codes = rule.get("onExitCodes")
+            if (codes is None) == (rule.get("onPodConditions") is None):
+                problems.append("a podFailurePolicy rule needs onExitCodes or onPodConditions")
+            if codes and codes.get("containerName") not in (None, *containers):
+                problems.append(f"podFailurePolicy: no container {codes.get('containerName')!r}")
+            if codes and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
+                problems.append("podFailurePolicy: exit code 0 cannot be In")
     volumes = {v.get("name") for v in pod.get("volumes") or []}
     host_path_types = {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket",
                        "CharDevice", "BlockDevice"}
@@ -104,6 +128,16 @@ def api_errors(doc: dict[str, Any]) -> list[str]:
             for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", str(arg)):
                 if var not in env:
                     problems.append(f"container {c.get('name')}: $({var}) is not in its env")
+        for e in c.get("env") or []:
+            path = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+            if path is not None and not ENV_FIELD_PATHS.fullmatch(str(path)):
+                problems.append(f"container {c.get('name')}: env {e.get('name')}: fieldPath "
+                                f"{path!r} is not available to environment variables")
+        for hook, handler in (c.get("lifecycle") or {}).items():
+            for arg in (handler.get("exec") or {}).get("command") or []:
+                if re.search(r"\$\([A-Za-z_][A-Za-z0-9_]*\)", str(arg)):
+                    problems.append(f"container {c.get('name')}: {hook}: the kubelet does not "
+                                    f"expand $(VAR) in lifecycle hooks: {arg!r}")
     return problems
 
 
@@ -161,6 +195,32 @@ BREAKAGES: dict[str, tuple[str, Callable[[dict[str, Any]], object], str]] = {
         "training-job.yaml", lambda d: _pod(d)["volumes"].pop(0),
         "container train: no volume 'ckptd-run'",
     ),
+    "pod failure policy with OnFailure": (
+        "training-job.yaml", lambda d: _pod(d).update(restartPolicy="OnFailure"),
+        "spec.podFailurePolicy needs restartPolicy Never",
+    ),
+    "replacement while terminating": (
+        "training-job.yaml", lambda d: d["spec"].update(podReplacementPolicy="TerminatingOrFailed"),
+        "spec.podReplacementPolicy must be Failed with a podFailurePolicy",
+    ),
+    "exit codes of no container": (
+        "training-job.yaml",
+        lambda d: d["spec"]["podFailurePolicy"]["rules"][1]["onExitCodes"].update(
+            containerName="trainer"),
+        "podFailurePolicy: no container 'trainer'",
+    ),
+    "$(VAR) in a hook": (
+        "training-job.yaml",
+        lambda d: _pod(d)["containers"][0]["lifecycle"]["preStop"]["exec"].update(
+            command=["ckptctl", "dump", "--name", "$(JOB_NAME)"]),
+        "the kubelet does not expand $(VAR) in lifecycle hooks",
+    ),
+    "all labels in an env var": (
+        "training-job.yaml",
+        lambda d: _pod(d)["containers"][0]["env"][0]["valueFrom"]["fieldRef"].update(
+            fieldPath="metadata.labels"),
+        "fieldPath 'metadata.labels' is not available to environment variables",
+    ),
 }
 
 
@@ -183,6 +243,9 @@ def test_a_broken_copy_is_rejected(breakage: str, tmp_path: Path) -> None:
 
 
 def test_daemonset() -> None:
+    """What the container flow needs of the node's daemon (docs/adr/0010, 0011): the host's
+    pid namespace, privileged, the host's cgroup namespace and hierarchy, the socket directory
+    on the host, a store shared by every node and a state directory of the node's own."""
     docs = {d["kind"]: d for d in _docs("ckptd-daemonset.yaml")}
     assert set(docs) == {"Namespace", "DaemonSet"}
     ds = docs["DaemonSet"]
@@ -191,31 +254,95 @@ def test_daemonset() -> None:
     assert spec["hostPID"] is True
     (container,) = spec["containers"]
     assert container["securityContext"]["privileged"] is True
-    # the host's cgroup namespace and hierarchy: restored jobs go into their callers' pods'
-    # cgroups (or /ckptd-jobs), never this pod's (docs/adr/0010)
+    # the host's cgroup namespace and hierarchy: CRIU is placed in the job's pod's cgroup
+    # (restores land there), never this pod's
     assert container["command"] == [
         "nsenter", "--cgroup=/proc/1/ns/cgroup", "--",
-        "ckptd", "--socket", "/run/ckptd/ckptd.sock", "--store", "/var/lib/ckptd",
-        "--cgroup-fs", "/host/sys/fs/cgroup",
+        "ckptd", "--socket", "/run/ckptd/ckptd.sock", "--store", "/mnt/ckptd-store",
+        "--state-dir", "/var/lib/ckptd/state", "--cgroup-fs", "/host/sys/fs/cgroup",
     ]
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
-    assert {"/var/lib/ckptd", "/run/ckptd", "/dev/shm"} <= set(host_paths.values())
+    volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    host_paths = {name: v["hostPath"]["path"] for name, v in volumes.items() if "hostPath" in v}
     assert (host_paths["cgroup"], mounts["cgroup"]) == ("/sys/fs/cgroup", "/host/sys/fs/cgroup")
+    assert (host_paths["run"], mounts["run"]) == ("/run/ckptd", "/run/ckptd")
+    assert host_paths["shm"] == "/dev/shm"
+    # the store is shared by every node (a restore may happen on any); the state is not
+    assert "nfs" in volumes["store"] and mounts["store"] == "/mnt/ckptd-store"
+    assert (host_paths["state"], mounts["state"]) == ("/var/lib/ckptd/state",) * 2
     assert any(t.get("key") == "nvidia.com/gpu" for t in spec["tolerations"])
     assert "ckptctl" in container["livenessProbe"]["exec"]["command"]
 
 
+def _run_options(command: list[str]) -> dict[str, str]:
+    """``ckptctl [--socket S] run [--opt V]... -- CMD``'s options, by name (``socket`` too)."""
+    assert command[0] == "ckptctl" and "run" in command and "--" in command, command
+    options = command[1:command.index("--")]
+    options.remove("run")
+    assert len(options) % 2 == 0, options
+    return {options[i].removeprefix("--"): options[i + 1] for i in range(0, len(options), 2)}
+
+
 def test_training_job() -> None:
-    (job,) = _docs("training-job.yaml")
-    assert job["kind"] == "Job"
-    spec = job["spec"]["template"]["spec"]
-    (container,) = spec["containers"]
-    assert container["command"][:4] == ["ckptctl", "run", "--name", "$(JOB_NAME)"]
-    pre_stop = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
-    assert "dump --name" in pre_stop and "/run/ckptd/ckptd.sock" in pre_stop
-    assert spec["terminationGracePeriodSeconds"] >= 120
-    assert any(v.get("hostPath", {}).get("path") == "/run/ckptd" for v in spec["volumes"])
+    """The container flow (deploy/README.md, "Pod eviction and resume, step by step"): pid 1
+    is ``ckptctl run --name $(JOB_NAME)``, NAME the Job's name in every pod; preStop dumps
+    by that name; exit 143 (checkpointed and stopped) and disruptions are not failures; the
+    next pod starts once this one has ended; the grace period covers ``--grace``; the
+    socket's host directory and a volume for the job's files are mounted; no privileges."""
+    docs = {d["kind"]: d for d in _docs("training-job.yaml")}
+    assert set(docs) == {"PersistentVolumeClaim", "Job"}
+    job, claim = docs["Job"], docs["PersistentVolumeClaim"]
+    spec = job["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+
+    command = container["command"]
+    assert command[:4] == ["ckptctl", "--socket", "/run/ckptd/ckptd.sock", "run"], command
+    assert command[command.index("--") + 1:] == ["python", "train.py"]
+    options = _run_options(command)
+    assert options["name"] == "$(JOB_NAME)"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["JOB_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['batch.kubernetes.io/job-name']"
+
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[:2] == ["sh", "-c"]
+    assert "ckptctl --socket /run/ckptd/ckptd.sock dump --name \"$JOB_NAME\"" in pre_stop[2]
+
+    assert pod["restartPolicy"] == "Never"
+    assert spec["podReplacementPolicy"] == "Failed"
+    rules = spec["podFailurePolicy"]["rules"]
+    ignored_codes = {code for r in rules if r["action"] == "Ignore" and "onExitCodes" in r
+                     and r["onExitCodes"]["operator"] == "In"
+                     and r["onExitCodes"].get("containerName") in (None, container["name"])
+                     for code in r["onExitCodes"]["values"]}
+    assert 143 in ignored_codes
+    assert any(r["action"] == "Ignore" and {"type": "DisruptionTarget", "status": "True"} in
+               r.get("onPodConditions", []) for r in rules)
+    assert spec["backoffLimit"] >= 1
+
+    grace = float(options["grace"])
+    assert grace >= 120 and grace + 20 <= pod["terminationGracePeriodSeconds"]
+
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    (run,) = [n for n, v in volumes.items() if v.get("hostPath", {}).get("path") == "/run/ckptd"]
+    assert mounts[run]["mountPath"] == "/run/ckptd"
+    assert volumes[run]["hostPath"]["type"] == "Directory"
+    (data,) = [n for n, v in volumes.items() if "persistentVolumeClaim" in v]
+    assert volumes[data]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert claim["metadata"]["namespace"] == job["metadata"]["namespace"]
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]
+    assert mounts[data]["mountPath"] == "/data"
+
+    limits = container["resources"]["limits"]
+    assert {"memory", "nvidia.com/gpu"} <= set(limits)
+    # the training pod needs no privileges (the daemon has them)
+    security = container["securityContext"]
+    assert not security.get("privileged") and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"] and "add" not in security["capabilities"]
+    assert not pod.get("hostPID") and not pod.get("shareProcessNamespace")
+    assert pod["securityContext"]["runAsNonRoot"] is True
 
 
 @pytest.mark.parametrize(
@@ -233,4 +360,10 @@ def test_sbatch_directives() -> None:
     assert "#SBATCH --signal=B:TERM@120" in text
     assert "#SBATCH --requeue" in text
     assert 'NAME="$SLURM_JOB_NAME-$SLURM_JOB_ID"' in text
+    # outside a container `ckptctl run` does not restore: the requeued run does, by name
     assert "ckptctl restore --name" in text
+    # the checkpoint on SIGTERM fits in the time --signal leaves before the limit
+    lead = re.search(r"^#SBATCH --signal=B:TERM@(\d+)$", text, re.M)
+    grace = re.search(r"^GRACE=(\d+) ", text, re.M)
+    assert lead and grace and '--grace "$GRACE"' in text
+    assert int(grace.group(1)) < int(lead.group(1))
