@@ -14,7 +14,7 @@ for their GPUs.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ckptd.core.gpu import GpuSteps
 from ckptd.core.jobfiles import check_files
@@ -34,11 +34,13 @@ def check_restore(
     gpu_map: Mapping[str, str] | None = None,
     include_gpu: bool = True,
     files: JobFiles | None = None,
+    visible: Sequence[str] | None = None,
 ) -> CompatReport:
     """Every blocking difference and every warning between ``record``'s needs and this node
     (``here``; ``criu_version``: this node's CRIU; ``gpu``: its GPU steps, for CUDA trees,
-    whose problems are left out when not ``include_gpu``; ``files``: this node's files, to
-    check that the captured ones can be put back), and the notes of what a restore changes."""
+    whose problems are left out when not ``include_gpu``; ``visible``: the GPUs the
+    restoring container sees, see ``gpu_problems``; ``files``: this node's files, to check
+    that the captured ones can be put back), and the notes of what a restore changes."""
     blocking: list[str] = []
     warnings: list[str] = []
     captured = {f.path for f in record.files}
@@ -51,21 +53,25 @@ def check_restore(
     file_blocking, notes = check_files(record, files)
     blocking.extend(file_blocking)
     if include_gpu and record.gpu is not None:
-        blocking.extend(gpu_problems(record, gpu, gpu_map))
+        blocking.extend(gpu_problems(record, gpu, gpu_map, visible))
     return CompatReport(blocking=tuple(blocking), warnings=tuple(warnings), notes=tuple(notes))
 
 
 def gpu_problems(
-    record: CheckpointRecord, gpu: GpuSteps | None, gpu_map: Mapping[str, str] | None
+    record: CheckpointRecord,
+    gpu: GpuSteps | None,
+    gpu_map: Mapping[str, str] | None,
+    visible: Sequence[str] | None = None,
 ) -> list[str]:
-    """The GPU plan's problems (``GpuSteps.plan_restore``), one line each."""
+    """The GPU plan's problems (``GpuSteps.plan_restore``), one line each. ``visible``: the
+    UUIDs the restoring container sees (``GpuSteps.visible_to``; None: every GPU)."""
     if record.gpu is None:
         return []
     if gpu is None:
         return [f"the checkpoint holds CUDA processes {list(record.gpu.cuda_pids)} but this "
                 "daemon has no GPU support"]
     try:
-        gpu.plan_restore(record.gpu, dict(gpu_map or {}))
+        gpu.plan_restore(record.gpu, dict(gpu_map or {}), visible)
     except GpuMismatch as exc:
         return list(exc.problems)
     except GpuUnavailable as exc:

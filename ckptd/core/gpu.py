@@ -157,11 +157,26 @@ class GpuSteps:
 
     # ---- restore ------------------------------------------------------------------------
 
+    def visible_to(self, pid: int) -> tuple[str, ...] | None:
+        """The UUIDs of this node's GPUs that ``pid`` (the restoring container's process) can
+        use, for ``plan_restore``'s ``visible``; None when nothing restricts it, and with no
+        GPU support (``plan_restore`` refuses CUDA checkpoints then anyway). Raises
+        ``GpuUnavailable`` when ``pid`` cannot be inspected."""
+        if self._gpu is None or self._inventory is None:
+            return None
+        return self._inventory.visible_to(pid)
+
     def plan_restore(
-        self, facts: GpuFacts, wanted: Mapping[str, str] | None = None
+        self,
+        facts: GpuFacts,
+        wanted: Mapping[str, str] | None = None,
+        visible: Sequence[str] | None = None,
     ) -> dict[str, str] | None:
         """Check that this node can take ``facts``' GPUs; the UUID map to use (None: same
-        GPUs). ``wanted`` is the caller's choice (old UUID -> new UUID). Raises GpuMismatch /
+        GPUs). ``wanted`` is the caller's choice (old UUID -> new UUID). ``visible``: the
+        UUIDs the restoring container sees (``visible_to``; None: every GPU of the node):
+        every target of the map is then one of them — the same GPU only where it is
+        visible, else a visible free GPU of the same model. Raises GpuMismatch /
         GpuUnavailable listing every blocking difference."""
         if self._gpu is None:
             raise GpuUnavailable(
@@ -178,9 +193,13 @@ class GpuSteps:
                 f"driver CUDA {_ver(inv.cuda_version)} lacks the checkpoint API (needs 12.8)"
             )
         if wanted:
-            mapping = check_gpu_map(wanted, facts, inv.gpus, problems)
-        else:
+            mapping = check_gpu_map(wanted, facts, inv.gpus, problems, visible=visible)
+        elif visible is None:
             mapping = match_gpus(facts.gpus, inv.gpus, facts.uses, problems)
+        else:
+            seen = set(visible)
+            have = [g for g in inv.gpus if g.uuid in seen]
+            mapping = match_gpus(facts.gpus, have, facts.uses, problems, node=inv.gpus)
         remap = {old: new for old, new in mapping.items() if old != new}
         if remap and inv.cuda_version and inv.cuda_version < MIN_CUDA_REMAP:
             problems.append(
@@ -200,9 +219,13 @@ def match_gpus(
     have: Sequence[GpuInfo],
     uses: Sequence[GpuUse],
     problems: list[str],
+    *,
+    node: Sequence[GpuInfo] | None = None,
 ) -> dict[str, str]:
-    """Old UUID -> new UUID for every checkpointed GPU: the same GPU when present, else a free
-    GPU of the same model with enough free memory. Appends every blocking difference."""
+    """Old UUID -> new UUID for every checkpointed GPU: the same GPU when present in
+    ``have``, else a free GPU of ``have`` of the same model with enough free memory. Appends
+    every blocking difference. ``node``: every GPU of this node, when ``have`` is only those
+    the restoring container sees (a shortage is then said per model, naming them)."""
     need = {u.uuid: 0 for u in uses}
     for u in uses:
         need[u.uuid] += u.memory
@@ -225,7 +248,9 @@ def match_gpus(
             taken.add(cand.uuid)
             break
     missing = [g for g in wanted if g.uuid not in mapping]
-    if missing:
+    if missing and node is not None:
+        problems.extend(_not_visible(wanted, missing, have, node, need))
+    elif missing:
         want = _models(wanted)
         got = _models(have) or "no GPU"
         problems.append(f"GPU model or count differs: checkpoint has {want}, this node has {got}")
@@ -239,14 +264,59 @@ def match_gpus(
     return mapping
 
 
+def _not_visible(
+    wanted: Sequence[GpuInfo],
+    missing: Sequence[GpuInfo],
+    seen: Sequence[GpuInfo],
+    node: Sequence[GpuInfo],
+    need: Mapping[str, int],
+) -> list[str]:
+    """One line per GPU model of ``missing``: how many the checkpoint needs (its UUIDs),
+    which of them the container sees (and which of those lack free memory), how many this
+    node has, and what to do."""
+    lines: list[str] = []
+    for model in dict.fromkeys(g.name for g in missing):
+        used = [g for g in wanted if g.name == model]
+        most = max(need.get(g.uuid, 0) for g in used)
+        visible = [g for g in seen if g.name == model]
+        on_node = sum(1 for g in node if g.name == model)
+        n = len(used)
+        head = (
+            f"the checkpoint needs {n} {model} GPU{'s' if n != 1 else ''} "
+            f"({', '.join(g.uuid for g in used)})"
+        )
+        if visible:
+            short = {g.uuid for g in visible if g.memory_free and g.memory_free < most}
+            sees = f"the container sees {len(visible)} of this model: " + ", ".join(
+                f"{g.uuid} (GPU {g.index}, {g.memory_free >> 20} MiB free of {most >> 20} needed)"
+                if g.uuid in short
+                else f"{g.uuid} (GPU {g.index})"
+                for g in visible
+            )
+        else:
+            others = _models(seen)
+            sees = "the container sees none of this model " + (
+                f"(it sees {others})" if others else "(it sees no GPU at all)"
+            )
+        if on_node >= n:
+            todo = f"give the container {n} of this node's {on_node} {model} GPUs"
+        else:
+            todo = f"this node has only {on_node}: restore on a node with {n}"
+        lines.append(f"{head}; {sees}: {todo}")
+    return lines
+
+
 def check_gpu_map(
     wanted: Mapping[str, str],
     facts: GpuFacts,
     have: Sequence[GpuInfo],
     problems: list[str],
+    *,
+    visible: Sequence[str] | None = None,
 ) -> dict[str, str]:
     """A caller's map, checked: it names every checkpointed GPU, each onto a distinct GPU of
-    this node of the same model with enough free memory."""
+    this node (one the restoring container sees, with ``visible``) of the same model with
+    enough free memory."""
     by_uuid = {g.uuid: g for g in have}
     old = {g.uuid: g for g in facts.gpus}
     need: dict[str, int] = {}
@@ -262,6 +332,13 @@ def check_gpu_map(
         target = by_uuid.get(dst)
         if target is None:
             problems.append(f"--gpu-map target {dst} is not a GPU of this node")
+            continue
+        if visible is not None and dst not in visible:
+            sees = ", ".join(u for u in visible if u in by_uuid) or "no GPU"
+            problems.append(
+                f"--gpu-map target {dst} (GPU {target.index}) is not visible in the container "
+                f"(it sees {sees}): map onto a GPU it sees, or give the container that GPU"
+            )
             continue
         if target.name != old[src].name:
             problems.append(

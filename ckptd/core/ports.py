@@ -468,9 +468,19 @@ class Criu(Protocol):
 
 
 class GpuInventoryPort(Protocol):
-    """This node's GPUs (NVML). Never raises: an unusable driver is ``available=False``."""
+    """This node's GPUs (NVML). ``inventory`` never raises: an unusable driver is
+    ``available=False``."""
 
     def inventory(self) -> GpuInventory: ...
+
+    def visible_to(self, pid: int) -> tuple[str, ...] | None:
+        """The UUIDs of this node's GPUs that process ``pid`` (a host pid) can use, or None
+        when nothing restricts it. In a container: those with a ``/dev/nvidia<N>`` node in
+        its root (none at all: ``()``); anywhere: narrowed by the ``*_VISIBLE_DEVICES`` it
+        was started with. Every UUID is one of ``inventory()``'s GPUs, each once, in
+        ``inventory()``'s order. Raises ``GpuUnavailable`` when ``pid`` cannot be inspected
+        (gone, not permitted)."""
+        ...
 
 
 class GpuCheckpointer(Protocol):

@@ -104,11 +104,19 @@ class FakeGpu:
       that holds no GPU (not a CUDA process, or one CHECKPOINTED), which is False, as the
       real adapter says for a process with no ``/dev/nvidia*`` mapped.
 
+    Visibility (``visible_to``): ``visible[pid]`` is what ``pid`` sees — a tuple of UUIDs, as
+    the devices of its container would give, or None (nothing restricts it); a pid not there
+    sees every GPU (None). ``set_visible(pid, uuids)`` checks the UUIDs. UUIDs not among
+    ``gpus`` (any, while ``unavailable``) are left out of the answer, as the real adapter
+    only knows NVML's GPUs. With ``processes``, a pid that is free or a zombie raises
+    ``GpuUnavailable`` (the real adapter cannot read its /proc).
+
     Records: ``calls`` (``(method, pid)`` for every call of the checkpointer, in order, also
     those that failed), ``lock_timeouts`` (pid -> ``timeout_ms`` of its last lock),
-    ``inventory_calls``. With ``events``, each successful lock / checkpoint / restore /
-    unlock appends ``"gpu.<method> <pid>"``, a failed one ``"gpu.<method>-failed <pid>"``.
-    With a ``clock``, a successful call advances it by ``durations[method]``. Thread-safe.
+    ``inventory_calls``, ``visible_calls`` (the pids asked about). With ``events``, each
+    successful lock / checkpoint / restore / unlock appends ``"gpu.<method> <pid>"``, a
+    failed one ``"gpu.<method>-failed <pid>"``. With a ``clock``, a successful call advances
+    it by ``durations[method]``. Thread-safe.
     """
 
     def __init__(
@@ -142,6 +150,8 @@ class FakeGpu:
         self.lock_timeouts: dict[int, int] = {}
         self.restore_maps: dict[int, dict[str, str] | None] = {}
         self.inventory_calls = 0
+        self.visible: dict[int, tuple[str, ...] | None] = {}
+        self.visible_calls: list[int] = []
         self.durations = {"lock": 0.01, "checkpoint": 0.5, "restore": 0.25, "unlock": 0.01}
 
     # ---- set-up and inspection -------------------------------------------------------------
@@ -170,6 +180,16 @@ class FakeGpu:
         """Forget ``pid`` (the process exited and its CUDA state with it)."""
         with self._lock:
             self.cuda.pop(pid, None)
+
+    def set_visible(self, pid: int, uuids: Sequence[str] | None) -> None:
+        """Make ``pid`` see only ``uuids`` (None: every GPU; ``()``: none). Raises
+        ValueError for an unknown GPU."""
+        known = {g.uuid for g in self.gpus}
+        unknown = [u for u in uuids or () if u not in known]
+        if unknown:
+            raise ValueError(f"no such GPU in this FakeGpu: {unknown}")
+        with self._lock:
+            self.visible[pid] = None if uuids is None else tuple(dict.fromkeys(uuids))
 
     def cuda_state(self, pid: int) -> CudaState | None:
         """The state of ``pid`` without recording a call (None: not a CUDA process)."""
@@ -206,6 +226,21 @@ class FakeGpu:
                 gpus=gpus,
                 uses=uses,
             )
+
+    def visible_to(self, pid: int) -> tuple[str, ...] | None:
+        """What ``pid`` sees (``visible``; see the class doc)."""
+        with self._lock:
+            self.visible_calls.append(pid)
+            if not self._alive(pid):
+                raise GpuUnavailable(
+                    f"cannot tell which GPUs pid {pid} sees: no such process", pid=pid
+                )
+            seen = self.visible.get(pid)
+            if seen is None:
+                return None
+            if self.unavailable is not None:
+                return ()
+            return tuple(g.uuid for g in self.gpus if g.uuid in seen)
 
     # ---- GpuCheckpointer -----------------------------------------------------------------
 

@@ -450,9 +450,20 @@ from ckptd.testing import FakeGpu  # noqa: E402
 GPU_WORKLOADS = Path(__file__).resolve().parents[2] / "native" / "gpu"
 
 
+def exec_done(pid: int, timeout: float = 5.0) -> int:
+    """``pid`` once its ``/proc/<pid>/environ`` is the new program's: ``Popen`` may return
+    while the kernel is still setting up the exec, and environ reads empty then."""
+    environ = Path(f"/proc/{pid}/environ")
+    deadline = time.monotonic() + timeout
+    while not environ.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid
+
+
 class GpuHarness:
     """Processes for a GPU port under test: ``spawn_plain`` a child ``sleep`` (no CUDA),
-    ``spawn_cuda`` a RUNNING CUDA process that keeps computing (None, with the reason in
+    ``spawn_blind`` one that may use no GPU (``CUDA_VISIBLE_DEVICES`` empty; the fake is told
+    so), ``spawn_cuda`` a RUNNING CUDA process that keeps computing (None, with the reason in
     ``no_cuda_reason``, where none can be started), ``progresses`` whether a CUDA process
     goes on computing. ``skip_reason``: why this implementation cannot be tested here."""
 
@@ -471,6 +482,14 @@ class GpuHarness:
         )
         self._children.append(proc)
         return proc.pid
+
+    def spawn_blind(self) -> int:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        proc = subprocess.Popen(
+            ["sleep", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env
+        )
+        self._children.append(proc)
+        return exec_done(proc.pid)
 
     def spawn_cuda(self) -> int | None:
         raise NotImplementedError
@@ -497,6 +516,11 @@ class FakeGpuHarness(GpuHarness):
         self.checkpointer = self.fake
         self.real = False
         self._next = 9000
+
+    def spawn_blind(self) -> int:
+        pid = super().spawn_blind()
+        self.fake.set_visible(pid, ())
+        return pid
 
     def spawn_cuda(self) -> int | None:
         self._next += 1

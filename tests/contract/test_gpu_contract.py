@@ -4,6 +4,7 @@ cycle on real hardware needs ``native/gpu/bin/fill`` (built with nvcc on first u
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -12,9 +13,9 @@ import pytest
 from ckptd.adapters.cuda.support import uuid_to_bytes
 from ckptd.adapters.nvml import NvmlInventory
 from ckptd.domain import CudaState, GpuInventory
-from ckptd.errors import GpuFailed
+from ckptd.errors import GpuFailed, GpuUnavailable
 
-from .harness import GpuHarness
+from .harness import GpuHarness, exec_done
 
 LOCK_TIMEOUT_MS = 10_000
 
@@ -60,6 +61,34 @@ def test_real_nvml_inventory_never_raises_here() -> None:
     check_inventory(inv)
     if not inv.available:
         assert inv.gpus == () and inv.uses == ()
+
+
+def test_visible_to_names_gpus_of_the_inventory(gpu: GpuHarness) -> None:
+    seen = gpu.inventory.visible_to(gpu.spawn_plain())
+    if seen is not None:
+        order = [g.uuid for g in gpu.inventory.inventory().gpus]
+        assert list(seen) == [u for u in order if u in seen], "each once, in inventory order"
+
+
+def test_a_process_that_may_use_no_gpu_sees_none(gpu: GpuHarness) -> None:
+    assert gpu.inventory.visible_to(gpu.spawn_blind()) == ()
+
+
+def test_real_visible_to_runs_here() -> None:
+    """Runs everywhere: a child in this process's root with no ``*_VISIBLE_DEVICES`` is
+    restricted by nothing (NVML not needed); one with ``CUDA_VISIBLE_DEVICES`` empty sees no
+    GPU; a process that is gone cannot be inspected."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_VISIBLE_DEVICES")}
+    inventory = NvmlInventory()
+    for extra, want in (({}, None), ({"CUDA_VISIBLE_DEVICES": ""}, ())):
+        child = subprocess.Popen(["sleep", "60"], env={**env, **extra})
+        try:
+            assert inventory.visible_to(exec_done(child.pid)) == want
+        finally:
+            child.kill()
+            child.wait()
+    with pytest.raises(GpuUnavailable, match=f"pid {child.pid}"):
+        inventory.visible_to(child.pid)
 
 
 def test_a_process_without_cuda(gpu: GpuHarness) -> None:

@@ -7,17 +7,26 @@ Invariants: ``inventory()`` never raises; each call initialises NVML and shuts i
 (``nvmlInit`` / ``nvmlShutdown``: a driver loaded or upgraded later is seen by the next call),
 and calls are serialized by a lock (NVML's init count is process-wide). Process ids in
 ``uses`` are those NVML reports: host pids when the daemon runs in the host's pid namespace.
+
+``visible_to(pid)`` reads the process's device nodes and environment from /proc first (see
+``ckptd.adapters.nvml.visibility``) and asks NVML only when something restricts it; when NVML
+cannot list the GPUs then, no GPU is visible (``inventory()`` says why).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from ckptd.adapters.cuda.support import NOT_INSTALLED, format_cuda_version
+from ckptd.adapters.nvml.visibility import NodeGpu, read_view, visible_uuids
 from ckptd.domain import GpuInfo, GpuInventory, GpuUse
+
+log = logging.getLogger(__name__)
 
 _REASONS = {
     "NVMLError_LibraryNotFound": "no NVIDIA driver: libnvidia-ml.so.1 not found",
@@ -48,11 +57,13 @@ def _text(value: Any) -> str:
 class NvmlInventory:
     """The ``GpuInventoryPort`` (see ``ckptd.core.ports``) over NVML.
 
-    ``nvml``: an object with pynvml's API used instead of importing pynvml (for tests).
+    ``nvml``: an object with pynvml's API used instead of importing pynvml (for tests);
+    ``proc``: where /proc is (for tests: a fake tree).
     """
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Any = None, proc: Path = Path("/proc")) -> None:
         self._nvml = nvml
+        self._proc = proc
         self._lock = threading.Lock()
 
     def inventory(self) -> GpuInventory:
@@ -69,7 +80,58 @@ class NvmlInventory:
             except Exception as exc:  # never raise: a broken NVML is "no GPU"
                 return GpuInventory(False, f"NVML failed: {type(exc).__name__}: {exc}")
 
+    def visible_to(self, pid: int) -> tuple[str, ...] | None:
+        """The UUIDs of this node's GPUs that ``pid`` can use, None when nothing restricts it
+        (the rules: ``ckptd.adapters.nvml.visibility``). Raises ``GpuUnavailable`` when
+        ``pid``'s root or environment cannot be read."""
+        view = read_view(pid, self._proc)
+        if not view.restricted:
+            return None
+        seen = visible_uuids(self._node_gpus(), view)
+        for note in seen.notes:
+            log.info("GPUs visible to pid %d: %s", pid, note)
+        return seen.uuids
+
     # ---- internals ---------------------------------------------------------------------------
+
+    def _node_gpus(self) -> list[NodeGpu]:
+        """Every GPU with its minor number and PCI bus id; [] when NVML cannot say."""
+        with self._lock:
+            try:
+                nvml = self._module()
+                self._call(nvml, "nvmlInit")
+            except ImportError:
+                return []
+            except Exception as exc:  # NVML unusable: no GPU (inventory() says why)
+                log.warning("cannot list GPUs for their visibility: %s", exc)
+                return []
+            try:
+                return [
+                    self._node_gpu(nvml, index)
+                    for index in range(int(self._call(nvml, "nvmlDeviceGetCount")))
+                ]
+            except Exception as exc:
+                log.warning("cannot list GPUs for their visibility: %s", exc)
+                return []
+            finally:
+                with contextlib.suppress(Exception):
+                    nvml.nvmlShutdown()
+
+    def _node_gpu(self, nvml: Any, index: int) -> NodeGpu:
+        handle = self._call(nvml, "nvmlDeviceGetHandleByIndex", index, gpu=index)
+        minor = -1  # unknown: matches no device node
+        bus_id = ""
+        with contextlib.suppress(nvml.NVMLError):
+            minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
+        with contextlib.suppress(nvml.NVMLError):
+            bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        return NodeGpu(
+            index=index,
+            uuid=_text(self._call(nvml, "nvmlDeviceGetUUID", handle, gpu=index)),
+            minor=minor,
+            pci_bus_id=bus_id,
+            name=_text(self._call(nvml, "nvmlDeviceGetName", handle, gpu=index)),
+        )
 
     def _module(self) -> Any:
         if self._nvml is None:

@@ -242,6 +242,8 @@ class StubDevice:
     capability: tuple[int, int] = (9, 0)
     bus_id: bytes | str = "00000000:65:00.0"
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    minor: int | None = None
+    """``nvmlDeviceGetMinorNumber`` (None: the device's position in ``StubNvml.devices``)."""
 
 
 @dataclass
@@ -336,6 +338,10 @@ class StubNvml:
     def nvmlDeviceGetPciInfo(self, h: StubDevice) -> _Pci:
         self._maybe_fail("nvmlDeviceGetPciInfo")
         return _Pci(h.bus_id)
+
+    def nvmlDeviceGetMinorNumber(self, h: StubDevice) -> int:
+        self._maybe_fail("nvmlDeviceGetMinorNumber")
+        return h.minor if h.minor is not None else self.devices.index(h)
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: StubDevice) -> list[_Process]:
         self._maybe_fail("nvmlDeviceGetComputeRunningProcesses")

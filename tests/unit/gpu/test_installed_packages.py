@@ -157,7 +157,7 @@ def test_every_nvml_name_the_inventory_uses_exists(pynvml: ModuleType) -> None:
         "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
         "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetPciInfo",
-        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMinorNumber",
     )
     assert [name for name in used if not callable(getattr(pynvml, name, None))] == []
     assert issubclass(pynvml.NVMLError, Exception)
