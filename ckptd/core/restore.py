@@ -297,11 +297,14 @@ class RestoreRecipe:
             more = memory_problems(self._cgroups, ctx.into, record)
             report = replace(report, blocking=report.blocking + tuple(more))
         if record.gpu is not None:
+            # into a container: only the GPUs its device nodes and environment give it
+            visible = self._gpu.visible_to(ctx.into.init) if ctx.into is not None else None
             if report.blocking:
-                more = gpu_problems(record, self._gpu, ctx.request.gpu_map)
+                more = gpu_problems(record, self._gpu, ctx.request.gpu_map, visible)
                 report = replace(report, blocking=report.blocking + tuple(more))
             else:
-                ctx.gpu_map = self._gpu.plan_restore(record.gpu, dict(ctx.request.gpu_map))
+                ctx.gpu_map = self._gpu.plan_restore(record.gpu, dict(ctx.request.gpu_map),
+                                                     visible)
         refuse_unless_compatible(
             record, report, ignore_warnings=ctx.request.ignore_warnings,
             where="this node" if ctx.into is None else f"the container of pid {ctx.into.init}")

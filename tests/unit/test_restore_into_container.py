@@ -7,6 +7,7 @@ anything is touched, the checkpoint kept."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,10 @@ import pytest
 from ckptd.core.intocontainer import CRIU_MEMORY_MARGIN
 from ckptd.core.ports import CriuPlacement
 from ckptd.domain import Caller, FileKind, RestoreOutcome, RestoreRequest
-from ckptd.errors import Incompatible, PidInUse, PreconditionFailed
-from ckptd.testing import FakeNodeInspector
+from ckptd.errors import GpuMismatch, Incompatible, PidInUse, PreconditionFailed
+from ckptd.testing import FakeGpu, FakeNodeInspector
 
-from .world import World
+from .world import World, make_world
 
 CONTAINER = frozenset({"pid", "mnt", "net", "ipc", "uts", "cgroup"})
 A_INIT, JOB, CHILD = 6000, 6001, 6002
@@ -177,3 +178,48 @@ def test_captured_files_go_back_into_the_containers_root(world: World, tmp_path:
     (kept,) = outcome.files_kept
     assert Path(f"{b_root}{kept}").read_bytes() == b"step 1\nstep 2\nstep 3 (lost)\n"
     assert log.read_bytes() == b"node's own file\n"
+
+
+def _gpu_world(tmp_path: Path) -> tuple[World, FakeGpu]:
+    world = make_world(tmp_path, gpu=True)
+    assert world.gpu is not None
+    old = world.gpu.gpus[0]
+    world.gpu.gpus = [old, replace(old, index=1, uuid="GPU-11111111-0000-0000-0000-000000000001"),
+                      replace(old, index=2, uuid="GPU-22222222-0000-0000-0000-000000000002")]
+    world.gpu.add_cuda_process(CHILD, 1 << 30)
+    return world, world.gpu
+
+
+def test_the_gpu_map_follows_the_gpus_the_container_sees(tmp_path: Path) -> None:
+    """Pod A used GPU 0; pod B was given GPU 2 only: the restore maps 0 -> 2."""
+    world, fake = _gpu_world(tmp_path)
+    _checkpoint_in_a(world)
+    _container_b(world)
+    fake.set_visible(B_INIT, [fake.gpus[2].uuid])
+
+    def cuda_state_comes_back_with_the_image(root: int) -> None:
+        """CRIU restored the tree with new node pids: its CUDA process is the new one."""
+        for pid, proc in world.processes.processes.items():
+            if proc.pidns_init == B_INIT and proc.ns_pid == 1002:
+                old = fake.cuda.pop(CHILD)
+                old.pid = pid
+                fake.cuda[pid] = old
+
+    world.hooks.on["post_restore"] = cuda_state_comes_back_with_the_image
+    outcome = _restore_into_b(world)
+    assert fake.visible_calls == [B_INIT]
+    restored_child = next(p for p, proc in world.processes.processes.items()
+                          if proc.ns_pid == 1002 and proc.pidns_init == B_INIT)
+    assert outcome.ns_pid == 1001
+    assert fake.restore_maps[restored_child] == {fake.gpus[0].uuid: fake.gpus[2].uuid}
+
+
+def test_a_container_without_the_gpus_the_job_needs_is_refused(tmp_path: Path) -> None:
+    world, fake = _gpu_world(tmp_path)
+    ck = _checkpoint_in_a(world)
+    _container_b(world)
+    fake.set_visible(B_INIT, [])
+    with pytest.raises(GpuMismatch) as info:
+        _restore_into_b(world)
+    assert "the container sees none of this model (it sees no GPU at all)" in str(info.value)
+    _nothing_touched(world, ck)

@@ -100,7 +100,7 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
             drained = _forget_unless_drained(ctx, name)
             if drained:  # a drain, a spot notice or `ckptctl dump --name` (preStop) took it
                 err(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
-                    f"`ckptctl resume {name}` restores it")
+                    f"{_restores_it(name)}")
                 return EXIT_TERMINATED
             return _status(job.wait())
         return _checkpoint_then_stop(ctx, args, job, name)
@@ -162,6 +162,14 @@ class Child:
                 if self._popen is not None:
                     self._popen.returncode = self.returncode
                 return
+
+
+def _restores_it(name: str) -> str:
+    """How the job comes back: in a container, the next ``ckptctl run --name`` there."""
+    if _container_init():
+        return (f"the next container started with `ckptctl run --name {name}` restores it "
+                "into itself")
+    return f"`ckptctl resume {name}` restores it"
 
 
 def _container_init() -> bool:
@@ -279,7 +287,7 @@ def _checkpoint_then_stop(
         job.wait()
         after = f" (after --grace {args.grace:g}s)" if late else ""
         err(f"{name} (pid {job.pid}) checkpointed as {ck} before termination{after}; "
-            f"`ckptctl resume {name}` restores it")
+            f"{_restores_it(name)}")
         return EXIT_TERMINATED
     if response is not None:
         for line in response.errors:
