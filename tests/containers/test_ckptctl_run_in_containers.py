@@ -53,10 +53,15 @@ class Setup:
 
 
 @pytest.fixture
-def setup(make_flow: Callable[..., Flow], tmp_path: Path) -> Iterator[Setup]:
+def setup(make_flow: Callable[..., Flow], tmp_path: Path,
+          request: pytest.FixtureRequest) -> Iterator[Setup]:
+    """A daemon and a flow; ``engine`` from an indirect parameter (default runc)."""
+    engine = getattr(request, "param", "oci")
+    if engine == "podman" and shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install podman; scripts/test.sh does)")
     run_dir = tmp_path / "run"
     daemon = Daemon(tmp_path / "ckptd", "--criu", criu_binary(), socket_dir=run_dir)
-    flow = make_flow()
+    flow = make_flow(engine=engine)
     flow.prepare()
     try:
         yield Setup(flow, daemon, run_dir)
@@ -157,6 +162,7 @@ def _continues_bit_for_bit(setup: Setup, a: OciContainer, b: OciContainer) -> No
     assert (setup.flow.data / "state.bin").read_bytes() == state
 
 
+@pytest.mark.parametrize("setup", ["oci", "podman"], indirect=True)
 def test_ckptctl_run_job_moves_from_container_a_to_container_b(setup: Setup) -> None:
     """The preStop path, then the next "pod": B's ``ckptctl run --name ct-job`` restores J
     into B. /proc says the job is B's init's child in all of B's namespaces, cgroups and

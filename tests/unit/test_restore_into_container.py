@@ -15,7 +15,7 @@ import pytest
 from ckptd.core.intocontainer import CRIU_MEMORY_MARGIN
 from ckptd.core.ports import CriuPlacement
 from ckptd.domain import Caller, FileKind, RestoreOutcome, RestoreRequest
-from ckptd.errors import GpuMismatch, Incompatible, PidInUse, PreconditionFailed
+from ckptd.errors import CriuFailed, GpuMismatch, Incompatible, PidInUse, PreconditionFailed
 from ckptd.testing import FakeGpu, FakeNodeInspector
 
 from .world import World, make_world
@@ -223,3 +223,31 @@ def test_a_container_without_the_gpus_the_job_needs_is_refused(tmp_path: Path) -
         _restore_into_b(world)
     assert "the container sees none of this model (it sees no GPU at all)" in str(info.value)
     _nothing_touched(world, ck)
+
+
+def test_a_container_that_disappears_mid_restore_leaves_nothing_behind(
+    world: World, tmp_path: Path
+) -> None:
+    """B's init dies while CRIU restores (CRIU fails: its pid namespace is gone): what CRIU
+    made is gone, the file put back in B's root is as it was found, the checkpoint kept."""
+    log = tmp_path / "a" / "train.log"
+    log.parent.mkdir()
+    log.write_bytes(b"step 1\n")
+    world.files.open_for_writing(JOB, log, append=True)
+    ck = _checkpoint_in_a(world)
+    b_root = tmp_path / "b-root"
+    in_b = Path(f"{b_root}{log}")
+    in_b.parent.mkdir(parents=True)
+    in_b.write_bytes(b"step 1\nstep 2\n")
+    _container_b(world)
+    world.files.roots[B_INIT] = b_root
+    world.criu.fail_restore = CriuFailed("CRIU restore into the container of pid 7000 failed: "
+                                         "Can't fork for 1001: No such process")
+    world.criu.fail_restore_after = "setup_namespaces"
+    with pytest.raises(CriuFailed, match="No such process"):
+        _restore_into_b(world)
+    assert in_b.read_bytes() == b"step 1\nstep 2\n"
+    assert [p.name for p in in_b.parent.iterdir()] == ["train.log"]  # no copy left aside
+    assert [p for p, proc in world.processes.processes.items()
+            if proc.pidns_init == B_INIT] == []
+    assert [r.id for r in world.store.list()] == [ck]
