@@ -170,6 +170,11 @@ class Cgroups(Protocol):
         returns them. Never raises (what cannot be removed stays)."""
         ...
 
+    def procs(self, cgroup: str) -> tuple[int, ...]:
+        """The processes in ``cgroup`` itself (not its descendants). Raises
+        CgroupUnavailable when it does not exist."""
+        ...
+
     def memory_limit(self, pid: int) -> MemoryLimit | None:
         """The tightest memory limit over the cgroups of ``pid`` (every hierarchy, each
         cgroup and its ancestors) with what is charged there now; None when unlimited.

@@ -15,6 +15,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ from ckptd.core.events import EventBus
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree
 from ckptd.core.locks import PidLocks
-from ckptd.core.ports import CheckpointStore, Clock, Journal, ProcessTable
+from ckptd.core.ports import Cgroups, CheckpointStore, Clock, Journal, ProcessTable
 from ckptd.core.recipe import ProgressSink, no_progress
 from ckptd.core.restore import RestoreContext, RestoreRecipe
+from ckptd.core.targets import container_job, container_of_cgroup
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -42,6 +44,7 @@ from ckptd.domain import (
 )
 from ckptd.errors import (
     Cancelled,
+    CgroupUnavailable,
     CkptdError,
     CorruptCheckpoint,
     InvalidTarget,
@@ -65,7 +68,9 @@ class CheckpointService:
         probe: Callable[[], NodeReport],
         gpu: GpuSteps | None = None,
         events: EventBus | None = None,
+        cgroups: Cgroups | None = None,
     ) -> None:
+        self._cgroups = cgroups
         self._gpu = gpu
         self.events = events or EventBus(clock)
         self._clock = clock
@@ -90,7 +95,9 @@ class CheckpointService:
         progress: ProgressSink = no_progress,
         gate: Callable[[str], None] | None = None,
     ) -> CheckpointRecord:
-        """``gate``: see ``DumpContext.gate`` (group checkpoints)."""
+        """``gate``: see ``DumpContext.gate`` (group checkpoints). A container given by its
+        init's pid or its cgroup names the job under that init (``targets.container_job``)."""
+        request = self._container_target(request)
         self._refuse_if_closing(request.pid)
         with self._locks.hold(request.pid, "a checkpoint"):
             ctx = self._dump.new_context(caller, request)
@@ -178,6 +185,22 @@ class CheckpointService:
         log.info("restored %s as pid %d%s", outcome.checkpoint_id, outcome.pid,
                  f" in cgroup {outcome.cgroup}" if outcome.cgroup else "")
         return outcome
+
+    def _container_target(self, request: DumpRequest) -> DumpRequest:
+        pid = request.pid
+        if request.cgroup:
+            if pid:
+                raise InvalidTarget("give a pid or a cgroup, not both")
+            if self._cgroups is None:
+                raise CgroupUnavailable(
+                    f"cannot find the container of cgroup {request.cgroup}: this daemon has "
+                    "no cgroup v2 hierarchy", hint="give the job's pid")
+            pid = container_of_cgroup(self._processes, request.cgroup,
+                                      self._cgroups.procs(request.cgroup))
+        job = container_job(self._processes, pid) if pid > 0 else 0
+        if job:
+            log.info("pid %d is a container's init: checkpointing its job, pid %d", pid, job)
+        return replace(request, pid=job or pid, cgroup="")
 
     def _journaled_gate(
         self, ctx: RestoreContext, record: CheckpointRecord, gate: Callable[[int], None]

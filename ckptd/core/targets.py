@@ -136,6 +136,56 @@ def container_init(processes: ProcessTable, pid: int, status: PidStatus) -> int:
     return init
 
 
+def container_job(processes: ProcessTable, pid: int) -> int:
+    """When ``pid`` names a container (its init: pid 1 of a pid namespace one level below
+    the daemon's, with a mount namespace of its own, in the node's user and time
+    namespaces), the root of its job: the init's only child, itself a container job
+    (``container_init``). 0 when ``pid`` is not a container's init, or has no child (it is
+    the job itself: the usual checks refuse it). Raises TargetRefused when it has several
+    children (naming them): which is the job cannot be told."""
+    status = processes.status(pid)
+    if status.state is PidState.FREE or len(status.ns_pids) != 2 or status.ns_pids[-1] != 1:
+        return 0
+    foreign = processes.foreign_namespaces(pid)
+    if "mnt" not in foreign or foreign & {"user", "time"}:
+        return 0
+    children = [f for f in processes.tree(pid) if f.ppid == pid]
+    if not children:
+        return 0  # the init is the job itself (``unshare --pid --mount-proc CMD``): refused
+    if len(children) > 1:
+        named = ", ".join(f"{c.pid} ({c.comm})" for c in children[:5])
+        raise TargetRefused(
+            f"pid {pid} ({status.comm}) is a container's init with {len(children)} children "
+            f"({named}): which one is the job cannot be told",
+            hint="checkpoint the job by its pid, or by the name `ckptctl run --name` gave it",
+            pid=pid)
+    child = children[0]
+    if container_init(processes, child.pid, processes.status(child.pid)) != pid:
+        return 0  # not a plain job of that container: the usual checks say why
+    return child.pid
+
+
+def container_of_cgroup(processes: ProcessTable, cgroup: str, pids: Sequence[int]) -> int:
+    """The init of the container whose cgroup ``cgroup`` holds ``pids`` (the one process
+    there that is pid 1 of a pid namespace below the daemon's). Raises InvalidTarget."""
+    inits = []
+    for pid in pids:
+        status = processes.status(pid)
+        if len(status.ns_pids) == 2 and status.ns_pids[-1] == 1:
+            inits.append((pid, status.comm))
+    if len(inits) == 1:
+        return inits[0][0]
+    if not inits:
+        raise InvalidTarget(
+            f"cgroup {cgroup} holds no container init (pid 1 of a pid namespace of its own; "
+            f"{len(pids)} processes there)",
+            hint="give the container's own cgroup (its leaf, not the pod's), or the job's pid")
+    named = ", ".join(f"{p} ({c})" for p, c in inits[:5])
+    raise InvalidTarget(
+        f"cgroup {cgroup} holds {len(inits)} container inits ({named})",
+        hint="give one container's own cgroup, or the job's pid")
+
+
 def check_namespaces(processes: ProcessTable, pid: int, status: PidStatus) -> int:
     """Refuse, before anything is touched, a target whose namespaces CRIU or ckptd cannot
     bring back: a process inside a pid namespace that is not its init (unless it is a

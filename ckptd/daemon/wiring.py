@@ -173,6 +173,7 @@ def wire(config: DaemonConfig) -> Wired:
         config=core,
         probe=NodeProbe(criu, core.node, store.location, gpu),
         gpu=gpu,
+        cgroups=cgroups,
     )
     receiver = Receiver(
         store=store,

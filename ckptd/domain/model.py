@@ -350,6 +350,9 @@ class DumpRequest:
     tcp_peers_dumped: bool = False
     """The peers outside the tree are checkpointed with it (a group): its connections are
     dumped and restored established, whoever the peer."""
+    cgroup: str = ""
+    """The target as a container's cgroup (v2 path; ``pid`` 0): its init's job is dumped.
+    A ``pid`` that is a container's init also names its job (``targets.container_job``)."""
 
 
 @dataclass(frozen=True)

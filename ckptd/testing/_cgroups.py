@@ -135,6 +135,12 @@ class FakeCgroups:
             self.moves.append((tuple(pids), cgroup))
             self._event(f"cgroups.move {cgroup} " + " ".join(map(str, pids)))
 
+    def procs(self, cgroup: str) -> tuple[int, ...]:
+        with self._lock:
+            if cgroup not in self.cgroups:
+                raise CgroupUnavailable(f"cgroup {cgroup} does not exist")
+            return tuple(self.members(cgroup))
+
     def memory_limit(self, pid: int) -> MemoryLimit | None:
         """``limits[cgroup]`` (limit, usage) of ``pid``'s cgroup or its nearest limited
         ancestor (the tightest); None when none is set."""

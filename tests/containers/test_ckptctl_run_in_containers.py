@@ -103,24 +103,30 @@ def _check_checkpoint(setup: Setup, dumped: object, job: int, ns_pid: int) -> No
             Path(f"/proc/{p['pid']}/stat").read_text().split(") ")[1][0] in "ZX"
 
 
-@pytest.mark.parametrize("by", ["name", "pid"])
+@pytest.mark.parametrize("by", ["name", "pid", "init", "cgroup"])
 def test_ckptctl_dump_of_a_job_in_a_container(setup: Setup, by: str) -> None:
     """``ckptctl run`` as A's init; the job is checkpointed through the daemon (by name, the
-    preStop path, or by its node pid), CRIU run inside A: the checkpoint is a container one
-    with the processes' pids in A, the job is killed, and A's init exits: 143 when the dump
-    drained J by name, else with the killed job's status."""
+    preStop path; by its node pid; by the container, given as its init's pid or its cgroup),
+    CRIU run inside A: the checkpoint is a container one with the processes' pids in A, the
+    job is killed, and A's init exits: 143 when the dump drained J by name, else with the
+    killed job's status."""
     a = setup.container("a")
     try:
         a.run()
         a.wait_for_output(f"step {setup.flow.dump_after_step} ", timeout=30)
         job, ns_pid = _job_of(a)
-        target = ["--name", "ct-job"] if by == "name" else [job]
+        init = a.init_pid()
+        cgroup = next(ln.split("::", 1)[1] for ln in
+                      Path(f"/proc/{init}/cgroup").read_text().splitlines()
+                      if ln.startswith("0::"))
+        target = {"name": ["--name", "ct-job"], "pid": [job], "init": [init],
+                  "cgroup": ["--cgroup", cgroup]}[by]
         dump = run_ckptctl(setup.daemon.socket, "dump", *target, timeout=60)
         assert dump.rc == 0, f"ckptctl dump {target}: {dump.err.strip()}"
-        # by name the dump drains J (ckptctl run says so, 143); by pid it only kills the job
+        # by name the dump drains J (ckptctl run says so, 143); otherwise it only kills the job
         assert a.wait(timeout=30) == (143 if by == "name" else 128 + 9)
         _check_checkpoint(setup, dump.out, job, ns_pid)
-        if by == "pid":  # the daemon does not restore it outside a container (not yet in one)
+        if by == "pid":  # a restore on the node is refused: only a container takes it
             assert isinstance(dump.out, dict)
             restore = run_ckptctl(setup.daemon.socket, "restore", dump.out["id"], timeout=60)
             assert restore.rc != 0

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ckptd.core.ports import CriuPlacement
-from ckptd.domain import Caller
-from ckptd.errors import InvalidTarget, PreconditionFailed, TargetRefused
+from ckptd.domain import Caller, DumpRequest
+from ckptd.errors import CgroupUnavailable, InvalidTarget, PreconditionFailed, TargetRefused
 
 from .world import World, make_world
 
@@ -87,13 +87,48 @@ def test_a_rootless_or_time_namespaced_container_is_refused(world: World, kind: 
     _refused(world, "not that namespace's init")
 
 
-def test_the_container_init_itself_is_refused_as_before(world: World) -> None:
-    """``ckptctl run`` (pid 1 of the container) is an init of its own namespace with a mount
-    namespace ckptd does not record: refused as before (its child is the job)."""
+def test_the_container_given_by_its_init_checkpoints_its_job(world: World) -> None:
+    """``ckptctl dump <init>`` (the container's entrypoint, ``ckptctl run``): its only
+    child's tree is the job; the init is left alone."""
     _container(world)
-    with pytest.raises(TargetRefused) as info:
+    record = world.dump(INIT)
+    assert record.pid == JOB and record.container
+    assert [p.pid for p in record.processes] == [JOB, CHILD]
+    assert world.processes.signals_to(INIT) == []
+
+
+def test_the_container_given_by_its_cgroup_checkpoints_its_job(world: World) -> None:
+    _container(world)
+    for pid in (INIT, JOB, CHILD):
+        world.cgroups.place(pid, "/kubepods/pod-a/ctr")
+    world.clock.advance(1.0)
+    record = world.service.dump(Caller(uid=0), DumpRequest(0, cgroup="/kubepods/pod-a/ctr"))
+    assert record.pid == JOB and record.container
+
+
+def test_a_cgroup_without_one_container_init_is_refused(world: World) -> None:
+    _container(world)
+    world.cgroups.place(JOB, "/kubepods/pod-a/ctr")
+    with pytest.raises(InvalidTarget, match="holds no container init"):
+        world.service.dump(Caller(uid=0), DumpRequest(0, cgroup="/kubepods/pod-a/ctr"))
+    with pytest.raises(InvalidTarget, match="give a pid or a cgroup, not both"):
+        world.service.dump(Caller(uid=0), DumpRequest(JOB, cgroup="/kubepods/pod-a/ctr"))
+    with pytest.raises(CgroupUnavailable, match="does not exist"):
+        world.service.dump(Caller(uid=0), DumpRequest(0, cgroup="/kubepods/nope"))
+    assert world.criu.dump_jobs == []
+
+
+def test_a_container_init_alone_or_with_several_children_is_refused(world: World) -> None:
+    world.processes.add_process(INIT, 1, comm="ckptctl", ns_pid=1, namespaces=CONTAINER)
+    with pytest.raises(TargetRefused, match="mount namespace"):  # the init is the job
         world.dump(INIT)
-    assert "mount namespace" in str(info.value)
+    for pid, ns_pid in ((JOB, 12), (CHILD, 13)):
+        world.processes.add_process(pid, INIT, comm="sh", ns_pid=ns_pid, namespaces=CONTAINER,
+                                    ns_owner=INIT, pidns_init=INIT, session=ns_pid)
+    with pytest.raises(TargetRefused, match=r"with 2 children \(6001 \(sh\), 6002 \(sh\)\)"):
+        world.dump(INIT)
+    assert world.criu.dump_jobs == []
+    assert world.processes.signals == []
 
 
 def test_a_container_checkpoint_is_not_restored_on_the_node(world: World) -> None:

@@ -166,6 +166,7 @@ def make_service(w: World) -> CheckpointService:
         config=w.config,
         probe=lambda: NodeReport("test-node", "6.8", CriuStatus("criu", "4.1", True, "ok")),
         gpu=w.dump_recipe._gpu,
+        cgroups=w.cgroups,
     )
 
 

@@ -116,6 +116,17 @@ class CgroupFs:
             for pid in pids:
                 self._write_procs(target, pid, cgroup)
 
+    def procs(self, cgroup: str) -> tuple[int, ...]:
+        try:
+            text = (self._dir(cgroup) / "cgroup.procs").read_text()
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise CgroupUnavailable(f"cgroup {cgroup} does not exist",
+                                    hint="give a path as /proc/PID/cgroup's 0:: line says") from exc
+        except OSError as exc:
+            raise CgroupUnavailable(f"cannot read the processes of cgroup {cgroup}: "
+                                    f"{exc.strerror}") from exc
+        return tuple(int(p) for p in text.split())
+
     def memory_limit(self, pid: int) -> MemoryLimit | None:
         from ckptd.adapters.criu.containers import cgroup_dirs
 

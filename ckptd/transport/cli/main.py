@@ -200,12 +200,14 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_dump(ctx: Context, args: argparse.Namespace) -> int:
-    if args.pid is None:
+    if args.cgroup and args.pid is not None:
+        args.subparser.error("give a pid or --cgroup PATH, not both")
+    if args.pid is None and not args.cgroup:
         if not args.name:
             args.subparser.error("give a pid, or --name NAME of a job ckptd protects")
         return jobs.dump_by_name(ctx, args.name, leave_running=args.leave_running,
                                  keep=args.keep or 0)
-    pid = _parse_pid(args.pid)
+    pid = _parse_pid(args.pid) if args.pid is not None else 0
     labels = dict(args.label or [])
     if args.keep and not args.name:
         args.subparser.error("--keep needs --name (retention is per name)")
@@ -216,11 +218,13 @@ def cmd_dump(ctx: Context, args: argparse.Namespace) -> int:
         labels=labels,
         keep=args.keep or 0,
         tcp_close=bool(args.tcp_close),
+        cgroup=args.cgroup or "",
     )
     result = _stream_result(ctx.client.Dump(request, timeout=ctx.timeout), "checkpoint")
     if result is None:
+        what = f"pid {pid}" if pid else f"cgroup {args.cgroup}"
         raise CliError(
-            f"ckptd ended the dump of pid {pid} without a result; check the daemon's log"
+            f"ckptd ended the dump of {what} without a result; check the daemon's log"
         )
     ck = convert.checkpoint_to_dict(cast(pb.Checkpoint, result))
     if ctx.json:
@@ -410,8 +414,14 @@ def build_parser() -> argparse.ArgumentParser:
     dump = command("dump", cmd_dump, "checkpoint a process tree")
     dump.add_argument(
         "pid", nargs="?",
-        help="the root process of the tree to checkpoint (leave it out with --name NAME: the "
-        "job of that name that ckptd protects, e.g. from a Kubernetes preStop hook)",
+        help="the root process of the tree to checkpoint, or a container's init (its job "
+        "is checkpointed); leave it out with --name NAME: the job of that name that ckptd "
+        "protects, e.g. from a Kubernetes preStop hook",
+    )
+    dump.add_argument(
+        "--cgroup", metavar="PATH",
+        help="instead of a pid: the container whose cgroup (v2 path, as /proc/PID/cgroup's "
+        "0:: line says) this is; the job under its init is checkpointed",
     )
     dump.add_argument(
         "--leave-running",

@@ -38,6 +38,7 @@ def dump_request(msg: pb.DumpRequest) -> DumpRequest:
         labels=dict(msg.labels),
         keep=msg.keep,
         tcp_close=msg.tcp_close,
+        cgroup=msg.cgroup,
     )
 
 

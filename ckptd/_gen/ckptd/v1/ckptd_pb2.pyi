@@ -806,6 +806,7 @@ class DumpRequest(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     KEEP_FIELD_NUMBER: _builtins.int
     TCP_CLOSE_FIELD_NUMBER: _builtins.int
+    CGROUP_FIELD_NUMBER: _builtins.int
     pid: _builtins.int
     leave_running: _builtins.bool
     name: _builtins.str
@@ -814,6 +815,10 @@ class DumpRequest(_message.Message):
     tcp_close: _builtins.bool
     """Allow TCP connections to peers outside the tree: a restore brings the tree's connections
     back closed (the application sees a reset). Unset: such a tree is refused.
+    """
+    cgroup: _builtins.str
+    """The target as a container: its cgroup (v2 path, as /proc/PID/cgroup's 0:: line says),
+    with pid 0. The job under the container's init is checkpointed (as for pid = the init).
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
@@ -826,10 +831,11 @@ class DumpRequest(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         keep: _builtins.int = ...,
         tcp_close: _builtins.bool = ...,
+        cgroup: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep", b"keep", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "pid", b"pid", "tcp_close", b"tcp_close"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "keep", b"keep", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "pid", b"pid", "tcp_close", b"tcp_close"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
