@@ -126,6 +126,11 @@ class ProcessTable(Protocol):
         done). Raises ProcessNotFound when ``pid`` is gone."""
         ...
 
+    def own_root(self, pid: int) -> bool:
+        """Whether ``pid``'s root directory is not the daemon's (a container's root file
+        system, after pivot_root or chroot); False when it is gone."""
+        ...
+
     def ns_pid_taken(self, init: int, ns_pid: int) -> str:
         """What holds pid ``ns_pid`` of the pid namespace whose init is ``init`` (a node
         pid): its command name, or "" when that pid (process or thread id) is free there."""

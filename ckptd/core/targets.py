@@ -138,8 +138,8 @@ def container_init(processes: ProcessTable, pid: int, status: PidStatus) -> int:
 
 def container_job(processes: ProcessTable, pid: int) -> int:
     """When ``pid`` names a container (its init: pid 1 of a pid namespace one level below
-    the daemon's, with a mount namespace of its own, in the node's user and time
-    namespaces), the root of its job: the init's only child, itself a container job
+    the daemon's, with a mount namespace and a root file system of its own, in the node's
+    user and time namespaces), the root of its job: the init's only child, itself a container job
     (``container_init``). 0 when ``pid`` is not a container's init, or has no child (it is
     the job itself: the usual checks refuse it). Raises TargetRefused when it has several
     children (naming them): which is the job cannot be told."""
@@ -147,8 +147,8 @@ def container_job(processes: ProcessTable, pid: int) -> int:
     if status.state is PidState.FREE or len(status.ns_pids) != 2 or status.ns_pids[-1] != 1:
         return 0
     foreign = processes.foreign_namespaces(pid)
-    if "mnt" not in foreign or foreign & {"user", "time"}:
-        return 0
+    if "mnt" not in foreign or foreign & {"user", "time"} or not processes.own_root(pid):
+        return 0  # (``unshare --pid --mount-proc CMD`` keeps the node's root: CMD is the job)
     children = [f for f in processes.tree(pid) if f.ppid == pid]
     if not children:
         return 0  # the init is the job itself (``unshare --pid --mount-proc CMD``): refused

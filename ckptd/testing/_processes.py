@@ -61,6 +61,8 @@ class FakeProcess:
     """Its connected TCP sockets, ``(local, remote)`` each (``tcp_connections``)."""
     io_uring: bool = False
     """It holds an io_uring instance (``io_uring_holders``)."""
+    own_root: bool = False
+    """Its root directory is not the daemon's (``own_root``: a container's)."""
 
     def fact(self) -> ProcessFact:
         """This process as ``ProcessTable.tree`` reports it."""
@@ -399,6 +401,11 @@ class FakeProcessTable:
             if (one.ns_owner or one.pid) != (two.ns_owner or two.pid):
                 differ |= one.namespaces & two.namespaces
             return frozenset(differ)
+
+    def own_root(self, pid: int) -> bool:
+        with self._lock:
+            proc = self.processes.get(pid)
+            return proc is not None and proc.own_root
 
     def ns_pid_taken(self, init: int, ns_pid: int) -> str:
         """The comm of a live process whose ``pidns_init`` is ``init`` (or ``init`` itself

@@ -25,6 +25,7 @@ def _container(world: World, *, job_ns: frozenset[str] = CONTAINER, owner: int =
     """Container init 6000 (``ckptctl run``, pid 1 inside) with the job 6001 (pid 12) and its
     child 6002 (pid 13)."""
     world.processes.add_process(INIT, 1, comm="ckptctl", ns_pid=1, namespaces=CONTAINER)
+    world.processes.processes[INIT].own_root = True
     world.processes.add_process(JOB, INIT, comm="sh", ns_pid=12, namespaces=job_ns,
                                 ns_owner=owner, pidns_init=init_found, session=12)
     world.processes.add_process(CHILD, JOB, comm="python3", ns_pid=13, namespaces=job_ns,
@@ -120,6 +121,7 @@ def test_a_cgroup_without_one_container_init_is_refused(world: World) -> None:
 
 def test_a_container_init_alone_or_with_several_children_is_refused(world: World) -> None:
     world.processes.add_process(INIT, 1, comm="ckptctl", ns_pid=1, namespaces=CONTAINER)
+    world.processes.processes[INIT].own_root = True
     with pytest.raises(TargetRefused, match="mount namespace"):  # the init is the job
         world.dump(INIT)
     for pid, ns_pid in ((JOB, 12), (CHILD, 13)):
@@ -151,3 +153,14 @@ def test_reserve_pids_needs_the_callers_process_and_a_sane_number(tmp_path: Path
     with pytest.raises(InvalidTarget, match="cannot reserve pids up to"):
         world.service.reserve_pids(Caller(uid=0, pid=1000), 0)
     assert world.service.reserve_pids(Caller(uid=0, pid=1000), 1000) == 0  # the node's
+
+
+def test_a_pid_namespace_init_on_the_nodes_root_is_the_job_itself(world: World) -> None:
+    """``unshare --fork --pid --mount-proc sh -c 'python ...'``: the init keeps the node's
+    root, so it is the job (refused for its mount namespace), not a container whose only
+    child would be checkpointed in its place."""
+    _container(world)
+    world.processes.processes[INIT].own_root = False
+    with pytest.raises(TargetRefused, match="mount namespace"):
+        world.dump(INIT)
+    assert world.criu.dump_jobs == []

@@ -213,6 +213,14 @@ class ProcFsTable:
         except ContainerError as exc:
             raise ProcessNotFound(f"cannot reserve pids for pid {pid}: {exc}", pid=pid) from exc
 
+    def own_root(self, pid: int) -> bool:
+        try:
+            theirs = os.stat(self._proc / str(pid) / "root")
+            ours = os.stat("/")
+        except OSError:
+            return False
+        return (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino)
+
     def ns_pid_taken(self, init: int, ns_pid: int) -> str:
         """Through the container's own /proc (its pid namespace's; every task id is there,
         threads too), reached in its root without following links."""
