@@ -6,6 +6,7 @@
  *   ~40% float32 "weights" (approximately normal, std ~0.02)
  *   ~30% zero pages, never touched (not even read) before the first step
  *   ~30% text: JSON-ish ASCII records with varying numbers
+ * --random makes every page random bytes instead (incompressible, no zero pages).
  * --rewrite-pct P rewrites P% of the non-zero pages every step (new content
  * of the same kind, chosen by the PRNG).  SIGUSR1 requests one extra
  * rewrite round (P%, or 5% when P is 0) at the next step.
@@ -23,7 +24,9 @@
 #define HASHED_PAGES 8
 #define SIGNAL_PCT 5
 
-enum kind { K_FLOAT, K_ZERO, K_TEXT };
+enum kind { K_FLOAT, K_ZERO, K_TEXT, K_RANDOM };
+
+static int all_random;
 
 struct state {
     unsigned char *mem;
@@ -46,6 +49,7 @@ static void usage(FILE *out)
             WL_COMMON_USAGE
             "  --mib N            size of the mapping in MiB (default 1024)\n"
             "  --rewrite-pct P    rewrite P%% of non-zero pages each step (default 0)\n"
+            "  --random           every page random bytes (default: the mix above)\n"
             "  --ready-file PATH  write \"ready\\n\" to PATH once the memory is filled\n"
             "SIGUSR1: one extra rewrite round (P%%, or %d%% if P is 0) at the next step\n",
             "1000", SIGNAL_PCT);
@@ -60,6 +64,8 @@ static void on_usr1(int sig)
 static enum kind page_kind(size_t pg)
 {
     uint64_t r = wl_fmix((uint64_t)pg + 0x6b696e64ULL) % 10;
+    if (all_random)
+        return K_RANDOM;
     return r < 4 ? K_FLOAT : r < 7 ? K_ZERO : K_TEXT;
 }
 
@@ -128,11 +134,21 @@ static void fill_text(unsigned char *page, uint64_t seed)
     memcpy(page, buf, WL_PAGE);
 }
 
+static void fill_random(unsigned char *p, uint64_t seed)
+{
+    for (size_t k = 0; k < WL_PAGE; k += sizeof(uint64_t)) {
+        uint64_t r = wl_splitmix(&seed);
+        memcpy(p + k, &r, sizeof r);
+    }
+}
+
 static void fill_page(struct state *s, size_t pg, uint64_t seed)
 {
     unsigned char *p = s->mem + pg * WL_PAGE;
 
-    if (page_kind(pg) == K_FLOAT)
+    if (page_kind(pg) == K_RANDOM)
+        fill_random(p, seed);
+    else if (page_kind(pg) == K_FLOAT)
         fill_float(p, seed);
     else
         fill_text(p, seed);
@@ -218,6 +234,8 @@ int main(int argc, char **argv)
             s.pct = (unsigned)wl_u64(&c, "--rewrite-pct", v, 0, 100);
         else if ((v = wl_match(&c, "--ready-file")))
             ready = v;
+        else if (strcmp(argv[c.i], "--random") == 0)
+            all_random = 1;
         else
             wl_bad_arg(&c);
     }

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Benchmark of issue #13's targets: ckptd against raw CRIU, side by side in one run (a script
+you run, not a test).
+
+For each size (default 1 GiB and 4 GiB) and memory kind (`mixed`: bigmem's 40% float32 /
+30% zero / 30% text pages; `random`: every page random bytes), with a fresh `bigmem`
+process each time:
+
+  raw          `criu dump -t PID -D DIR` (kills it) — wall and frozen time (CRIU's stats);
+               `+ sync -f DIR` (ckptd makes a checkpoint durable before it is listed);
+               `tar -C DIR -cf - . | zstd -1 -T0 | wc -c` (the bytes a plain compressed copy
+               of the images costs); `criu restore -D DIR -d` until it returns (the process
+               runs)
+  ckptd gRPC   Dump then Restore through the daemon's gRPC API from this process (no CLI
+               start-up): wall, frozen (the record's), stored bytes (new bytes in the store),
+               the daemon's peak extra RSS and the peak bytes in its staging directories
+               (sampled every 20 ms)
+  ckptd CLI    `ckptctl dump PID` and `ckptctl restore ID` (the CLI's start-up included)
+  incremental  (mixed only) a leave-running full checkpoint, then SIGUSR1 (bigmem rewrites 5%
+               of its non-zero pages), then a second leave-running checkpoint: its wall time
+               against the full one's, its new bytes against the bytes changed
+
+Usage (root): .venv/bin/python scripts/bench_speed.py [--sizes 1024,4096]
+              [--kinds mixed,random] [--dir DIR]
+Prints one Markdown table of raw figures and one of ratios against issue #13's targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchlib import CRIU, CRIU_FLAGS, dir_bytes, kill, timed, wait_gone
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+BIN = ROOT / "native" / "workloads" / "bin"
+VENV = Path(sys.executable).parent
+
+import grpc  # noqa: E402
+
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb  # noqa: E402
+from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc as pb_grpc  # noqa: E402
+from ckptd.adapters.criu.images import read_dump_stats  # noqa: E402
+
+PAGE = 4096
+
+
+@dataclass
+class Row:
+    dump_s: float = 0.0
+    frozen_s: float = 0.0
+    restore_s: float = 0.0
+    stored: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def start_bigmem(mib: int, kind: str, out: Path) -> int:
+    ready = out.with_suffix(".ready")
+    ready.unlink(missing_ok=True)
+    args = f"--mib {mib} --steps 0 --interval-ms 200 --ready-file {ready}"
+    if kind == "random":
+        args += " --random"
+    subprocess.run(["setsid", "sh", "-c", f"exec {BIN}/bigmem {args} > {out} 2>&1 < /dev/null &"],
+                   check=True)
+    deadline = time.monotonic() + 300
+    while not ready.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("bigmem did not get ready")
+        time.sleep(0.05)
+    pids = subprocess.run(["pgrep", "-n", "-f", f"bigmem {args}"], capture_output=True,
+                          text=True, check=True).stdout.split()
+    return int(pids[0])
+
+
+class Sampler:
+    """Peak RSS of a process and peak bytes under some directories, sampled every 20 ms."""
+
+    def __init__(self, pid: int, dirs: list[Path]) -> None:
+        self.pid, self.dirs = pid, dirs
+        self.base_rss = self._rss()
+        self.peak_rss = self.base_rss
+        self.peak_dir = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _rss(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak_rss = max(self.peak_rss, self._rss())
+            total = 0
+            for d in self.dirs:
+                with contextlib.suppress(OSError):
+                    total += dir_bytes(d)
+            self.peak_dir = max(self.peak_dir, total)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Sampler]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+
+@contextlib.contextmanager
+def daemon_at(root: Path) -> Iterator[tuple[Path, int, list[Path]]]:
+    """A daemon with a store and state of its own under ``root``: (socket, pid, its staging
+    directories: the state directory's and its own under /dev/shm/ckptd)."""
+    root.mkdir(parents=True)
+    sock, state = root / "ckptd.sock", root / "state"
+    with (root / "ckptd.log").open("w") as log:
+        daemon = subprocess.Popen(
+            [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(root / "store"),
+             "--state-dir", str(state), "--log-level", "WARNING"], stderr=log)
+    try:
+        while not sock.exists():
+            if daemon.poll() is not None:
+                raise SystemExit(f"ckptd exited: see {root / 'ckptd.log'}")
+            time.sleep(0.05)
+        tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
+        yield sock, daemon.pid, [state / "staging", Path("/dev/shm/ckptd") / tag]
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=120)
+        shutil.rmtree(root / "store", ignore_errors=True)
+
+
+def raw(mib: int, kind: str, work: Path) -> Row:
+    pid = start_bigmem(mib, kind, work / "raw.out")
+    images = work / "raw-images"
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir()
+    t_dump, _ = timed([CRIU, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log",
+                       *CRIU_FLAGS])
+    t_sync, _ = timed(["sync", "-f", str(images)])
+    stats = read_dump_stats(images)
+    wait_gone(pid)
+    zstd = subprocess.run(f"tar -C {images} -cf - . | zstd -1 -T0 -c | wc -c", shell=True,
+                          capture_output=True, text=True, check=True).stdout
+    t_restore, _ = timed([CRIU, "restore", "-D", str(images), "-d", "-o", "restore.log",
+                          *CRIU_FLAGS])
+    kill(pid)
+    row = Row(t_dump, stats.frozen_time / 1e6 if stats else 0.0, t_restore, dir_bytes(images))
+    row.extra.update(sync_s=t_dump + t_sync, zstd_bytes=int(zstd))
+    shutil.rmtree(images, ignore_errors=True)
+    return row
+
+
+def stream(call: Any, field_name: str) -> Any:
+    result = None
+    for event in call:
+        if event.WhichOneof("event") == field_name:
+            result = getattr(event, field_name)
+    return result
+
+
+def via_grpc(mib: int, kind: str, work: Path, stub: Any, daemon: int, staging: list[Path]
+             ) -> Row:
+    pid = start_bigmem(mib, kind, work / "grpc.out")
+    sampler = Sampler(daemon, staging)
+    t0 = time.perf_counter()
+    with sampler.running():
+        ck = stream(stub.Dump(pb.DumpRequest(pid=pid), timeout=3600), "checkpoint")
+    t_dump = time.perf_counter() - t0
+    dump_rss, dump_staging = sampler.peak_rss - sampler.base_rss, sampler.peak_dir
+    wait_gone(pid)
+    sampler = Sampler(daemon, staging)
+    t0 = time.perf_counter()
+    with sampler.running():
+        res = stream(stub.Restore(pb.RestoreRequest(checkpoint_id=ck.id), timeout=3600),
+                     "result")
+    t_restore = time.perf_counter() - t0
+    kill(res.pid)
+    stub.Delete(pb.DeleteRequest(id=ck.id), timeout=600)
+    row = Row(t_dump, ck.frozen_s, t_restore, int(ck.bytes_new))
+    row.extra.update(dump_rss=dump_rss, dump_staging=dump_staging,
+                     restore_rss=sampler.peak_rss - sampler.base_rss,
+                     restore_staging=sampler.peak_dir)
+    return row
+
+
+def via_cli(mib: int, kind: str, work: Path, sock: Path) -> Row:
+    pid = start_bigmem(mib, kind, work / "cli.out")
+    ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
+    t_dump, out = timed([*ctl, "dump", str(pid)])
+    record = json.loads(out)
+    wait_gone(pid)
+    t_restore, out = timed([*ctl, "restore", record["id"]])
+    kill(json.loads(out)["pid"])
+    subprocess.run([*ctl, "delete", record["id"]], check=True, capture_output=True)
+    return Row(t_dump, float(record.get("frozen_s", 0)), t_restore, int(record["bytes_new"]))
+
+
+def incremental(mib: int, work: Path, stub: Any) -> Row:
+    pid = start_bigmem(mib, "mixed", work / "incr.out")
+    t0 = time.perf_counter()
+    full = stream(stub.Dump(pb.DumpRequest(pid=pid, leave_running=True), timeout=3600),
+                  "checkpoint")
+    t_full = time.perf_counter() - t0
+    out = work / "incr.out"
+    steps = out.read_text().count("\nstep")
+    os.kill(pid, signal.SIGUSR1)  # 5% of the non-zero pages rewritten at the next step
+    deadline = time.monotonic() + 30
+    while out.read_text().count("\nstep") < steps + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.perf_counter()
+    second = stream(stub.Dump(pb.DumpRequest(pid=pid, leave_running=True), timeout=3600),
+                    "checkpoint")
+    t_incr = time.perf_counter() - t0
+    kill(pid)
+    for ck in (second, full):
+        stub.Delete(pb.DeleteRequest(id=ck.id), timeout=600)
+    changed = int(mib * 256 * 0.7 * 0.05) * PAGE  # 5% of the ~70% non-zero pages
+    row = Row(t_incr, second.frozen_s, 0.0, int(second.bytes_new))
+    row.extra.update(full_s=t_full, changed_bytes=changed)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1024,4096")
+    ap.add_argument("--kinds", default="mixed,random")
+    ap.add_argument("--dir", default="", help="work directory (default: a temp dir in /var/tmp)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root")
+    subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "workloads")], check=True)
+    work = Path(args.dir or tempfile.mkdtemp(prefix="ckptd-speed-", dir="/var/tmp"))
+    results: dict[tuple[int, str], dict[str, Row]] = {}
+    for mib in (int(s) for s in args.sizes.split(",")):
+        for kind in args.kinds.split(","):
+            print(f"{mib} MiB {kind}", file=sys.stderr)
+            # a store of its own: bigmem's pages depend only on their index, so a shared store
+            # would deduplicate one run against the previous ones
+            with daemon_at(work / f"d-{mib}-{kind}") as (sock, pid, staging):
+                stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
+                    grpc.insecure_channel(f"unix:{sock}"))
+                rows = {"raw": raw(mib, kind, work),
+                        "grpc": via_grpc(mib, kind, work, stub, pid, staging),
+                        "cli": via_cli(mib, kind, work, sock)}
+            if kind == "mixed":
+                with daemon_at(work / f"i-{mib}") as (sock, pid, staging):
+                    stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
+                        grpc.insecure_channel(f"unix:{sock}"))
+                    rows["incr"] = incremental(mib, work, stub)
+            results[(mib, kind)] = rows
+    report(results)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def report(results: dict[tuple[int, str], dict[str, Row]]) -> None:
+    mb: Callable[[float], str] = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
+    print(f"\nkernel {os.uname().release}, {os.cpu_count()} CPUs, CRIU {CRIU}\n")
+    print("| size | kind | raw dump | raw dump+sync | raw frozen | raw restore | zstd -1 MiB "
+          "| gRPC dump | frozen | restore | stored MiB | CLI dump | CLI restore | peak RSS MiB "
+          "dump/restore | peak staging MiB dump/restore |")
+    print("|---" * 15 + "|")
+    for (mib, kind), r in results.items():
+        raw_, g, c = r["raw"], r["grpc"], r["cli"]
+        print(f"| {mib} MiB | {kind} | {raw_.dump_s:.2f} | {raw_.extra['sync_s']:.2f} | "
+              f"{raw_.frozen_s:.2f} | {raw_.restore_s:.2f} | {mb(raw_.extra['zstd_bytes'])} | "
+              f"{g.dump_s:.2f} | {g.frozen_s:.2f} | {g.restore_s:.2f} | {mb(g.stored)} | "
+              f"{c.dump_s:.2f} | {c.restore_s:.2f} | {mb(g.extra['dump_rss'])}/"
+              f"{mb(g.extra['restore_rss'])} | {mb(g.extra['dump_staging'])}/"
+              f"{mb(g.extra['restore_staging'])} |")
+    print("\n| size | kind | dump / (dump+sync) (<=1.0) | dump / raw (<=1.5, goal 1.0) "
+          "| frozen / raw (<=1.0) | stored / zstd -1 (<=1.0) | restore / raw (<=1.0) "
+          "| incr / full (<=0.3) | incr bytes / changed (<=1.2) |")
+    print("|---" * 9 + "|")
+    for (mib, kind), r in results.items():
+        raw_, g = r["raw"], r["grpc"]
+        inc = r.get("incr")
+        incr = (f"{inc.dump_s / inc.extra['full_s']:.2f} | "
+                f"{inc.stored / inc.extra['changed_bytes']:.2f}") if inc else "- | -"
+        print(f"| {mib} MiB | {kind} | {g.dump_s / raw_.extra['sync_s']:.2f}x | "
+              f"{g.dump_s / raw_.dump_s:.2f}x | {g.frozen_s / max(raw_.frozen_s, 1e-9):.2f}x | "
+              f"{g.stored / raw_.extra['zstd_bytes']:.2f}x | "
+              f"{g.restore_s / raw_.restore_s:.2f}x | {incr} |")
+    sizes = sorted({m for m, _ in results})
+    if len(sizes) > 1:
+        for kind in sorted({k for _, k in results}):
+            small, big = results.get((sizes[0], kind)), results.get((sizes[-1], kind))
+            if small and big:
+                per_small = small["grpc"].dump_s / sizes[0]
+                per_big = big["grpc"].dump_s / sizes[-1]
+                print(f"\ncost growth ({kind}): dump time per GiB at {sizes[-1]} MiB is "
+                      f"{per_big / per_small:.2f}x that at {sizes[0]} MiB (target <= 1.10x)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
