@@ -202,17 +202,11 @@ class CriuSwrk:
         the container's mount namespace and descriptors by the peer's pid (0 there), so the
         images directory is named ``/proc/self/fd/N`` and there is no work directory: CRIU
         writes its log and stats among the images, moved to ``work_dir`` once it exits."""
-        try:
-            container = Container.open(where.init)
-        except ContainerError as exc:
-            raise CriuFailed(f"CRIU dump of pid {job.pid}: {exc}", pid=job.pid,
-                             hint="the job's container is gone or cannot be entered") from exc
+        container = _open_container(where, f"dump of pid {job.pid}", job.pid,
+                                    "the job's container is gone or cannot be entered")
         self._plugin_dir.mkdir(parents=True, exist_ok=True)
         with container, _DirFd(job.images_dir) as images_fd, \
                 _DirFd(self._plugin_dir) as plugins_fd:
-            if container.start_time != where.init_start_time:
-                raise CriuFailed(f"CRIU dump of pid {job.pid}: the container's init (pid "
-                                 f"{where.init}) is another process now", pid=job.pid, hint="")
             opts = self._opts(-1, -1, job, "dump.log")
             opts.images_dir = f"/proc/self/fd/{images_fd}"
             opts.pid = where.ns_pid
@@ -268,17 +262,11 @@ class CriuSwrk:
         there and the namespace's counter moved past them (CRIU's clone3 needs each exact
         pid). Returns the restored root's node pid."""
         what = f"restore into the container of pid {where.init}"
-        try:
-            container = Container.open(where.init)
-        except ContainerError as exc:
-            raise CriuFailed(f"CRIU {what}: {exc}", pid=where.init,
-                             hint="the container restored into is gone") from exc
+        container = _open_container(where, what, where.init,
+                                    "the container restored into is gone")
         self._plugin_dir.mkdir(parents=True, exist_ok=True)
         with container, _DirFd(job.images_dir) as images_fd, \
                 _DirFd(self._plugin_dir) as plugins_fd:
-            if container.start_time != where.init_start_time:
-                raise CriuFailed(f"CRIU {what}: pid {where.init} is another process now",
-                                 pid=where.init, hint="")
             try:
                 make_pids_free(container, image_pids(job.images_dir))
             except (ContainerError, OSError) as exc:
@@ -450,6 +438,20 @@ class CriuSwrk:
             f"CRIU {what} failed: {detail}", errno=errno, log_tail=tail,
             log_path=str(log_path), pid=pid, hint=f"see {log_path}",
         )
+
+
+def _open_container(where: CriuPlacement, what: str, pid: int, gone_hint: str) -> Container:
+    """The container of ``where.init``, its namespaces pinned; CriuFailed when it is gone, or
+    when its init's pid now names another process."""
+    try:
+        container = Container.open(where.init)
+    except ContainerError as exc:
+        raise CriuFailed(f"CRIU {what}: {exc}", pid=pid, hint=gone_hint) from exc
+    if container.start_time != where.init_start_time:
+        container.close()
+        raise CriuFailed(f"CRIU {what}: the container's init (pid {where.init}) is another "
+                         "process now", pid=pid, hint=gone_hint)
+    return container
 
 
 def _run_started(
