@@ -388,6 +388,10 @@ class CriuDumpJob:
     container: CriuPlacement | None = None
     """None: CRIU runs in the daemon's namespaces. Else inside the container, which it does
     not dump (cgroups ignored, the images name pids of the container's namespace)."""
+    page_server_fd: int = -1
+    """>= 0: CRIU sends the pages over this connected socket (``opts.ps.fd``, CRIU's
+    page-server protocol, see ``adapters.criu.pageserver``) instead of writing pagemap and
+    pages images. Not for container jobs."""
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,9 @@ class CriuSwrk:
 
     def _run_dump(self, job: CriuDumpJob, hooks: CriuHooks) -> None:
         if job.container is not None:
+            if job.page_server_fd >= 0:
+                raise CriuFailed("CRIU dump into a page server: not for container jobs",
+                                 pid=job.pid, hint="")
             self._run_dump_in_container(job, job.container, hooks)
             return
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
@@ -191,8 +194,12 @@ class CriuSwrk:
             opts.link_remap = True
             if job.leave_stopped:
                 opts.leave_stopped = True
+            fds: tuple[int, ...] = (images_fd, work_fd)
+            if job.page_server_fd >= 0:
+                opts.ps.fd = job.page_server_fd  # honoured by `criu swrk` only
+                fds += (job.page_server_fd,)
             req = rpc_pb2.criu_req(type=rpc_pb2.DUMP, opts=opts)
-            self._call(req, hooks, (images_fd, work_fd), job.work_dir / "dump.log",
+            self._call(req, hooks, fds, job.work_dir / "dump.log",
                        f"dump of pid {job.pid}", job.pid)
 
     def _run_dump_in_container(
