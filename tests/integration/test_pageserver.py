@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ckptd.core.store.streaming import StreamedPages
 
 from .conftest import criu_path
 from .support import (
+    Daemon,
     Procs,
     assert_continuity,
     reference,
@@ -34,6 +36,7 @@ from .support import (
     with_interval,
     workload,
 )
+from .test_continuity import dump_and_restore_via_pipe
 
 pytestmark = pytest.mark.integration
 
@@ -68,6 +71,18 @@ def _dump_to_server(
     return images, server
 
 
+def _stopped(procs: Procs, cmd: list[str], out: Path) -> int:
+    """The job started, a few steps on, then stopped, so that two dumps see the same memory.
+    On one CPU: the kernel writes the CPU a task runs on into its rseq area (its memory), and
+    CRIU's parasite runs in the task; on two CPUs two dumps could differ there."""
+    pid = start_detached(procs, with_interval(cmd, 20), out)
+    os.sched_setaffinity(pid, {min(os.sched_getaffinity(0))})
+    wait_for_lines(out, 5)
+    os.kill(pid, signal.SIGSTOP)
+    wait_state(pid, ("T",))
+    return pid
+
+
 def _counter(mem_mib: int) -> list[str]:
     return workload("counter", "--steps", 120, "--mem-mib", mem_mib)
 
@@ -80,10 +95,7 @@ def test_pages_received_are_criu_s_own_images_and_restore(tmp_path: Path, procs:
     cmd = _counter(48)
     ref = reference(with_interval(cmd, 0))
     out = tmp_path / "out"
-    pid = start_detached(procs, with_interval(cmd, 20), out)
-    wait_for_lines(out, 5)
-    os.kill(pid, signal.SIGSTOP)
-    wait_state(pid, ("T",))
+    pid = _stopped(procs, cmd, out)
 
     local, work = _dirs(tmp_path / "local")
     criu.dump(CriuDumpJob(pid, local, work, leave_running=True), CriuHooks()).finish()
@@ -116,10 +128,7 @@ def test_pages_go_into_the_store_as_criu_sends_them(tmp_path: Path, procs: Procs
     small images staged), and every page read back from the store is the page CRIU wrote."""
     criu = _criu(tmp_path)
     out = tmp_path / "out"
-    pid = start_detached(procs, with_interval(_counter(32), 20), out)
-    wait_for_lines(out, 3)
-    os.kill(pid, signal.SIGSTOP)
-    wait_state(pid, ("T",))
+    pid = _stopped(procs, _counter(32), out)
     local, work = _dirs(tmp_path / "local")
     criu.dump(CriuDumpJob(pid, local, work, leave_running=True), CriuHooks()).finish()
 
@@ -142,3 +151,19 @@ def test_pages_go_into_the_store_as_criu_sends_them(tmp_path: Path, procs: Procs
             PageSource(blobs, index, hasher, pool, name).write_pages(refs, rebuilt, frozenset())
             assert rebuilt.read_bytes() == want, name
     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_daemon_streaming_pages_dumps_and_restores_a_job(
+    start_daemon: Callable[..., Daemon], procs: Procs, tmp_path: Path, workloads: Path
+) -> None:
+    """``stream_pages = true``: CRIU sends the pages to the daemon (its log says it used the
+    socket it was given), nothing but the other images is staged, and the job restored from
+    the checkpoint goes on exactly."""
+    del workloads
+    daemon = start_daemon(config={"stream_pages": True})
+    cmd = workload("counter", "--steps", 60, "--mem-mib", 64)
+    ck, _ = dump_and_restore_via_pipe(daemon, procs, tmp_path, cmd)
+    assert ck["bytes"] > 64 * 2**20, "a 64 MiB heap of random pages must be in the store"
+    log = (daemon.state_dir / "work" / ck["id"] / "dump.log").read_text()
+    assert "Reusing ps socket" in log
+    assert "Disconnect from the page server" in log

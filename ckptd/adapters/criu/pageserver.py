@@ -38,7 +38,9 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
+
+from ckptd.core.ports import PageSink
 
 PAGE_SIZE = 4096
 IOV = struct.Struct("<IIQQ")
@@ -58,20 +60,6 @@ DEFAULT_BUFFERS = 8
 
 class PageServerError(Exception):
     """CRIU spoke something this receiver does not accept, or the sink failed."""
-
-
-class PageSink(Protocol):
-    """Where the pages go, called on the receiver's delivery thread, in order."""
-
-    def begin_image(self, name: str) -> None:
-        """A pages image (``pages-<n>.img``) begins."""
-
-    def pages(self, name: str, offset: int, data: memoryview) -> None:
-        """The next bytes (whole pages, at ``offset`` in the image). ``data`` is valid only
-        during the call: keep a copy of what must outlive it."""
-
-    def end_image(self, name: str, size: int) -> None:
-        """The pages image is complete (``size`` bytes)."""
 
 
 @dataclass

@@ -49,6 +49,8 @@ class StreamedPages:
         self._blobs = blobs
         self._index = index
         self._hasher = hasher
+        self.seed = hasher.seed
+        """The hash space (uid) the pages were hashed in."""
         self._writer = writer
         self._max_frames = max_frames
         self._max_packs = max_packs
@@ -99,12 +101,13 @@ class StreamedPages:
     # ---- the end -----------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """Every page compressed and every pack written and durable (``flush``)."""
+        """Every page compressed and every pack written and durable (one ``flush``)."""
         self.builder.finish()
         self._submit_sealed()
         for write in self.writes:
             write.result()
         self.writes = []
+        self._blobs.flush()  # once, here: not on CRIU's (frozen) path
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -128,6 +131,5 @@ class StreamedPages:
         if self._blobs.put(pack_key(pack_id), data, if_absent=not again):
             self.bytes_new += len(data)
             self.written_packs.add(pack_id)
-        self._blobs.flush()
         self._index.add_pack(pack_index)
         self.new_packs.append(pack_id)
