@@ -75,6 +75,8 @@ def one(way: str, pid: int, base: Path, criu: CriuSwrk, store: Path) -> dict[str
     images, work = root / "images", root / "work"
     images.mkdir(parents=True)
     work.mkdir()
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    rss0 = rss_kib("VmRSS")
     server: PageServer | None = None
     sink: StreamedPages | None = None
     reader: threading.Thread | None = None
@@ -99,8 +101,6 @@ def one(way: str, pid: int, base: Path, criu: CriuSwrk, store: Path) -> dict[str
 
         reader = threading.Thread(target=drain, daemon=True)
         reader.start()
-    Path("/proc/self/clear_refs").write_text("5")
-    rss0 = rss_kib("VmRSS")
     job = CriuDumpJob(pid=pid, images_dir=images, work_dir=work, leave_running=True,
                       page_server_fd=ps_fd)
     t0 = time.monotonic()

@@ -23,10 +23,11 @@ for byte as CRIU's own page server would (``pagemap_head{pages_id}`` then one
 the order the pagemaps are opened), into the images directory; the pages go to a
 ``PageSink`` in order, in chunks of whole pages.
 
-Memory is bounded: the socket is read into a fixed pool of ``buffers`` chunks of ``chunk``
-bytes, handed to the sink on a second thread; when the sink is slower than CRIU the pool runs
-dry and CRIU waits on the socket (back-pressure), so at most ``buffers * chunk`` bytes of pages
-are held here whatever the dump's size.
+Memory is bounded: the socket is read into a pool of at most ``buffers`` chunks of ``chunk``
+bytes (allocated as needed, so a small dump takes little), handed to the sink on a second
+thread. While the sink keeps up, CRIU never waits; when it is slower the pool absorbs the
+difference, and once it is full CRIU waits on the socket (back-pressure): at most
+``buffers * chunk`` bytes of pages are held here whatever the dump's size.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ IMG_COMMON_MAGIC = 0x54564319
 PAGEMAP_MAGIC = 0x56084025
 
 DEFAULT_CHUNK = 4 << 20
-DEFAULT_BUFFERS = 8
+DEFAULT_BUFFERS = 48
+"""With DEFAULT_CHUNK, 192 MiB: with ``StreamedPages``'s own (about 230 MiB for incompressible
+pages) under the 512 MiB a dump may take."""
 
 
 class PageServerError(Exception):
@@ -147,8 +150,7 @@ class PageServer:
         with contextlib.suppress(OSError):  # fewer, larger wake-ups; capped by wmem_max
             self._theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         self._free: queue.Queue[bytearray] = queue.Queue()
-        for _ in range(buffers):
-            self._free.put(bytearray(chunk))
+        self._allocated = 0
         self._buffers = buffers
         self._work: queue.Queue[object] = queue.Queue()
         self.stats = ReceiverStats()
@@ -258,9 +260,9 @@ class PageServer:
         while length:
             if self._sink_error is not None:
                 raise PageServerError("the sink failed") from self._sink_error
-            buf = self._free.get()
+            buf = self._buffer()
             self.stats.peak_buffers = max(self.stats.peak_buffers,
-                                          self._buffers - self._free.qsize())
+                                          self._allocated - self._free.qsize())
             take = min(length, len(buf))
             self._recv_exact(memoryview(buf)[:take])
             self._work.put(("pages", image.pages_name, image.size, buf, take))
@@ -268,6 +270,17 @@ class PageServer:
             length -= take
             self.stats.pages += take // PAGE_SIZE
             self.stats.bytes_received += take
+
+    def _buffer(self) -> bytearray:
+        """A free chunk: a returned one, else a new one while fewer than ``buffers`` exist,
+        else the next one the sink returns (CRIU waits meanwhile)."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            if self._allocated < self._buffers:
+                self._allocated += 1
+                return bytearray(self._chunk)
+        return self._free.get()
 
     def _close_image(self, image: _Image | None) -> None:
         if image is not None:
