@@ -10,6 +10,8 @@ with leave-running (the same process each time), each way in turn, R rounds inte
   ps-ingest     the same, pages hashed/compressed/packed into a store as they arrive
   fifo          pages-1.img pre-created as a FIFO, read and discarded by a thread
 
+--sink-only: no CRIU; StreamedPages's own throughput, stage by stage.
+
 Per way: CRIU's frozen time (stats-dump), CRIU's run until post-dump, until the pages are
 durable in a store (staged ways: ckptd's ingest of the staging after CRIU, as its commit does),
 extra bytes on the staging file system, and this process's peak RSS growth (VmHWM after
@@ -129,12 +131,61 @@ def one(way: str, pid: int, base: Path, criu: CriuSwrk, store: Path) -> dict[str
             "staged_mib": staged / 2**20, "rss_mib": peak / 1024}
 
 
+def sink_only(mib: int) -> None:
+    """``StreamedPages`` alone, fed 4 MiB chunks of distinct random pages: its throughput
+    hashing only, + compressing, + writing packs, + flushing them (to /var/tmp)."""
+
+    class NullBlobs(LocalBlobStore):
+        def put(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
+            return True
+
+    class NoFlush(LocalBlobStore):
+        def flush(self) -> None:
+            pass
+
+    chunk = 4 << 20
+    pool_data = bytearray(os.urandom(chunk * 8))
+    root = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="bench-sink-"))
+    try:
+        for label, blobs in (("hash only", None), ("+ compress", NullBlobs(root / "n")),
+                             ("+ write packs", NoFlush(root / "w")),
+                             ("+ flush", LocalBlobStore(root / "f"))):
+            with ThreadPoolExecutor(2) as pool, ThreadPoolExecutor(1) as writer:
+                hasher = PageHasher(b"k", 0)
+                sink = StreamedPages(blobs=blobs or NullBlobs(root / "h"), index=PageIndex(),
+                                     hasher=hasher, executor=pool, writer=writer)
+                sink.begin_image("pages-1.img")
+                t0 = time.monotonic()
+                for i in range(mib // 4):
+                    at = (i % 8) * chunk
+                    for p in range(0, chunk, 4096):  # distinct pages in every chunk
+                        pool_data[at + p : at + p + 4] = (i * 1024 + p).to_bytes(4, "little")
+                    view = memoryview(pool_data)[at : at + chunk]
+                    if blobs is None:
+                        for off in range(0, chunk, 4096):
+                            hasher.digest(view[off : off + 4096])
+                    else:
+                        sink.pages("pages-1.img", i * chunk, view)
+                if blobs is not None:
+                    sink.finish()
+                dt = time.monotonic() - t0
+            print(f"| {label} | {mib / 1024 / dt:.2f} GiB/s | {dt:.2f} s |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ways", default="staged-tmpfs,staged-disk,ps-null,ps-ingest,fifo")
+    ap.add_argument("--sink-only", action="store_true", help="StreamedPages alone, no CRIU")
     args = ap.parse_args()
+    if args.sink_only:
+        print(f"StreamedPages fed {args.mib} MiB of distinct random pages\n")
+        print("| stage | throughput | time |\n|---|---|---|")
+        sink_only(args.mib)
+        return 0
     ways = args.ways.split(",")
     criu = CriuSwrk(CRIU, plugin_dir=Path(tempfile.mkdtemp()) / "plugins")
     tmpfs = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="bench-stream-"))

@@ -195,8 +195,9 @@ class PageServer:
         except BaseException as exc:
             self._error = exc
             with contextlib.suppress(OSError):
-                self._ours.shutdown(socket.SHUT_RDWR)
+                self._ours.shutdown(socket.SHUT_RDWR)  # CRIU, still sending, fails
         finally:
+            self._ours.close()
             self._work.put(_END)
 
     def _recv_exact(self, view: memoryview) -> None:
