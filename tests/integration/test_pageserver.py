@@ -21,6 +21,7 @@ from ckptd.core.store.index import PageIndex
 from ckptd.core.store.pagehash import ZERO_REF, PageHasher
 from ckptd.core.store.reader import PageSource
 from ckptd.core.store.streaming import StreamedPages
+from ckptd.errors import CriuFailed
 
 from .conftest import criu_path
 from .support import (
@@ -167,3 +168,24 @@ def test_a_daemon_streaming_pages_dumps_and_restores_a_job(
     log = (daemon.state_dir / "work" / ck["id"] / "dump.log").read_text()
     assert "Reusing ps socket" in log
     assert "Disconnect from the page server" in log
+
+
+class _BrokenSink(FileSink):
+    def pages(self, name: str, offset: int, data: memoryview) -> None:
+        raise OSError("no space left in the store")
+
+
+def test_a_sink_failing_mid_dump_fails_the_dump_and_the_job_runs_on(
+    tmp_path: Path, procs: Procs
+) -> None:
+    criu = _criu(tmp_path)
+    out = tmp_path / "out"
+    pid = start_detached(procs, with_interval(_counter(16), 20), out)
+    wait_for_lines(out, 3)
+    images, work = _dirs(tmp_path / "ps")
+    job = CriuDumpJob(pid, images, work, leave_running=False, leave_stopped=True,
+                      page_sink=_BrokenSink(images))
+    with pytest.raises(CriuFailed):
+        criu.dump(job, CriuHooks())
+    n = len(out.read_text().splitlines())
+    wait_for_lines(out, n + 3, timeout=10)  # CRIU resumed it: it goes on
