@@ -135,6 +135,8 @@ def main() -> int:
             rows["ckptd"].append(run_ckptd(args.mib, work, sock))
             if streaming is not None:
                 rows["ckptd-stream"].append(run_ckptd(args.mib, work, stream_sock))
+        peaks = {name: vm_hwm_mib(d.pid) for name, d in (("ckptd", daemon),
+                                                           ("ckptd-stream", streaming)) if d}
     finally:
         for d in (daemon, streaming):
             if d is not None:
@@ -148,8 +150,17 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|")
     for name, (d, r, b) in med.items():
         print(f"| {name} | {d:.3f} | {d / raw_d:.2f}x | {r:.3f} | {r / raw_r:.2f}x | {int(b):,} |")
+    print("\nPeak RSS of each daemon over the whole run (VmHWM): "
+          + ", ".join(f"{k} {v:.0f} MiB" for k, v in peaks.items()))
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def vm_hwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 if __name__ == "__main__":

@@ -56,9 +56,10 @@ IMG_COMMON_MAGIC = 0x54564319
 PAGEMAP_MAGIC = 0x56084025
 
 DEFAULT_CHUNK = 4 << 20
-DEFAULT_BUFFERS = 48
-"""With DEFAULT_CHUNK, 192 MiB: with ``StreamedPages``'s own (about 230 MiB for incompressible
-pages) under the 512 MiB a dump may take."""
+DEFAULT_BUFFERS = 32
+"""With DEFAULT_CHUNK, 128 MiB: with ``StreamedPages``'s own (about 230 MiB for incompressible
+pages) and the daemon's other work, under the 512 MiB a dump may take (measured:
+docs/design/streaming.md). More buys a shorter freeze for dumps larger than the pool."""
 
 
 class PageServerError(Exception):
