@@ -98,6 +98,8 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="", help="work directory (default: a temp dir in /var/tmp)")
+    ap.add_argument("--stream", action="store_true",
+                    help="also a daemon with stream_pages = true (row ckptd-stream)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -107,21 +109,39 @@ def main() -> int:
     log = (work / "ckptd.log").open("w")
     daemon = subprocess.Popen(
         [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(work / "store"),
-         "--log-level", "WARNING"],
+         "--state-dir", str(work / "state"), "--log-level", "WARNING"],
         stderr=log,
     )
+    streaming = None
+    stream_sock = work / "ckptd-stream.sock"
+    if args.stream:
+        (work / "stream.toml").write_text("stream_pages = true\n")
+        streaming = subprocess.Popen(
+            [str(VENV / "ckptd"), "--socket", str(stream_sock), "--store",
+             str(work / "store-stream"), "--state-dir", str(work / "state-stream"),
+             "--config", str(work / "stream.toml"), "--log-level", "WARNING"],
+            stderr=log,
+        )
     try:
-        while not sock.exists():
+        while not sock.exists() or (streaming is not None and not stream_sock.exists()):
             time.sleep(0.05)
         rows: dict[str, list[tuple[float, float, int]]] = {"raw": [], "raw+sync": [], "ckptd": []}
+        if streaming is not None:
+            rows["ckptd-stream"] = []
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat}", file=sys.stderr)
             rows["raw"].append(run_raw(args.mib, work, sync=False))
             rows["raw+sync"].append(run_raw(args.mib, work, sync=True))
             rows["ckptd"].append(run_ckptd(args.mib, work, sock))
+            if streaming is not None:
+                rows["ckptd-stream"].append(run_ckptd(args.mib, work, stream_sock))
+        peaks = {name: vm_hwm_mib(d.pid) for name, d in (("ckptd", daemon),
+                                                           ("ckptd-stream", streaming)) if d}
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
+        for d in (daemon, streaming):
+            if d is not None:
+                d.send_signal(signal.SIGTERM)
+                d.wait(timeout=60)
     med = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in rows.items()}
     raw_d, raw_r = med["raw"][0], med["raw"][1]
     print(f"\nProcess of {args.mib} MiB (`counter --mem-mib {args.mib}`), median of "
@@ -130,8 +150,17 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|")
     for name, (d, r, b) in med.items():
         print(f"| {name} | {d:.3f} | {d / raw_d:.2f}x | {r:.3f} | {r / raw_r:.2f}x | {int(b):,} |")
+    print("\nPeak RSS of each daemon over the whole run (VmHWM): "
+          + ", ".join(f"{k} {v:.0f} MiB" for k, v in peaks.items()))
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def vm_hwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 if __name__ == "__main__":

@@ -289,6 +289,9 @@ class DumpRecipe:
             leave_stopped=not ctx.request.leave_running,
             tcp_established=ctx.tcp_connections > 0,
             container=ctx.container,
+            # pages straight into the store as CRIU sends them, when the store does that
+            page_sink=(None if ctx.container is not None
+                       else self._store.page_sink(ctx.checkpoint_id, ctx.tree[0].uid)),
         )
         started = self._clock.monotonic()
         ctx.criu = self._criu.dump(job, self._hooks)

@@ -374,6 +374,20 @@ class CriuPlacement:
     given, and what its notifications and images say)."""
 
 
+class PageSink(Protocol):
+    """Where a dump's pages go as CRIU sends them: called on one thread, in order."""
+
+    def begin_image(self, name: str) -> None:
+        """A pages image (``pages-<n>.img``) begins."""
+
+    def pages(self, name: str, offset: int, data: memoryview) -> None:
+        """The next bytes (whole pages, at ``offset`` in the image). ``data`` is valid only
+        during the call: keep a copy of what must outlive it."""
+
+    def end_image(self, name: str, size: int) -> None:
+        """The pages image is complete (``size`` bytes)."""
+
+
 @dataclass(frozen=True)
 class CriuDumpJob:
     pid: int
@@ -388,6 +402,14 @@ class CriuDumpJob:
     container: CriuPlacement | None = None
     """None: CRIU runs in the daemon's namespaces. Else inside the container, which it does
     not dump (cgroups ignored, the images name pids of the container's namespace)."""
+    page_server_fd: int = -1
+    """>= 0: CRIU sends the pages over this connected socket (``opts.ps.fd``, CRIU's
+    page-server protocol, see ``adapters.criu.pageserver``) instead of writing pagemap and
+    pages images; the caller receives them. Not for container jobs."""
+    page_sink: PageSink | None = None
+    """CRIU's pages go to this sink as CRIU sends them (the adapter runs the page server;
+    every page has reached the sink when the post-dump hook is called); only the other
+    images, pagemaps included, are written to ``images_dir``. Not for container jobs."""
 
 
 @dataclass(frozen=True)
@@ -546,6 +568,11 @@ class CheckpointStore(Protocol):
     def commit(self, record: CheckpointRecord) -> CheckpointRecord:
         """Make ``record`` (and the images in its directory) durable and visible; returns the
         record with its sizes filled in."""
+        ...
+
+    def page_sink(self, checkpoint_id: str, uid: int) -> PageSink | None:
+        """Where CRIU may send the pages of a begun ``checkpoint_id`` (owned by ``uid``) as it
+        dumps, instead of writing pages images into its directory; None: write them there."""
         ...
 
     def abort(self, checkpoint_id: str) -> None:

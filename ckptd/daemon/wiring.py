@@ -136,6 +136,7 @@ def wire(config: DaemonConfig) -> Wired:
         workers=config.compress_workers or (os.cpu_count() or 2),
         level=config.compress_level,
         gc_grace_s=config.gc_grace_s,
+        stream_pages=config.stream_pages,
     )
     journal = FileJournal(state / "journal")
     gpu = GpuSteps(*gpu_adapters(config), clock, config.gpu_lock_timeout_ms)

@@ -15,7 +15,7 @@ from ckptd.domain import CheckpointRecord, GcReport, GroupRecord, VerifyReport
 from ckptd.errors import CheckpointNotFound, StoreError
 
 if TYPE_CHECKING:
-    from ckptd.core.ports import CheckpointStore
+    from ckptd.core.ports import CheckpointStore, PageSink
 
 
 class MemoryStore:
@@ -81,6 +81,10 @@ class MemoryStore:
             self.events.append(f"store.{method} {checkpoint_id}")
 
     # ---- the CheckpointStore port ----------------------------------------------------------
+
+    def page_sink(self, checkpoint_id: str, uid: int) -> PageSink | None:
+        """Pages are written into the image directory, always."""
+        return None
 
     def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
         """A fresh empty image directory for ``checkpoint_id``."""

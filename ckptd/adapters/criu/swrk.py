@@ -23,6 +23,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
@@ -33,6 +34,7 @@ from ckptd.adapters.criu.containers import (
     make_pids_free,
 )
 from ckptd.adapters.criu.images import read_dump_stats, read_pstree
+from ckptd.adapters.criu.pageserver import PageServer, PageServerError
 from ckptd.core.ports import (
     CriuDumpJob,
     CriuDumpResult,
@@ -180,8 +182,14 @@ class CriuSwrk:
         dump.start()
         return dump
 
-    def _run_dump(self, job: CriuDumpJob, hooks: CriuHooks) -> None:
+    def _run_dump(
+        self, job: CriuDumpJob, hooks: CriuHooks,
+        started: Callable[[int], None] | None = None,
+    ) -> None:
         if job.container is not None:
+            if job.page_server_fd >= 0 or job.page_sink is not None:
+                raise CriuFailed("CRIU dump into a page server: not for container jobs",
+                                 pid=job.pid, hint="")
             self._run_dump_in_container(job, job.container, hooks)
             return
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
@@ -191,9 +199,13 @@ class CriuSwrk:
             opts.link_remap = True
             if job.leave_stopped:
                 opts.leave_stopped = True
+            fds: tuple[int, ...] = (images_fd, work_fd)
+            if job.page_server_fd >= 0:
+                opts.ps.fd = job.page_server_fd  # honoured by `criu swrk` only
+                fds += (job.page_server_fd,)
             req = rpc_pb2.criu_req(type=rpc_pb2.DUMP, opts=opts)
-            self._call(req, hooks, (images_fd, work_fd), job.work_dir / "dump.log",
-                       f"dump of pid {job.pid}", job.pid)
+            self._call(req, hooks, fds, job.work_dir / "dump.log",
+                       f"dump of pid {job.pid}", job.pid, started=started)
 
     def _run_dump_in_container(
         self, job: CriuDumpJob, where: CriuPlacement, hooks: CriuHooks
@@ -522,6 +534,9 @@ class _SwrkDump:
         self._thread = threading.Thread(
             target=self._run, name=f"criu-dump-{job.pid}", daemon=True
         )
+        self._server: PageServer | None = None
+        if job.page_sink is not None and job.container is None:
+            self._server = PageServer(job.images_dir, job.page_sink)
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -575,15 +590,31 @@ class _SwrkDump:
             log.warning("CRIU dump of pid %d, abandoned: %s", self._job.pid, self._error)
 
     def _run(self) -> None:
+        server = self._server
         try:
-            self._criu._run_dump(self._job, _HoldAtPostDump(self._hooks, self))
+            if server is None:
+                self._criu._run_dump(self._job, _HoldAtPostDump(self._hooks, self))
+            else:  # CRIU sends its pages to the server; its end is closed here once passed
+                server.start()
+                job = replace(self._job, page_server_fd=server.criu_end().fileno())
+                self._criu._run_dump(job, _HoldAtPostDump(self._hooks, self),
+                                     started=lambda _pid: server.close_criu_end())
         except BaseException as exc:
             self._error = exc
         finally:
+            if server is not None:
+                server.close_criu_end()
+                server.abort()  # a no-op once the session is over
+                with contextlib.suppress(PageServerError):
+                    server.wait(10)
             self._held.set()
 
     def held_at_post_dump(self) -> None:
-        """In CRIU's conversation: the images are complete; wait for the decision."""
+        """In CRIU's conversation: the images are complete (CRIU ended its page-server
+        session before this notification: the sink has had every page); wait for the
+        decision."""
+        if self._server is not None:
+            self._server.wait(60)
         self._pids = read_pstree(self._job.images_dir)
         self._reached = True
         self._held.set()

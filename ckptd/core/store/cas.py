@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ckptd.core.ports import BlobStore, Clock
+from ckptd.core.ports import BlobStore, Clock, PageSink
 from ckptd.core.store import pagelist
 from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.index import PageIndex, pack_key
@@ -46,9 +46,13 @@ from ckptd.core.store.objects import (
 from ckptd.core.store.pagehash import ZERO_REF, PageHasher
 from ckptd.core.store.reader import CheckpointReader, PageSource
 from ckptd.core.store.rwlock import RWLock
+from ckptd.core.store.streaming import StreamedPages
 from ckptd.domain import CheckpointRecord, GcReport, GroupRecord, VerifyReport
 from ckptd.domain.model import is_checkpoint_id
 from ckptd.errors import BlobNotFound, CheckpointNotFound, CorruptCheckpoint, StoreError
+
+STREAM_STAGING_HINT = 256 << 20
+"""The staging a streamed dump asks for: its non-page images (and captured files)."""
 
 
 def _check_id(checkpoint_id: str) -> None:
@@ -103,6 +107,7 @@ class ContentStore:
         workers: int = 2,
         level: int = 1,
         gc_grace_s: float = 6 * 3600.0,
+        stream_pages: bool = False,
     ) -> None:
         self._blobs = blobs
         self.location = blobs.location
@@ -120,6 +125,8 @@ class ContentStore:
         self._manifests: dict[str, Manifest] = {}
         self._listed_mtimes: dict[str, float] = {}
         self._staged: dict[str, Path] = {}
+        self._stream_pages = stream_pages
+        self._streams: dict[str, StreamedPages] = {}
         self._mutex = threading.Lock()
         self.rw = RWLock()
         self.index = PageIndex()
@@ -156,6 +163,8 @@ class ContentStore:
 
     def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
         _check_id(checkpoint_id)
+        if self._stream_pages:  # the staging holds only what is not pages
+            size_hint = min(size_hint, STREAM_STAGING_HINT)
         root = self._staging.choose(size_hint) / checkpoint_id
         images = root / "images"
         try:
@@ -170,12 +179,36 @@ class ContentStore:
             self._staged[checkpoint_id] = root
         return images
 
+    def page_sink(self, checkpoint_id: str, uid: int) -> PageSink | None:
+        """With ``stream_pages``: a sink putting the pages of the begun ``checkpoint_id``
+        into packs as CRIU sends them (``StreamedPages``); ``commit`` stores the rest."""
+        if not self._stream_pages:
+            return None
+        self._staging_root(checkpoint_id)  # begun here
+        sink = StreamedPages(blobs=self._blobs, index=self.index, hasher=self.hasher(uid),
+                             executor=self._executor, writer=self._writer, level=self._level)
+        with self._mutex:
+            self._streams[checkpoint_id] = sink
+        return sink
+
     def commit(self, record: CheckpointRecord) -> CheckpointRecord:
         root = self._staging_root(record.id)
         hasher = self.hasher(record.uid)
+        with self._mutex:
+            streamed = self._streams.get(record.id)
+        if streamed is not None and streamed.seed != hasher.seed:
+            raise StoreError(f"checkpoint {record.id}: pages streamed for another uid than "
+                             f"uid {record.uid}", checkpoint_id=record.id)
         with self.rw.shared():
             condemned = self.refresh_condemned()
-            for _attempt in range(3):
+            if streamed is not None:
+                streamed.finish()
+            for attempt in range(3):
+                if streamed is not None and attempt:  # its pages were not kept: cannot redo
+                    raise StoreError(
+                        f"packs vanished or were condemned during the dump of {record.id}",
+                        checkpoint_id=record.id, hint="dump again",
+                    )
                 result = ingest(
                     root / "images",
                     blobs=self._blobs,
@@ -187,6 +220,7 @@ class ContentStore:
                     writer=self._writer,
                     level=self._level,
                     condemned_blobs=frozenset(condemned.blobs),
+                    streamed=streamed,
                 )
                 packs, stored = self._packs_and_footprint(result.refs, result.blobs)
                 gone = {p for p in packs if not self._blobs.exists(pack_key(p))}
@@ -230,6 +264,7 @@ class ContentStore:
             self._manifests[record.id] = manifest
         with self._mutex:
             self._staged.pop(record.id, None)
+            self._streams.pop(record.id, None)
         _remove_soon(root)
         self._blobs.delete(lease_key(record.id))
         return record
@@ -293,6 +328,7 @@ class ContentStore:
         _check_id(checkpoint_id)
         with self._mutex:
             root = self._staged.pop(checkpoint_id, None)
+            self._streams.pop(checkpoint_id, None)  # its packs: unreferenced, for GC
         roots = [root] if root else [p / checkpoint_id for p in self._staging_roots()]
         for r in roots:
             shutil.rmtree(r, ignore_errors=True)

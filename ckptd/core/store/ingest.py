@@ -20,6 +20,7 @@ from ckptd.core.store.manifest import FileEntry
 from ckptd.core.store.objects import put_blob
 from ckptd.core.store.packs import PackBuilder, build_pack
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
+from ckptd.core.store.streaming import StreamedPages
 
 BaseLookup = Callable[[str], tuple[str, Sequence[bytes]] | None]
 """For a pages image name: (hash of the full page list to delta against, its references)."""
@@ -51,11 +52,16 @@ def ingest(
     writer: Executor,
     level: int = 1,
     condemned_blobs: frozenset[str] = frozenset(),
+    streamed: StreamedPages | None = None,
 ) -> IngestResult:
     """``executor`` compresses frames; ``writer`` (one thread) writes packs and makes them
     durable while the next pages are hashed. Pages of packs the index has as condemned, and
-    ``condemned_blobs``, are stored again (not reused)."""
+    ``condemned_blobs``, are stored again (not reused). ``streamed``: the pages images CRIU
+    sent instead of writing them (already in packs, ``finish``ed): their page lists are
+    stored with the images of the directory."""
     result = IngestResult()
+    if streamed is not None:
+        _add_streamed(streamed, blobs, hasher, base_for, result, condemned_blobs)
     builder = PackBuilder(executor, level)
     writes: list[Future[None]] = []
     fresh: set[bytes] = set()
@@ -87,7 +93,28 @@ def ingest(
         writes.append(writer.submit(_put_pack, blobs, index, frames, result))
     for write in writes:
         write.result()
+    result.files.sort(key=lambda f: f.name)
     return result
+
+
+def _add_streamed(
+    streamed: StreamedPages,
+    blobs: BlobStore,
+    hasher: PageHasher,
+    base_for: BaseLookup,
+    result: IngestResult,
+    condemned_blobs: frozenset[str],
+) -> None:
+    result.new_packs.extend(streamed.new_packs)
+    result.written_packs |= streamed.written_packs
+    result.bytes_new += streamed.bytes_new
+    for name, refs in streamed.refs.items():
+        size = streamed.sizes[name]
+        result.bytes_logical += size
+        result.refs.update(r for r in refs if r != ZERO_REF)
+        result.files.append(
+            _store_page_list(name, size, refs, blobs, hasher, base_for, result, condemned_blobs)
+        )
 
 
 def _put_pack(

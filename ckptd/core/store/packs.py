@@ -168,9 +168,12 @@ class PackBuilder:
     the compression: call ``drain`` before it goes away.
     """
 
-    def __init__(self, executor: Executor, level: int = 1) -> None:
+    def __init__(
+        self, executor: Executor, level: int = 1, target_bytes: int = TARGET_PACK_BYTES
+    ) -> None:
         self._executor = executor
         self._level = level
+        self._target = target_bytes
         self._pending: list[memoryview] = []
         self._pending_hashes: list[bytes] = []
         self._frames: list[tuple[Future[bytes], tuple[bytes, ...]]] = []
@@ -208,7 +211,7 @@ class PackBuilder:
         self._bytes_in += len(data)
         self._pending, self._pending_hashes = [], []
         # Raw bytes are a cheap proxy for the pack size until frames are compressed.
-        if self._bytes_in >= TARGET_PACK_BYTES * 2:
+        if self._bytes_in >= self._target * 2:
             self._seal()
 
     def drain(self) -> None:
@@ -218,6 +221,12 @@ class PackBuilder:
         for future in self._inflight:
             future.exception()
         self._inflight = []
+
+    def throttle(self, max_frames: int) -> None:
+        """Wait until at most ``max_frames`` frames are still compressing (bounds the memory
+        of a producer faster than compression)."""
+        while len(self._inflight) > max_frames:
+            self._inflight.pop(0).exception()
 
     def _seal(self) -> None:
         if self._frames:

@@ -1,0 +1,347 @@
+"""A receiver of CRIU's page-server protocol: a dump's pages reach ckptd while CRIU runs.
+
+CRIU (``criu swrk``) is given one end of a socketpair as ``opts.ps.fd`` (honoured in swrk mode
+only, ``criu/cr-service.c``); it then sends every pagemap entry and page over that socket
+instead of writing ``pagemap-*.img`` and ``pages-*.img`` (``criu/page-xfer.c``), and writes
+every other image to its images directory as usual. The protocol (CRIU 4.x, no TLS):
+
+    struct page_server_iov { u32 cmd; u32 nr_pages; u64 vaddr; u64 dst_id; }   24 bytes, LE
+    cmd = flags << 16 | command;   dst_id = image id << 8 | type (1: pid, 2: shmem)
+
+    OPEN2   open pagemap <type, id>; answered with one byte, has_parent (0 here)
+    OPEN    the same, unanswered (old CRIUs)
+    PARENT  has the parent image <type, id>? answered with an int32 (0 here)
+    ADD_F   one pagemap entry <vaddr, nr_pages, flags>; with PE_PRESENT its nr_pages * 4096
+            bytes of pages follow
+    ADD     ADD_F with PE_PRESENT;  HOLE: ADD_F with PE_PARENT (no data)
+    CLOSE / FORCE_CLOSE   the end; answered with an int32 status (0) once all is received
+
+CRIU's dump disconnects (FORCE_CLOSE) before its post-dump notification, so when ckptd is
+notified every page has been received. The receiver writes each pagemap image itself, byte
+for byte as CRIU's own page server would (``pagemap_head{pages_id}`` then one
+``pagemap_entry`` per ADD, each image numbering its pages image ``pages-<n>.img`` from 1 in
+the order the pagemaps are opened), into the images directory; the pages go to a
+``PageSink`` in order, in chunks of whole pages.
+
+Memory is bounded: the socket is read into a pool of at most ``buffers`` chunks of ``chunk``
+bytes (allocated as needed, so a small dump takes little), handed to the sink on a second
+thread. While the sink keeps up, CRIU never waits; when it is slower the pool absorbs the
+difference, and once it is full CRIU waits on the socket (back-pressure): at most
+``buffers * chunk`` bytes of pages are held here whatever the dump's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from ckptd.core.ports import PageSink
+
+PAGE_SIZE = 4096
+IOV = struct.Struct("<IIQQ")
+
+PS_IOV_ADD, PS_IOV_HOLE, PS_IOV_OPEN, PS_IOV_OPEN2, PS_IOV_PARENT, PS_IOV_ADD_F = 1, 2, 3, 4, 5, 6
+PS_IOV_GET = 7
+PS_IOV_CLOSE, PS_IOV_FORCE_CLOSE = 0x1023, 0x1024
+PS_TYPE_PID, PS_TYPE_SHMEM = 1, 2
+PE_PARENT, PE_LAZY, PE_PRESENT = 1, 2, 4
+
+IMG_COMMON_MAGIC = 0x54564319
+PAGEMAP_MAGIC = 0x56084025
+
+DEFAULT_CHUNK = 4 << 20
+DEFAULT_BUFFERS = 32
+"""With DEFAULT_CHUNK, 128 MiB: with ``StreamedPages``'s own (about 230 MiB for incompressible
+pages) and the daemon's other work, under the 512 MiB a dump may take (measured:
+docs/design/streaming.md). More buys a shorter freeze for dumps larger than the pool."""
+
+
+class PageServerError(Exception):
+    """CRIU spoke something this receiver does not accept, or the sink failed."""
+
+
+@dataclass
+class ReceiverStats:
+    images: list[str] = field(default_factory=list)
+    """Every image written or handed to the sink, pagemaps and pages, in order."""
+    pages: int = 0
+    entries: int = 0
+    bytes_received: int = 0
+    peak_buffers: int = 0
+    """The most chunks in flight at once (each ``chunk`` bytes)."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _pb_entry(payload: bytes) -> bytes:
+    return struct.pack("<I", len(payload)) + payload
+
+
+def pagemap_head(pages_id: int) -> bytes:
+    """``pagemap_head { pages_id }`` framed as CRIU frames an image entry."""
+    return _pb_entry(b"\x08" + _varint(pages_id))
+
+
+def pagemap_entry(vaddr: int, nr_pages: int, flags: int) -> bytes:
+    """``pagemap_entry { vaddr, nr_pages, flags }`` framed (``in_parent`` left out, as CRIU
+    4.x writes it)."""
+    return _pb_entry(b"\x08" + _varint(vaddr) + b"\x10" + _varint(nr_pages)
+                     + b"\x20" + _varint(flags))
+
+
+def pagemap_name(dst_id: int) -> str:
+    kind, image_id = dst_id & 0xFF, dst_id >> 8
+    if kind == PS_TYPE_PID:
+        return f"pagemap-{image_id}.img"
+    if kind == PS_TYPE_SHMEM:
+        return f"pagemap-shmem-{image_id}.img"
+    raise PageServerError(f"unknown pagemap type {kind} (dst_id {dst_id:#x})")
+
+
+class _Image:
+    """One open pagemap and its pages image."""
+
+    def __init__(self, images_dir: Path, dst_id: int, pages_id: int) -> None:
+        self.dst_id = dst_id
+        self.pagemap = images_dir / pagemap_name(dst_id)
+        self.pages_name = f"pages-{pages_id}.img"
+        self.size = 0
+        self.fh = open(self.pagemap, "wb")  # noqa: SIM115 - closed by close()
+        self.fh.write(struct.pack("<II", IMG_COMMON_MAGIC, PAGEMAP_MAGIC))
+        self.fh.write(pagemap_head(pages_id))
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+_END = object()
+
+
+class PageServer:
+    """Receive one dump's pages. Use: ``criu_end()`` goes to CRIU as ``opts.ps.fd`` (passed to
+    its process), ``start()`` before the dump request, ``wait()`` after CRIU has answered.
+    ``images_dir`` gets the pagemap images; ``sink`` the pages."""
+
+    def __init__(
+        self, images_dir: Path, sink: PageSink, *, chunk: int = DEFAULT_CHUNK,
+        buffers: int = DEFAULT_BUFFERS,
+    ) -> None:
+        if chunk % PAGE_SIZE or chunk <= 0 or buffers < 1:
+            raise ValueError("chunk must be a positive multiple of the page size; buffers >= 1")
+        self._dir = images_dir
+        self._sink = sink
+        self._chunk = chunk
+        self._ours, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(OSError):  # fewer, larger wake-ups; capped by wmem_max
+            self._theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        self._free: queue.Queue[bytearray] = queue.Queue()
+        self._allocated = 0
+        self._buffers = buffers
+        self._work: queue.Queue[object] = queue.Queue()
+        self.stats = ReceiverStats()
+        self._error: BaseException | None = None
+        self._sink_error: BaseException | None = None
+        self._receiver = threading.Thread(target=self._receive_main, name="ps-recv", daemon=True)
+        self._delivery = threading.Thread(target=self._deliver_main, name="ps-sink", daemon=True)
+
+    def criu_end(self) -> socket.socket:
+        """CRIU's end of the socket (close it here once CRIU has been started)."""
+        return self._theirs
+
+    def start(self) -> None:
+        self._receiver.start()
+        self._delivery.start()
+
+    def close_criu_end(self) -> None:
+        self._theirs.close()
+
+    def wait(self, timeout: float | None = None) -> ReceiverStats:
+        """Wait until CRIU closed the session and the sink has had every page; raises
+        ``PageServerError`` if the session was not completed or the sink failed."""
+        self._receiver.join(timeout)
+        self._delivery.join(timeout)
+        if self._receiver.is_alive() or self._delivery.is_alive():
+            raise PageServerError("the page server did not finish in time")
+        error = self._sink_error or self._error
+        if error is not None:
+            raise PageServerError(f"page server: {error}") from error
+        return self.stats
+
+    def abort(self) -> None:
+        """End the session now (CRIU, if still sending, fails on the socket)."""
+        with contextlib.suppress(OSError):
+            self._ours.shutdown(socket.SHUT_RDWR)
+
+    # ---- receiving ------------------------------------------------------------------------
+
+    def _receive_main(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:
+            self._error = exc
+            with contextlib.suppress(OSError):
+                self._ours.shutdown(socket.SHUT_RDWR)  # CRIU, still sending, fails
+        finally:
+            self._ours.close()
+            self._work.put(_END)
+
+    def _recv_exact(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = self._ours.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
+            if n == 0:
+                raise PageServerError("CRIU closed the page-server socket mid-message")
+            got += n
+
+    def _serve(self) -> None:
+        header = bytearray(IOV.size)
+        image: _Image | None = None
+        next_pages_id = 1
+        try:
+            while True:
+                n = self._ours.recv_into(header, IOV.size, socket.MSG_WAITALL)
+                if n == 0:
+                    raise PageServerError("CRIU closed the page-server socket without CLOSE")
+                if n != IOV.size:
+                    self._recv_exact(memoryview(header)[n:])
+                cmd_word, nr_pages, vaddr, dst_id = IOV.unpack(header)
+                cmd, flags = cmd_word & 0xFFFF, cmd_word >> 16
+                if cmd in (PS_IOV_OPEN, PS_IOV_OPEN2):
+                    self._close_image(image)
+                    image = _Image(self._dir, dst_id, next_pages_id)
+                    next_pages_id += 1
+                    self.stats.images.append(image.pagemap.name)
+                    self._work.put(("begin", image.pages_name))
+                    if cmd == PS_IOV_OPEN2:
+                        self._ours.sendall(b"\x00")  # no parent
+                elif cmd == PS_IOV_PARENT:
+                    self._ours.sendall(struct.pack("<i", 0))
+                elif cmd in (PS_IOV_ADD_F, PS_IOV_ADD, PS_IOV_HOLE):
+                    if cmd == PS_IOV_ADD:
+                        flags = PE_PRESENT
+                    elif cmd == PS_IOV_HOLE:
+                        flags = PE_PARENT
+                    if image is None or image.dst_id != dst_id:
+                        raise PageServerError(f"pages for {dst_id:#x} without OPEN")
+                    image.fh.write(pagemap_entry(vaddr, nr_pages, flags))
+                    self.stats.entries += 1
+                    if flags & PE_PRESENT:
+                        self._receive_pages(image, nr_pages * PAGE_SIZE)
+                elif cmd in (PS_IOV_CLOSE, PS_IOV_FORCE_CLOSE):
+                    self._close_image(image)
+                    image = None
+                    self._drain()
+                    status = 0 if self._sink_error is None else -1
+                    self._ours.sendall(struct.pack("<i", status))
+                    if status:
+                        raise PageServerError("the sink failed") from self._sink_error
+                    return
+                else:
+                    raise PageServerError(f"unexpected page-server command {cmd_word:#x}")
+        finally:
+            if image is not None:
+                image.close()  # idempotent: a failed session leaves no open file
+
+    def _receive_pages(self, image: _Image, length: int) -> None:
+        while length:
+            if self._sink_error is not None:
+                raise PageServerError("the sink failed") from self._sink_error
+            buf = self._buffer()
+            self.stats.peak_buffers = max(self.stats.peak_buffers,
+                                          self._allocated - self._free.qsize())
+            take = min(length, len(buf))
+            self._recv_exact(memoryview(buf)[:take])
+            self._work.put(("pages", image.pages_name, image.size, buf, take))
+            image.size += take
+            length -= take
+            self.stats.pages += take // PAGE_SIZE
+            self.stats.bytes_received += take
+
+    def _buffer(self) -> bytearray:
+        """A free chunk: a returned one, else a new one while fewer than ``buffers`` exist,
+        else the next one the sink returns (CRIU waits meanwhile)."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            if self._allocated < self._buffers:
+                self._allocated += 1
+                return bytearray(self._chunk)
+        return self._free.get()
+
+    def _close_image(self, image: _Image | None) -> None:
+        if image is not None:
+            image.close()
+            self._work.put(("end", image.pages_name, image.size))
+            self.stats.images.append(image.pages_name)
+
+    def _drain(self) -> None:
+        """Wait until the sink has had everything queued so far."""
+        done = threading.Event()
+        self._work.put(("mark", done))
+        done.wait()
+
+    # ---- delivering -----------------------------------------------------------------------
+
+    def _deliver_main(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is _END:
+                return
+            assert isinstance(item, tuple)
+            kind = item[0]
+            if kind == "mark":
+                item[1].set()
+                continue
+            if kind == "pages":
+                buf = item[3]
+                try:
+                    if self._sink_error is None:
+                        with memoryview(buf) as view:
+                            self._sink.pages(item[1], item[2], view[: item[4]])
+                except BaseException as exc:
+                    self._sink_error = exc
+                finally:
+                    self._free.put(buf)
+                continue
+            try:
+                if self._sink_error is None:
+                    if kind == "begin":
+                        self._sink.begin_image(item[1])
+                    else:
+                        self._sink.end_image(item[1], item[2])
+            except BaseException as exc:
+                self._sink_error = exc
+
+
+class FileSink:
+    """A ``PageSink`` that writes each pages image to a directory (tests, and CRIU's image
+    directory rebuilt whole)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._open: dict[str, BinaryIO] = {}
+
+    def begin_image(self, name: str) -> None:
+        self._open[name] = open(self._dir / name, "wb")  # noqa: SIM115
+
+    def pages(self, name: str, offset: int, data: memoryview) -> None:
+        self._open[name].write(data)
+
+    def end_image(self, name: str, size: int) -> None:
+        self._open.pop(name).close()

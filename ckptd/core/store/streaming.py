@@ -1,0 +1,135 @@
+"""Pages ingested as CRIU sends them (``adapters.criu.pageserver``), with bounded memory.
+
+A ``PageSink``: each chunk of a pages image is split into pages and hashed at once; zero pages
+become ZERO_REF, known pages references, new pages are copied (the chunk is the receiver's, to
+be reused) into ``PackBuilder`` frames. Memory is bounded by waiting: at most ``max_frames``
+frames compressing, at most ``max_packs`` packs being written, so CRIU is slowed (its socket
+fills) rather than ckptd's memory growing. Held at most, roughly: (max_frames + 1) frames of
+4 MiB, plus for each pack being filled or written (1 + max_packs) its compressed frames (up to
+2 * pack_bytes) and once more while assembled: with the defaults 36 + 2 * 128 MiB for
+incompressible pages, less for real ones; plus the receiver's pool (32 MiB by default).
+
+``refs`` and ``sizes`` then give each pages image's page list, to be stored with the other
+(small) images as for a staged dump; nothing is visible before the manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Executor, Future
+
+from ckptd.core.ports import BlobStore
+from ckptd.core.store.index import PageIndex, pack_key
+from ckptd.core.store.packs import PackBuilder, build_pack
+from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
+
+STREAM_PACK_BYTES = 32 << 20
+"""Smaller packs than a staged ingest's: a pack's frames are held until it is sealed and
+written, so this sets most of the memory bound."""
+
+Frames = Sequence[tuple[Future[bytes], tuple[bytes, ...]]]
+
+
+class StreamedPages:
+    """The pages of one dump, ingested as they arrive; ``refs``/``sizes`` per pages image."""
+
+    def __init__(
+        self,
+        *,
+        blobs: BlobStore,
+        index: PageIndex,
+        hasher: PageHasher,
+        executor: Executor,
+        writer: Executor,
+        level: int = 1,
+        max_frames: int = 8,
+        max_packs: int = 1,
+        pack_bytes: int = STREAM_PACK_BYTES,
+    ) -> None:
+        self._blobs = blobs
+        self._index = index
+        self._hasher = hasher
+        self.seed = hasher.seed
+        """The hash space (uid) the pages were hashed in."""
+        self._writer = writer
+        self._max_frames = max_frames
+        self._max_packs = max_packs
+        self.builder = PackBuilder(executor, level, pack_bytes)
+        self.fresh: set[bytes] = set()
+        self.refs: dict[str, list[bytes]] = {}
+        self.sizes: dict[str, int] = {}
+        self.writes: list[Future[None]] = []
+        self.new_packs: list[str] = []
+        self.written_packs: set[str] = set()
+        self.bytes_new = 0
+
+    # ---- PageSink ----------------------------------------------------------------------------
+
+    def begin_image(self, name: str) -> None:
+        self.refs[name] = []
+        self.sizes[name] = 0
+
+    def pages(self, name: str, offset: int, data: memoryview) -> None:
+        refs = self.refs[name]
+        digest, zero, known, fresh = (
+            self._hasher.digest, self._hasher.zero, self._index.contains, self.fresh
+        )
+        run_start, run_hashes = 0, list[bytes]()
+        for off in range(0, len(data), PAGE_SIZE):
+            h = digest(data[off : off + PAGE_SIZE])
+            if h == zero:
+                refs.append(ZERO_REF)
+                continue
+            refs.append(h)
+            if h in fresh or known(h):
+                continue
+            fresh.add(h)
+            if run_hashes and off != run_start + len(run_hashes) * PAGE_SIZE:
+                self._add(run_hashes, data, run_start)
+                run_hashes = []
+            if not run_hashes:
+                run_start = off
+            run_hashes.append(h)
+        if run_hashes:
+            self._add(run_hashes, data, run_start)
+        self.sizes[name] = offset + len(data)
+        self._flow()
+
+    def end_image(self, name: str, size: int) -> None:
+        self.sizes[name] = size
+
+    # ---- the end -----------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Every page compressed and every pack written and durable (one ``flush``)."""
+        self.builder.finish()
+        self._submit_sealed()
+        for write in self.writes:
+            write.result()
+        self.writes = []
+        self._blobs.flush()  # once, here: not on CRIU's (frozen) path
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _add(self, hashes: list[bytes], data: memoryview, start: int) -> None:
+        copy = bytes(data[start : start + len(hashes) * PAGE_SIZE])
+        self.builder.add_run(hashes, memoryview(copy))
+
+    def _flow(self) -> None:
+        self.builder.throttle(self._max_frames)
+        self._submit_sealed()
+        while len(self.writes) > self._max_packs:
+            self.writes.pop(0).result()
+
+    def _submit_sealed(self) -> None:
+        for frames in self.builder.take_sealed():
+            self.writes.append(self._writer.submit(self._put_pack, frames))
+
+    def _put_pack(self, frames: Frames) -> None:
+        pack_id, data, pack_index = build_pack(frames)
+        again = pack_id in self._index.condemned
+        if self._blobs.put(pack_key(pack_id), data, if_absent=not again):
+            self.bytes_new += len(data)
+            self.written_packs.add(pack_id)
+        self._index.add_pack(pack_index)
+        self.new_packs.append(pack_id)

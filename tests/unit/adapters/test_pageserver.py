@@ -1,0 +1,142 @@
+"""ckptd.adapters.criu.pageserver without CRIU: a client speaking CRIU's side of the protocol
+(as criu/page-xfer.c does) gets its answers, the pagemap images are framed as CRIU frames
+them, the pages reach the sink in order within a bounded pool, and a failing sink fails the
+session."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from ckptd.adapters.criu.pageserver import (
+    IMG_COMMON_MAGIC,
+    IOV,
+    PAGEMAP_MAGIC,
+    PE_LAZY,
+    PE_PARENT,
+    PE_PRESENT,
+    PS_IOV_ADD_F,
+    PS_IOV_FORCE_CLOSE,
+    PS_IOV_OPEN2,
+    PS_IOV_PARENT,
+    FileSink,
+    PageServer,
+    PageServerError,
+    pagemap_entry,
+    pagemap_head,
+)
+
+PAGE = 4096
+
+
+def _iov(cmd: int, nr_pages: int = 0, vaddr: int = 0, dst_id: int = 0, flags: int = 0) -> bytes:
+    return IOV.pack(flags << 16 | cmd, nr_pages, vaddr, dst_id)
+
+
+def _page(n: int) -> bytes:
+    return bytes([n % 251]) * PAGE
+
+
+def _recv_exact(sk: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        part = sk.recv(n - len(data))
+        assert part, "the server closed the socket"
+        data += part
+    return data
+
+
+def _criu_side(sk: socket.socket, images: list[tuple[int, list[tuple[int, int, int]]]]) -> int:
+    """What CRIU's dump sends: per image OPEN2 (one byte back), then ADD_F entries with their
+    pages; FORCE_CLOSE; returns the status the server answered."""
+    n = 0
+    for dst_id, entries in images:
+        sk.sendall(_iov(PS_IOV_OPEN2, dst_id=dst_id))
+        assert _recv_exact(sk, 1) == b"\x00"
+        for vaddr, nr, flags in entries:
+            sk.sendall(_iov(PS_IOV_ADD_F, nr, vaddr, dst_id, flags))
+            if flags & PE_PRESENT:
+                for _ in range(nr):
+                    sk.sendall(_page(n))
+                    n += 1
+    sk.sendall(_iov(PS_IOV_PARENT, dst_id=images[0][0]))
+    assert struct.unpack("<i", _recv_exact(sk, 4)) == (0,)
+    sk.sendall(_iov(PS_IOV_FORCE_CLOSE))
+    status: int = struct.unpack("<i", _recv_exact(sk, 4))[0]
+    return status
+
+
+def _run(tmp_path: Path, images: list[tuple[int, list[tuple[int, int, int]]]],
+         sink: object = None, **kw: int) -> tuple[PageServer, int]:
+    server = PageServer(tmp_path, sink or FileSink(tmp_path), **kw)  # type: ignore[arg-type]
+    server.start()
+    criu = server.criu_end()
+    status: list[int] = []
+    client = threading.Thread(target=lambda: status.append(_criu_side(criu, images)))
+    client.start()
+    client.join(30)
+    try:
+        server.wait(30)
+    finally:
+        server.close_criu_end()
+    return server, status[0] if status else -99
+
+
+def test_images_are_framed_as_criu_s_and_pages_arrive_in_order(tmp_path: Path) -> None:
+    pid_img = 1234 << 8 | 1
+    shm_img = 7 << 8 | 2
+    present, lazy = PE_PRESENT, PE_PRESENT | PE_LAZY
+    server, status = _run(tmp_path, [
+        (pid_img, [(0x400000, 3, present), (0x7F0000, 1, PE_PARENT), (0x900000, 300, lazy)]),
+        (shm_img, [(0, 2, present)]),
+    ], chunk=16 * PAGE, buffers=2)
+    assert status == 0
+    head = struct.pack("<II", IMG_COMMON_MAGIC, PAGEMAP_MAGIC)
+    assert (tmp_path / "pagemap-1234.img").read_bytes() == (
+        head + pagemap_head(1) + pagemap_entry(0x400000, 3, present)
+        + pagemap_entry(0x7F0000, 1, PE_PARENT) + pagemap_entry(0x900000, 300, lazy))
+    assert (tmp_path / "pagemap-shmem-7.img").read_bytes() == (
+        head + pagemap_head(2) + pagemap_entry(0, 2, present))
+    assert (tmp_path / "pages-1.img").read_bytes() == b"".join(_page(i) for i in range(303))
+    assert (tmp_path / "pages-2.img").read_bytes() == _page(303) + _page(304)
+    assert server.stats.pages == 305
+    assert server.stats.images == ["pagemap-1234.img", "pages-1.img",
+                                   "pagemap-shmem-7.img", "pages-2.img"]
+    assert server.stats.peak_buffers <= 2
+
+
+def test_pagemap_entries_encode_as_protobuf() -> None:
+    # pagemap_entry{vaddr=0x400000, nr_pages=3, flags=4}: fields 1, 2, 4 as varints
+    assert pagemap_entry(0x400000, 3, 4) == b"\x09\x00\x00\x00" + bytes(
+        [0x08, 0x80, 0x80, 0x80, 0x02, 0x10, 0x03, 0x20, 0x04])
+    assert pagemap_head(1) == b"\x02\x00\x00\x00\x08\x01"
+
+
+class _Failing(FileSink):
+    def pages(self, name: str, offset: int, data: memoryview) -> None:
+        raise OSError("disk full")
+
+
+def test_a_failing_sink_fails_the_session(tmp_path: Path) -> None:
+    server = PageServer(tmp_path, _Failing(tmp_path), chunk=PAGE, buffers=1)
+    server.start()
+    criu = server.criu_end()
+    result: list[object] = []
+
+    def client() -> None:
+        try:
+            result.append(_criu_side(criu, [(1 << 8 | 1, [(0x1000, 50, PE_PRESENT)])]))
+        except (OSError, AssertionError) as exc:  # the server shut the socket
+            result.append(exc)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    with pytest.raises(PageServerError, match=r"disk full|sink failed"):
+        server.wait(30)
+    thread.join(30)
+    assert result and result[0] != 0  # CRIU is never told all went well
+    server.close_criu_end()
