@@ -11,7 +11,10 @@ one run, side by side, repeated R times (median reported):
 
 Times are wall-clock, from the command's start to its exit, as a user sees them. Restore ends
 when the command returns (the process runs). Prints a Markdown table with ratios.
-Usage (root): .venv/bin/python scripts/bench_daemon.py [--mib 1024] [--repeat 3]
+``--criu PATH`` (repeatable; default $CKPTD_CRIU or /usr/local/sbin/criu) compares CRIU
+binaries in the same run: raw CRIU and a daemon of its own (``ckptd --criu PATH``) for each,
+taken in turn within every round; ratios are against raw dump/restore of the same binary.
+Usage (root): .venv/bin/python scripts/bench_daemon.py [--mib 1024] [--repeat 3] [--criu PATH]...
 """
 
 from __future__ import annotations
@@ -36,21 +39,18 @@ VENV = Path(sys.executable).parent
 
 
 def start_workload(mib: int, out: Path) -> int:
-    """Start the workload as a scheduler's launcher would; return its pid once memory is full."""
+    """Start the workload as a scheduler's launcher would; return its pid once memory is full.
+    The pid is the launcher's ``$!`` (not a pgrep: another benchmark's workload may match)."""
     out.write_text("")
-    subprocess.run(
+    pid = int(subprocess.run(
         ["setsid", "sh", "-c", f"exec {BIN}/counter --steps 0 --interval-ms 200 --mem-mib {mib} "
-                     f"> {out} 2>&1 < /dev/null &"],
-        check=True,
-    )
+                     f"> {out} 2>&1 < /dev/null & echo $!"],
+        check=True, capture_output=True, text=True,
+    ).stdout)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if out.read_text().startswith("step"):
-            pids = subprocess.run(
-                ["pgrep", "-n", "-f", f"counter --steps 0 --interval-ms 200 --mem-mib {mib}"],
-                capture_output=True, text=True, check=True,
-            ).stdout.split()
-            return int(pids[0])
+            return pid
         time.sleep(0.05)
     raise SystemExit("workload did not start")
 
@@ -63,19 +63,25 @@ def start_workload(mib: int, out: Path) -> int:
 
 
 
-def run_raw(mib: int, work: Path, sync: bool) -> tuple[float, float, int]:
+def criu_version(criu: str) -> str:
+    out = subprocess.run([criu, "--version"], capture_output=True, text=True, check=True).stdout
+    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines()
+                 if ln.startswith("Version:")), criu)
+
+
+def run_raw(criu: str, mib: int, work: Path, sync: bool) -> tuple[float, float, int]:
     pid = start_workload(mib, work / "raw.out")
     images = work / "raw-images"
     shutil.rmtree(images, ignore_errors=True)
     images.mkdir()
-    dump_cmd = [CRIU, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", *CRIU_FLAGS]
+    dump_cmd = [criu, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", *CRIU_FLAGS]
     if sync:
         dump_cmd = ["sh", "-c", " ".join(dump_cmd) + f" && sync -f {images}"]
     t_dump, _ = timed(dump_cmd)
     size = dir_bytes(images)
     wait_gone(pid)
     t_restore, _ = timed(
-        [CRIU, "restore", "-D", str(images), "-d", "-o", "restore.log", *CRIU_FLAGS]
+        [criu, "restore", "-D", str(images), "-d", "-o", "restore.log", *CRIU_FLAGS]
     )
     kill(pid)
     return t_dump, t_restore, size
@@ -98,58 +104,73 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="", help="work directory (default: a temp dir in /var/tmp)")
+    ap.add_argument("--criu", action="append", default=[],
+                    help=f"CRIU binary (repeatable: compared side by side; default {CRIU})")
     ap.add_argument("--stream", action="store_true",
-                    help="also a daemon with stream_pages = true (row ckptd-stream)")
+                    help="also a daemon with stream_pages = true for each CRIU (ckptd-stream)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
+    crius = args.criu or [CRIU]
+    versions = {c: criu_version(c) for c in crius}
     subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "workloads")], check=True)
     work = Path(args.dir or tempfile.mkdtemp(prefix="ckptd-bench-", dir="/var/tmp"))
-    sock = work / "ckptd.sock"
-    log = (work / "ckptd.log").open("w")
-    daemon = subprocess.Popen(
-        [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(work / "store"),
-         "--state-dir", str(work / "state"), "--log-level", "WARNING"],
-        stderr=log,
-    )
-    streaming = None
-    stream_sock = work / "ckptd-stream.sock"
-    if args.stream:
-        (work / "stream.toml").write_text("stream_pages = true\n")
-        streaming = subprocess.Popen(
-            [str(VENV / "ckptd"), "--socket", str(stream_sock), "--store",
-             str(work / "store-stream"), "--state-dir", str(work / "state-stream"),
-             "--config", str(work / "stream.toml"), "--log-level", "WARNING"],
-            stderr=log,
-        )
+    daemons: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    rows: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     try:
-        while not sock.exists() or (streaming is not None and not stream_sock.exists()):
-            time.sleep(0.05)
-        rows: dict[str, list[tuple[float, float, int]]] = {"raw": [], "raw+sync": [], "ckptd": []}
-        if streaming is not None:
-            rows["ckptd-stream"] = []
+        (work / "stream.toml").write_text("stream_pages = true\n")
+        paths = ["ckptd", "ckptd-stream"] if args.stream else ["ckptd"]
+        for n, criu in enumerate(crius):
+            for path in paths:
+                tag = f"{n}{'s' if path == 'ckptd-stream' else ''}"
+                sock = work / f"ckptd{tag}.sock"
+                log = (work / f"ckptd{tag}.log").open("w")
+                extra = ["--config", str(work / "stream.toml")] if path != "ckptd" else []
+                daemons[f"{criu} {path}"] = (subprocess.Popen(
+                    [str(VENV / "ckptd"), "--socket", str(sock), "--store",
+                     str(work / f"store{tag}"), "--state-dir", str(work / f"state{tag}"),
+                     "--criu", criu, "--log-level", "WARNING", *extra],
+                    stderr=log,
+                ), sock)
+        for _, sock in daemons.values():
+            while not sock.exists():
+                time.sleep(0.05)
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat}", file=sys.stderr)
-            rows["raw"].append(run_raw(args.mib, work, sync=False))
-            rows["raw+sync"].append(run_raw(args.mib, work, sync=True))
-            rows["ckptd"].append(run_ckptd(args.mib, work, sock))
-            if streaming is not None:
-                rows["ckptd-stream"].append(run_ckptd(args.mib, work, stream_sock))
-        peaks = {name: vm_hwm_mib(d.pid) for name, d in (("ckptd", daemon),
-                                                           ("ckptd-stream", streaming)) if d}
+            for criu in crius:
+                for name in ("raw", "raw+sync", *paths):
+                    if name.startswith("ckptd"):
+                        result = run_ckptd(args.mib, work, daemons[f"{criu} {name}"][1])
+                    else:
+                        result = run_raw(criu, args.mib, work, sync=name == "raw+sync")
+                    rows.setdefault((criu, name), []).append(result)
+        peaks = {key: vm_hwm_mib(d.pid) for key, (d, _) in daemons.items()}
     finally:
-        for d in (daemon, streaming):
-            if d is not None:
-                d.send_signal(signal.SIGTERM)
-                d.wait(timeout=60)
+        for daemon, _ in daemons.values():
+            daemon.send_signal(signal.SIGTERM)
+        for daemon, _ in daemons.values():
+            daemon.wait(timeout=60)
     med = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in rows.items()}
-    raw_d, raw_r = med["raw"][0], med["raw"][1]
     print(f"\nProcess of {args.mib} MiB (`counter --mem-mib {args.mib}`), median of "
           f"{args.repeat}; kernel {os.uname().release}, {os.cpu_count()} CPUs\n")
-    print("| path | dump (s) | dump vs raw | restore (s) | restore vs raw | image bytes |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, (d, r, b) in med.items():
-        print(f"| {name} | {d:.3f} | {d / raw_d:.2f}x | {r:.3f} | {r / raw_r:.2f}x | {int(b):,} |")
+    many = len(crius) > 1
+    print(f"| path{' | CRIU' if many else ''} | dump (s) | dump vs raw | restore (s) "
+          "| restore vs raw | image bytes |")
+    print(f"|---{'|---' if many else ''}|---:|---:|---:|---:|---:|")
+    for (criu, name), (d, r, b) in med.items():
+        raw_d, raw_r = med[(criu, "raw")][0], med[(criu, "raw")][1]
+        col = f" | {versions[criu]}" if many else ""
+        print(f"| {name}{col} | {d:.3f} | {d / raw_d:.2f}x | {r:.3f} | {r / raw_r:.2f}x "
+              f"| {int(b):,} |")
+    if many:
+        base = crius[0]
+        print(f"\nAgainst CRIU {versions[base]} ({base}), same path:\n")
+        print("| path | CRIU | dump | restore |")
+        print("|---|---|---:|---:|")
+        for (criu, name), (d, r, _) in med.items():
+            if criu != base:
+                bd, br = med[(base, name)][0], med[(base, name)][1]
+                print(f"| {name} | {versions[criu]} | {d / bd:.2f}x | {r / br:.2f}x |")
     print("\nPeak RSS of each daemon over the whole run (VmHWM): "
           + ", ".join(f"{k} {v:.0f} MiB" for k, v in peaks.items()))
     shutil.rmtree(work, ignore_errors=True)

@@ -18,7 +18,7 @@ import pytest
 from ckptd.adapters.criu.containers import ContainerError
 
 from .bundle import CHECKOUT, ContainerSpec, build_rootfs, venv_dir
-from .flow import Flow, FlowError
+from .flow import Flow, FlowError, criu_binary
 from .runtime import OciContainer, RuntimeError_
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -58,7 +58,7 @@ def test_a_container_runs_python_ckptctl_and_criu_in_its_own_namespaces(
              "'ns': {k: os.stat(f'/proc/self/ns/{k}').st_ino for k in "
              "('pid', 'mnt', 'net', 'ipc', 'uts', 'cgroup')}, "
              "'ctl': subprocess.run(['ckptctl', '--help'], capture_output=True).returncode, "
-             "'criu': subprocess.run(['/usr/local/sbin/criu', '--version'], "
+             f"'criu': subprocess.run([{criu_binary()!r}, '--version'], "
              "capture_output=True, text=True).stdout.split()[1]}))")
     c = OciContainer("ckptd-probe-" + str(os.getpid()), tmp_path / "probe",
                      ContainerSpec(rootfs=rootfs, args=["python3", "-c", probe],

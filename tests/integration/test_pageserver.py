@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckptd.adapters.criu import CriuSwrk
-from ckptd.adapters.criu.pageserver import FileSink, PageServer, PageSink
+from ckptd.adapters.criu.pageserver import FileSink, PageServer, PageSink, wire_for
 from ckptd.adapters.storage.localfs import LocalBlobStore
 from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob
 from ckptd.core.store.index import PageIndex
@@ -61,7 +61,7 @@ def _dump_to_server(
 ) -> tuple[Path, PageServer]:
     images, work = _dirs(root)
     server = PageServer(images, sink if sink is not None else FileSink(images),
-                        chunk=1 << 20, buffers=4)
+                        chunk=1 << 20, buffers=4, wire=wire_for(criu.status().version))
     server.start()
     job = CriuDumpJob(pid, images, work, leave_running=leave_running,
                       page_server_fd=server.criu_end().fileno())

@@ -37,6 +37,7 @@ import queue
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -44,7 +45,10 @@ from typing import BinaryIO
 from ckptd.core.ports import PageSink
 
 PAGE_SIZE = 4096
-IOV = struct.Struct("<IIQQ")
+IOV_41 = struct.Struct("<IIQQ")
+"""CRIU 4.1's ``page_server_iov {u32 cmd; u32 nr_pages; u64 vaddr; u64 dst_id}``."""
+IOV = struct.Struct("<I4xQQQ")
+"""CRIU 4.2's: ``nr_pages`` became a u64 (the struct is padded after ``cmd``)."""
 
 PS_IOV_ADD, PS_IOV_HOLE, PS_IOV_OPEN, PS_IOV_OPEN2, PS_IOV_PARENT, PS_IOV_ADD_F = 1, 2, 3, 4, 5, 6
 PS_IOV_GET = 7
@@ -99,10 +103,34 @@ def pagemap_head(pages_id: int) -> bytes:
 
 
 def pagemap_entry(vaddr: int, nr_pages: int, flags: int) -> bytes:
-    """``pagemap_entry { vaddr, nr_pages, flags }`` framed (``in_parent`` left out, as CRIU
-    4.x writes it)."""
+    """``pagemap_entry`` framed as CRIU 4.2 writes it: ``vaddr`` (1), the required
+    ``compat_nr_pages`` (2) left 0, ``flags`` (4), ``nr_pages`` (5, a u64 now)."""
+    return _pb_entry(b"\x08" + _varint(vaddr) + b"\x10\x00" + b"\x20" + _varint(flags)
+                     + b"\x28" + _varint(nr_pages))
+
+
+def pagemap_entry_41(vaddr: int, nr_pages: int, flags: int) -> bytes:
+    """``pagemap_entry { vaddr, nr_pages, flags }`` framed as CRIU 4.1 writes it."""
     return _pb_entry(b"\x08" + _varint(vaddr) + b"\x10" + _varint(nr_pages)
                      + b"\x20" + _varint(flags))
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One CRIU version's page-server message and pagemap entry layout."""
+
+    iov: struct.Struct
+    entry: Callable[[int, int, int], bytes]
+
+
+WIRE_42 = Wire(IOV, pagemap_entry)
+WIRE_41 = Wire(IOV_41, pagemap_entry_41)
+
+
+def wire_for(criu_version: str) -> Wire:
+    """The layout of CRIU ``criu_version`` ("4.1.1", "4.2.1"; 4.2's when unknown)."""
+    parts = [int(p) for p in criu_version.split(".")[:2] if p.isdigit()]
+    return WIRE_41 if len(parts) == 2 and tuple(parts) < (4, 2) else WIRE_42
 
 
 def pagemap_name(dst_id: int) -> str:
@@ -140,8 +168,9 @@ class PageServer:
 
     def __init__(
         self, images_dir: Path, sink: PageSink, *, chunk: int = DEFAULT_CHUNK,
-        buffers: int = DEFAULT_BUFFERS,
+        buffers: int = DEFAULT_BUFFERS, wire: Wire = WIRE_42,
     ) -> None:
+        self._wire = wire
         if chunk % PAGE_SIZE or chunk <= 0 or buffers < 1:
             raise ValueError("chunk must be a positive multiple of the page size; buffers >= 1")
         self._dir = images_dir
@@ -210,17 +239,18 @@ class PageServer:
             got += n
 
     def _serve(self) -> None:
-        header = bytearray(IOV.size)
+        iov = self._wire.iov
+        header = bytearray(iov.size)
         image: _Image | None = None
         next_pages_id = 1
         try:
             while True:
-                n = self._ours.recv_into(header, IOV.size, socket.MSG_WAITALL)
+                n = self._ours.recv_into(header, iov.size, socket.MSG_WAITALL)
                 if n == 0:
                     raise PageServerError("CRIU closed the page-server socket without CLOSE")
-                if n != IOV.size:
+                if n != iov.size:
                     self._recv_exact(memoryview(header)[n:])
-                cmd_word, nr_pages, vaddr, dst_id = IOV.unpack(header)
+                cmd_word, nr_pages, vaddr, dst_id = iov.unpack(header)
                 cmd, flags = cmd_word & 0xFFFF, cmd_word >> 16
                 if cmd in (PS_IOV_OPEN, PS_IOV_OPEN2):
                     self._close_image(image)
@@ -239,7 +269,7 @@ class PageServer:
                         flags = PE_PARENT
                     if image is None or image.dst_id != dst_id:
                         raise PageServerError(f"pages for {dst_id:#x} without OPEN")
-                    image.fh.write(pagemap_entry(vaddr, nr_pages, flags))
+                    image.fh.write(self._wire.entry(vaddr, nr_pages, flags))
                     self.stats.entries += 1
                     if flags & PE_PRESENT:
                         self._receive_pages(image, nr_pages * PAGE_SIZE)

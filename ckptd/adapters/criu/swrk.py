@@ -34,7 +34,7 @@ from ckptd.adapters.criu.containers import (
     make_pids_free,
 )
 from ckptd.adapters.criu.images import read_dump_stats, read_pstree
-from ckptd.adapters.criu.pageserver import PageServer, PageServerError
+from ckptd.adapters.criu.pageserver import PageServer, PageServerError, wire_for
 from ckptd.core.ports import (
     CriuDumpJob,
     CriuDumpResult,
@@ -536,7 +536,8 @@ class _SwrkDump:
         )
         self._server: PageServer | None = None
         if job.page_sink is not None and job.container is None:
-            self._server = PageServer(job.images_dir, job.page_sink)
+            self._server = PageServer(job.images_dir, job.page_sink,
+                                      wire=wire_for(criu.status().version))
 
     @property
     def pids(self) -> tuple[int, ...]:

@@ -23,11 +23,15 @@ from ckptd.adapters.criu.pageserver import (
     PS_IOV_FORCE_CLOSE,
     PS_IOV_OPEN2,
     PS_IOV_PARENT,
+    WIRE_41,
+    WIRE_42,
     FileSink,
     PageServer,
     PageServerError,
     pagemap_entry,
+    pagemap_entry_41,
     pagemap_head,
+    wire_for,
 )
 
 PAGE = 4096
@@ -110,9 +114,14 @@ def test_images_are_framed_as_criu_s_and_pages_arrive_in_order(tmp_path: Path) -
 
 
 def test_pagemap_entries_encode_as_protobuf() -> None:
-    # pagemap_entry{vaddr=0x400000, nr_pages=3, flags=4}: fields 1, 2, 4 as varints
-    assert pagemap_entry(0x400000, 3, 4) == b"\x09\x00\x00\x00" + bytes(
+    # CRIU 4.2: vaddr=0x400000 (1), compat_nr_pages=0 (2), flags=4 (4), nr_pages=3 (5)
+    assert pagemap_entry(0x400000, 3, 4) == b"\x0b\x00\x00\x00" + bytes(
+        [0x08, 0x80, 0x80, 0x80, 0x02, 0x10, 0x00, 0x20, 0x04, 0x28, 0x03])
+    # CRIU 4.1: vaddr, nr_pages (2), flags (4)
+    assert pagemap_entry_41(0x400000, 3, 4) == b"\x09\x00\x00\x00" + bytes(
         [0x08, 0x80, 0x80, 0x80, 0x02, 0x10, 0x03, 0x20, 0x04])
+    assert wire_for("4.1.1") is WIRE_41 and wire_for("4.2.1") is WIRE_42
+    assert IOV.size == 32 and WIRE_41.iov.size == 24
     assert pagemap_head(1) == b"\x02\x00\x00\x00\x08\x01"
 
 
