@@ -251,15 +251,7 @@ class CriuSwrk:
         if job.container is not None:
             return self._restore_in_container(job, job.container, hooks)
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
-            opts = self._opts(images_fd, work_fd, job, "restore.log")
-            for inherit in job.inherit_fds:
-                opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
-            if job.tcp_close:
-                opts.tcp_close = True
-            if job.leave_stopped:
-                opts.leave_stopped = True
-            if not job.restore_cgroups:
-                opts.manage_cgroups_mode = rpc_pb2.IGNORE
+            opts = self._restore_opts(images_fd, work_fd, job)
             req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
             fds = (images_fd, work_fd, *(i.fd for i in job.inherit_fds))
             resp = self._call(req, hooks, fds, job.work_dir / "restore.log", "restore", None,
@@ -285,15 +277,9 @@ class CriuSwrk:
                 raise CriuFailed(f"CRIU {what}: {exc}", pid=where.init,
                                  hint="start the job with `ckptctl run` (its pids are then "
                                       "above those a container's own processes take)") from exc
-            opts = self._opts(-1, -1, job, "restore.log")
+            opts = self._restore_opts(-1, -1, job)
             opts.images_dir = f"/proc/self/fd/{images_fd}"
-            for inherit in job.inherit_fds:
-                opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
-            if job.tcp_close:
-                opts.tcp_close = True
-            if job.leave_stopped:
-                opts.leave_stopped = True
-            opts.manage_cgroups_mode = rpc_pb2.IGNORE
+            opts.manage_cgroups_mode = rpc_pb2.IGNORE  # the container's cgroups, always
             req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
 
             def node_pid(ns_pid: int) -> int:
@@ -316,6 +302,22 @@ class CriuSwrk:
                     with contextlib.suppress(OSError):
                         shutil.move(job.images_dir / name, job.work_dir / name)
             return node_pid(int(resp.restore.pid))
+
+    def _restore_opts(
+        self, images_fd: int, work_fd: int, job: CriuRestoreJob
+    ) -> rpc_pb2.criu_opts:
+        """A restore's options, on the node or in a container: stdio replacements, TCP,
+        stopped trees, cgroups left alone when the caller placed CRIU."""
+        opts = self._opts(images_fd, work_fd, job, "restore.log")
+        for inherit in job.inherit_fds:
+            opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
+        if job.tcp_close:
+            opts.tcp_close = True
+        if job.leave_stopped:
+            opts.leave_stopped = True
+        if not job.restore_cgroups:
+            opts.manage_cgroups_mode = rpc_pb2.IGNORE
+        return opts
 
     def _opts(
         self, images_fd: int, work_fd: int, job: CriuDumpJob | CriuRestoreJob, log_file: str
