@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckptd.core.ports import BlobStore, Clock
-from ckptd.core.store import pagelist
+from ckptd.core.store import pagelist, pagepath
 from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
@@ -113,6 +113,7 @@ class ContentStore:
         self._level = level
         self.gc_grace_s = gc_grace_s
         self._condemned = Condemned()
+        pagepath.warn_if_slow()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zstd")
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packs")
         self._secret = self._load_secret()

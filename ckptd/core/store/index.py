@@ -7,6 +7,7 @@ backend lists). Thread-safe.
 from __future__ import annotations
 
 import threading
+from collections.abc import Container
 from dataclasses import dataclass
 
 from ckptd.core.ports import BlobStore
@@ -46,6 +47,14 @@ def load_pack_index(blobs: BlobStore, pack_id: str) -> PackIndex:
     return decode_trailer(pack_id, raw)
 
 
+class _Live:
+    def __init__(self, index: PageIndex) -> None:
+        self._index = index
+
+    def __contains__(self, page_hash: object) -> bool:
+        return isinstance(page_hash, bytes) and self._index.contains(page_hash)
+
+
 class PageIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -67,6 +76,14 @@ class PageIndex:
         GC has condemned."""
         loc = self._pages.get(page_hash)
         return loc is not None and loc.pack_id not in self.condemned
+
+    def live(self) -> Container[bytes]:
+        """The pages a dump may reference (``contains``) as one container for a whole image's
+        lookups (``pagepath.plan_new``): the index's own dict when no pack is condemned (a
+        lookup in C), else one that asks ``contains``."""
+        if not self.condemned:
+            return self._pages
+        return _Live(self)
 
     def add_pack(self, pack: PackIndex) -> None:
         with self._lock:

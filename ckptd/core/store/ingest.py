@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptd.core.ports import BlobStore
-from ckptd.core.store import pagelist
+from ckptd.core.store import pagelist, pagepath
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.manifest import FileEntry
 from ckptd.core.store.objects import put_blob
@@ -66,7 +66,8 @@ def ingest(
         result.bytes_logical += size
         if is_pages_file(path.name) and size % PAGE_SIZE == 0:
             refs = _split_pages(path, size, hasher, index, builder, fresh)
-            result.refs.update(r for r in refs if r != ZERO_REF)
+            result.refs.update(refs)
+            result.refs.discard(ZERO_REF)
             entry = _store_page_list(
                 path.name, size, refs, blobs, hasher, base_for, result, condemned_blobs
             )
@@ -117,35 +118,22 @@ def _split_pages(
     fresh: set[bytes],
 ) -> list[bytes]:
     """References of every page of a pages image; new pages go to ``builder`` in runs of
-    consecutive pages, straight from the file's mapping (no copy until compression)."""
-    refs: list[bytes] = []
+    consecutive pages, straight from the file's mapping (no copy until compression).
+
+    Two native calls per image (``pagepath``): every page hashed (zero pages found) across
+    the CPUs without the GIL, then the runs of pages that are neither zero, in the index nor
+    seen earlier in this ingest."""
     if size == 0:
-        return refs
-    digest, zero, known = hasher.digest, hasher.zero, index.contains
-    run_start, run_hashes = 0, list[bytes]()
+        return []
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         mm.madvise(mmap.MADV_SEQUENTIAL)
-        view = memoryview(mm)
+        view = memoryview(mm)[:size]
         try:
-            for off in range(0, size, PAGE_SIZE):
-                h = digest(view[off : off + PAGE_SIZE])
-                if h == zero:
-                    refs.append(ZERO_REF)
-                    continue
-                refs.append(h)
-                if h in fresh or known(h):
-                    continue
-                fresh.add(h)
-                if run_hashes and off != run_start + len(run_hashes) * PAGE_SIZE:
-                    end = run_start + len(run_hashes) * PAGE_SIZE
-                    builder.add_run(run_hashes, view[run_start:end])
-                    run_hashes = []
-                if not run_hashes:
-                    run_start = off
-                run_hashes.append(h)
-            if run_hashes:
-                end = run_start + len(run_hashes) * PAGE_SIZE
-                builder.add_run(run_hashes, view[run_start:end])
+            digests = pagepath.hash_pages(view, hasher.seed, zero_ref=True)
+            refs, runs = pagepath.plan_new(digests, index.live(), fresh)
+            for first, count in runs:
+                end = first + count
+                builder.add_run(refs[first:end], view[first * PAGE_SIZE : end * PAGE_SIZE])
             builder.drain()  # frames never outlive this mapping
         finally:
             view.release()

@@ -1,31 +1,42 @@
-"""Pack objects: many pages in zstd frames, with a trailer that names every page.
+"""Pack objects: many pages in frames, with a trailer that names every page.
 
 Layout::
 
     b"CKPACK01"
-    frame 0 .. frame F-1              each: zstd frame of up to FRAME_PAGES pages, concatenated
+    frame 0 .. frame F-1              each: up to FRAME_PAGES pages, concatenated, either
+                                      a zstd frame or the pages as they are (see below)
     trailer (zstd-compressed):
         u32 F
-        F x (u64 offset, u32 compressed length, u32 pages)
+        F x (u64 offset, u32 length, u32 pages)
         for each frame, its pages' hashes (16 bytes each), in order
     u64 trailer offset, u32 trailer length, 8 bytes xxh3-64 of the trailer, b"CKPKEND1"
 
+A frame of exactly ``pages * PAGE_SIZE`` bytes holds its pages as they are (*raw*: they did
+not compress, docs/adr/0012-native-page-path.md); any other length is a zstd frame. Writers
+since raw frames exist never store a zstd frame that long (``compress_frame`` keeps one only
+when it is strictly shorter). Packs written before (every frame zstd) read unchanged: a zstd
+frame of exactly that length is possible there in theory only (zstd keeps a compressed block
+only when it saves 1/64 of it, more than a frame's headers), and if one is met, reading it as
+raw fails verification, so a frame of that length that does not verify and starts with the
+zstd magic number is decompressed instead. The trailer is unchanged.
+
 A pack is immutable and named by the xxh3-128 of its bytes. The trailer alone rebuilds the
 index of every page in it. Invariant: every page in a pack is verified against its hash when
-read (``read_frame``).
+read (``read_frame``), whether its frame is raw or zstd.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import xxhash
 import zstandard
 
-from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE
+from ckptd.core.store import pagepath
+from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, PageHasher
 from ckptd.errors import CorruptCheckpoint
 
 MAGIC = b"CKPACK01"
@@ -34,8 +45,8 @@ FOOTER = struct.Struct("<QI8s8s")
 FRAME_ENTRY = struct.Struct("<QII")
 FRAME_PAGES = 1024
 TARGET_PACK_BYTES = 64 << 20
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
-DigestFn = Callable[[bytes | memoryview], bytes]
 SealedPack = tuple[str, bytes, "PackIndex"]
 
 
@@ -103,39 +114,60 @@ def check_trailer(pack_id: str, raw_trailer: bytes, checksum: bytes) -> None:
 
 
 def read_frame_data(
-    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], digest: DigestFn
+    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], hasher: PageHasher
 ) -> bytes:
-    """Decompress one frame and verify every page against its hash; the pages, concatenated."""
+    """The pages of one frame, concatenated, every one verified against its hash (in one
+    native call, ``pagepath``); a raw frame is returned as it is, a zstd frame decompressed."""
+    size = len(hashes) * PAGE_SIZE
+    expected = b"".join(hashes)
+    if not hashes or len(expected) != len(hashes) * HASH_SIZE:
+        raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: malformed page hashes")
+    if len(raw) == size:  # stored as they are
+        bad = pagepath.verify_pages(raw, expected, hasher.seed)
+        if bad < 0:
+            return raw
+        if not raw.startswith(ZSTD_MAGIC):
+            raise _mismatch(pack_id, frame_no, bad)
+        try:  # an older writer's zstd frame exactly as long as its pages (module docstring)?
+            data = _decompress(pack_id, frame_no, raw, size)
+        except CorruptCheckpoint:
+            raise _mismatch(pack_id, frame_no, bad) from None
+    else:
+        data = _decompress(pack_id, frame_no, raw, size)
+    bad = pagepath.verify_pages(data, expected, hasher.seed)
+    if bad >= 0:
+        raise _mismatch(pack_id, frame_no, bad)
+    return data
+
+
+def _decompress(pack_id: str, frame_no: int, raw: bytes, size: int) -> bytes:
     try:
         declared = zstandard.frame_content_size(raw)
-        if declared not in (-1, len(hashes) * PAGE_SIZE):
+        if declared not in (-1, size):
             raise CorruptCheckpoint(
                 f"pack {pack_id} frame {frame_no}: header declares {declared} bytes"
             )
-        data = zstandard.ZstdDecompressor().decompress(
-            raw, max_output_size=len(hashes) * PAGE_SIZE
-        )
+        data: bytes = zstandard.ZstdDecompressor().decompress(raw, max_output_size=size)
     except zstandard.ZstdError as exc:
         raise CorruptCheckpoint(
             f"pack {pack_id} frame {frame_no}: does not decompress ({exc})"
         ) from exc
-    if len(data) != len(hashes) * PAGE_SIZE:
+    if len(data) != size:
         raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: wrong size")
-    view = memoryview(data)
-    for i, expected in enumerate(hashes):
-        if digest(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]) != expected:
-            raise CorruptCheckpoint(
-                f"pack {pack_id} frame {frame_no} page {i}: content does not match its hash"
-            )
-    view.release()
     return data
 
 
+def _mismatch(pack_id: str, frame_no: int, page: int) -> CorruptCheckpoint:
+    return CorruptCheckpoint(
+        f"pack {pack_id} frame {frame_no} page {page}: content does not match its hash"
+    )
+
+
 def read_frame(
-    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], digest: DigestFn
+    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], hasher: PageHasher
 ) -> list[bytes]:
-    """Decompress one frame and verify every page against its hash; the pages, one by one."""
-    data = read_frame_data(pack_id, frame_no, raw, hashes, digest)
+    """``read_frame_data``, the pages one by one."""
+    data = read_frame_data(pack_id, frame_no, raw, hashes, hasher)
     return [data[i * PAGE_SIZE : (i + 1) * PAGE_SIZE] for i in range(len(hashes))]
 
 
@@ -158,8 +190,9 @@ def build_pack(frames: Sequence[tuple[Future[bytes], tuple[bytes, ...]]]) -> Sea
 
 
 class PackBuilder:
-    """Accumulates new pages into frames, compresses frames on ``executor`` (zstd releases
-    the GIL, so frames compress in parallel), and groups them into packs of about
+    """Accumulates new pages into frames, compresses frames on ``executor`` (``pagepath.
+    compress_frame``: without the GIL, so frames compress in parallel; a frame that does not
+    compress is stored as it is), and groups them into packs of about
     TARGET_PACK_BYTES (``take_sealed`` hands out each group; ``build_pack`` assembles one,
     typically on another thread, so the caller never waits for compression).
 
@@ -194,7 +227,7 @@ class PackBuilder:
                 self.cut_frame()
 
     def _compress(self, data: bytes | memoryview) -> bytes:
-        return zstandard.ZstdCompressor(level=self._level).compress(data)
+        return pagepath.compress_frame(data, self._level)
 
     def cut_frame(self) -> None:
         if not self._pending:

@@ -1,8 +1,9 @@
 """Reading a checkpoint back: every byte verified against its hash on the way out.
 
-Each frame a file needs is fetched, decompressed and verified exactly once, a few ahead of
-need on an executor (zstd releases the GIL); runs of consecutive pages are written from views
-into the decompressed frame with ``pwrite``, into a sparse file (zero pages are never written).
+Each frame a file needs is fetched, decompressed (unless stored raw) and verified exactly once,
+a few ahead of need on an executor (both without the GIL: zstd, ``pagepath``); runs of
+consecutive pages are written from views into the frame with ``pwrite``, into a sparse file
+(zero pages are never written).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ class PageSource:
                 f"checkpoint {self._id}: pack {pack_id} is missing", checkpoint_id=self._id
             ) from exc
         try:
-            return read_frame_data(pack_id, frame_no, raw, frame.hashes, self._hasher.digest)
+            return read_frame_data(pack_id, frame_no, raw, frame.hashes, self._hasher)
         except CorruptCheckpoint as exc:
             raise CorruptCheckpoint(
                 f"checkpoint {self._id}: {exc.message}", checkpoint_id=self._id

@@ -1,0 +1,147 @@
+"""The store's per-page data path: hashing, zero detection, dedup planning, frame compression
+and verification, in C (``ckptd._pages``: no GIL, big buffers split over every CPU) or, only
+when that extension could not be built, the same in pure Python (slow: the store says so once
+in its log). docs/adr/0012-native-page-path.md.
+
+Both paths give identical results (tests/unit/store/test_pagepath.py runs them against each
+other); ``compress_frame`` may decide differently between compressing and storing as it is
+(a sample against the whole frame), and both decisions read back the same pages.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Container
+from typing import TYPE_CHECKING
+
+import xxhash
+import zstandard
+
+from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_PAGE, ZERO_REF
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+log = logging.getLogger(__name__)
+
+try:
+    from ckptd import _pages as _native
+except ImportError:  # not built: no compiler, libzstd-dev or libxxhash-dev at install time
+    _native = None  # type: ignore[assignment]
+
+
+def is_native() -> bool:
+    return _native is not None
+
+
+@functools.cache
+def warn_if_slow() -> None:
+    """Log once per process that the data path runs in Python, if it does."""
+    if _native is None:
+        log.warning(
+            "ckptd._pages is not built: pages are hashed, compressed and verified in Python "
+            "(several times slower, one core); install libzstd-dev and libxxhash-dev and run "
+            "pip install -e . (scripts/setup.sh does both)"
+        )
+
+
+def hash_pages(buffer: Buffer, seed: int, *, zero_ref: bool = False) -> bytes:
+    """The xxh3-128 of every 4 KiB page of ``buffer`` (a whole number of pages) with
+    ``seed``, concatenated, as ``xxhash.xxh3_128_digest`` gives it. ``zero_ref``: a page of
+    zeros gives ZERO_REF (and is not hashed)."""
+    if _native is not None:
+        return _native.hash_pages(buffer, seed, zero_ref=zero_ref)
+    return py_hash_pages(buffer, seed, zero_ref=zero_ref)
+
+
+def verify_pages(buffer: Buffer, hashes: Buffer, seed: int) -> int:
+    """The index of the first page of ``buffer`` whose hash is not its 16 bytes in
+    ``hashes``; -1 if every page matches."""
+    if _native is not None:
+        return _native.verify_pages(buffer, hashes, seed)
+    return py_verify_pages(buffer, hashes, seed)
+
+
+def plan_new(
+    refs: Buffer, known: Container[bytes], fresh: set[bytes]
+) -> tuple[list[bytes], list[tuple[int, int]]]:
+    """``refs`` (16 bytes each) as a list, and the runs (first, count) of consecutive pages
+    to store: not ZERO_REF, not ``in known``, not in ``fresh`` nor earlier in ``refs`` (each
+    one planned is added to ``fresh``)."""
+    if _native is not None:
+        return _native.plan_new(refs, known, fresh)
+    return py_plan_new(refs, known, fresh)
+
+
+def compress_frame(data: Buffer, level: int) -> bytes:
+    """A zstd frame of ``data`` (whole pages), strictly shorter than it; or, when it does not
+    compress, ``data`` as it is (exactly ``len(data)`` bytes: how a reader tells them
+    apart, packs.py)."""
+    if _native is not None:
+        return _native.compress_frame(data, level)
+    return py_compress_frame(data, level)
+
+
+# ---- pure Python (the fallback, and the reference the tests hold the C against) ----------
+
+
+def _pages(buffer: Buffer) -> memoryview:
+    view = memoryview(buffer).cast("B")
+    if len(view) % PAGE_SIZE:
+        raise ValueError(f"buffer of {len(view)} bytes is not a whole number of pages")
+    return view
+
+
+def py_hash_pages(buffer: Buffer, seed: int, *, zero_ref: bool = False) -> bytes:
+    view = _pages(buffer)
+    digest = xxhash.xxh3_128_digest
+    out = []
+    for off in range(0, len(view), PAGE_SIZE):
+        page = view[off : off + PAGE_SIZE]
+        out.append(ZERO_REF if zero_ref and page == ZERO_PAGE else digest(page, seed=seed))
+    return b"".join(out)
+
+
+def py_verify_pages(buffer: Buffer, hashes: Buffer, seed: int) -> int:
+    view, want = _pages(buffer), bytes(hashes)
+    if len(want) != len(view) // PAGE_SIZE * HASH_SIZE:
+        raise ValueError(f"{len(view) // PAGE_SIZE} pages but {len(want)} bytes of hashes")
+    digest = xxhash.xxh3_128_digest
+    for i in range(len(view) // PAGE_SIZE):
+        page = view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]
+        if digest(page, seed=seed) != want[i * HASH_SIZE : (i + 1) * HASH_SIZE]:
+            return i
+    return -1
+
+
+def py_plan_new(
+    refs: Buffer, known: Container[bytes], fresh: set[bytes]
+) -> tuple[list[bytes], list[tuple[int, int]]]:
+    raw = bytes(refs)
+    if len(raw) % HASH_SIZE:
+        raise ValueError(f"references of {len(raw)} bytes are not a whole number")
+    out = [raw[i : i + HASH_SIZE] for i in range(0, len(raw), HASH_SIZE)]
+    runs: list[tuple[int, int]] = []
+    first = count = 0
+    for i, h in enumerate(out):
+        if h == ZERO_REF or h in fresh or h in known:
+            continue
+        fresh.add(h)
+        if count and i == first + count:
+            count += 1
+            continue
+        if count:
+            runs.append((first, count))
+        first, count = i, 1
+    if count:
+        runs.append((first, count))
+    return out, runs
+
+
+def py_compress_frame(data: Buffer, level: int) -> bytes:
+    view = _pages(data)
+    if not view:
+        raise ValueError("empty frame")
+    frame: bytes = zstandard.ZstdCompressor(level=level).compress(view)
+    return frame if len(frame) < len(view) else view.tobytes()
