@@ -14,10 +14,14 @@
  *       (GIL held: it looks up Python containers) the references one by one, and the
  *       runs (first page, count) of pages neither zero, `in known`, nor in the set `fresh`
  *       (first occurrences only; each is added to `fresh`).
- *   compress_frame(data, level) -> bytes
- *       a zstd frame of `data`, or `data` as it is when it does not compress (decided on
- *       a sample, confirmed on the result): a frame exactly len(data) long is stored raw,
- *       and a zstd frame returned here is always strictly shorter than `data`.
+ *   compress_frame(data, level) -> bytes | None
+ *       a zstd frame of `data`, always strictly shorter than it; None when `data` does not
+ *       compress (decided on a sample of its pages, confirmed on the result): the caller
+ *       stores it as it is, and a frame exactly len(data) long is how readers know it.
+ *   concat_digest(parts) -> (bytes, bytes)
+ *       the parts concatenated (a pack), and its xxh3-128 (unseeded, canonical: its name).
+ *   write_runs(fd, buffer, runs) -> None
+ *       pwrite every run (page in the file, page in buffer, count) of `buffer`'s pages.
  *
  * Buffers are held (PyBUF_SIMPLE) for the whole call, so an mmap cannot be closed or a
  * bytearray resized under the threads. Sizes are size_t / Py_ssize_t throughout: buffers
@@ -26,6 +30,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -403,23 +408,144 @@ static PyObject *compress_frame(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     worth = sample_compresses(cctx, buf.buf, pages, level);
     Py_END_ALLOW_THREADS
-    size_t cap = worth == 0 ? len : ZSTD_compressBound(len); /* >= len */
-    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
-    if (out == NULL)
+    if (worth == 0) {
+        out = Py_NewRef(Py_None); /* store it as it is */
         goto done;
-    char *dst = PyBytes_AS_STRING(out);
-    size_t got = 0;
-    Py_BEGIN_ALLOW_THREADS
-    if (worth != 0)
-        got = ZSTD_compressCCtx(cctx, dst, cap, buf.buf, len, level);
-    if (worth == 0 || ZSTD_isError(got) || got >= len) {
-        memcpy(dst, buf.buf, len); /* stored as it is: exactly len bytes */
-        got = len;
     }
+    size_t cap = ZSTD_compressBound(len);
+    if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap)) == NULL)
+        goto done;
+    size_t got;
+    Py_BEGIN_ALLOW_THREADS
+    got = ZSTD_compressCCtx(cctx, PyBytes_AS_STRING(out), cap, buf.buf, len, level);
     Py_END_ALLOW_THREADS
-    if (got != cap && _PyBytes_Resize(&out, (Py_ssize_t)got) < 0)
+    if (ZSTD_isError(got) || got >= len) {
+        Py_SETREF(out, Py_NewRef(Py_None)); /* not shorter: store it as it is */
+        goto done;
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)got) < 0)
         out = NULL; /* _PyBytes_Resize freed it */
 done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* ---- concat_digest ----------------------------------------------------------------------- */
+
+static PyObject *concat_digest(PyObject *self, PyObject *arg)
+{
+    PyObject *seq, *blob = NULL, *result = NULL;
+    Py_buffer *parts = NULL;
+    Py_ssize_t n, got = 0;
+    (void)self;
+    if ((seq = PySequence_Fast(arg, "parts must be a sequence")) == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if ((parts = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof *parts)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t total = 0;
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &parts[got], PyBUF_SIMPLE) < 0)
+            goto done;
+        if ((size_t)parts[got].len > (size_t)PY_SSIZE_T_MAX - total) {
+            got++;
+            PyErr_SetString(PyExc_OverflowError, "parts too large together");
+            goto done;
+        }
+        total += (size_t)parts[got].len;
+    }
+    if ((blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total)) == NULL)
+        goto done;
+    XXH128_canonical_t c;
+    char *dst = PyBytes_AS_STRING(blob);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(dst, parts[i].buf, (size_t)parts[i].len);
+        dst += parts[i].len;
+    }
+    XXH128_canonicalFromHash(&c, XXH3_128bits(PyBytes_AS_STRING(blob), total));
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(Oy#)", blob, (const char *)c.digest, (Py_ssize_t)HASH);
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&parts[i]);
+    PyMem_Free(parts);
+    Py_XDECREF(blob);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* ---- write_runs ------------------------------------------------------------------------ */
+
+typedef struct {
+    off_t at;
+    size_t from, len;
+} wrun_t;
+
+static PyObject *write_runs(PyObject *self, PyObject *args)
+{
+    int fd;
+    Py_buffer buf;
+    PyObject *runs_obj, *seq = NULL, *out = NULL;
+    wrun_t *runs = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iy*O:write_runs", &fd, &buf, &runs_obj))
+        return NULL;
+    if (whole_pages(&buf) < 0)
+        goto done;
+    if ((seq = PySequence_Fast(runs_obj, "runs must be a sequence")) == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    size_t pages = (size_t)buf.len / PAGE;
+    if (n > 0 && (runs = PyMem_Calloc((size_t)n, sizeof *runs)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t dst, src, count;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "nnn;a run is (dst, src, count)",
+                              &dst, &src, &count))
+            goto done;
+        if (dst < 0 || src < 0 || count < 0 || (size_t)src > pages ||
+            (size_t)count > pages - (size_t)src ||
+            (size_t)dst > (size_t)(INT64_MAX / PAGE) - (size_t)count) {
+            PyErr_Format(PyExc_ValueError, "run (%zd, %zd, %zd) outside %zu pages", dst, src,
+                         count, pages);
+            goto done;
+        }
+        runs[i] = (wrun_t){(off_t)dst * PAGE, (size_t)src * PAGE, (size_t)count * PAGE};
+    }
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !err; i++) {
+        const char *from = (const char *)buf.buf + runs[i].from;
+        size_t left = runs[i].len;
+        off_t at = runs[i].at;
+        while (left) {
+            ssize_t w = pwrite(fd, from, left, at);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                err = w < 0 ? errno : EIO;
+                break;
+            }
+            from += w;
+            at += w;
+            left -= (size_t)w;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    PyMem_Free(runs);
+    Py_XDECREF(seq);
     PyBuffer_Release(&buf);
     return out;
 }
@@ -444,8 +570,14 @@ static PyMethodDef methods[] = {
      "plan_new(refs, known, fresh) -> (refs list, runs): runs (first, count) of pages not "
      "zero, not in known, not in the set fresh (added to it)."},
     {"compress_frame", compress_frame, METH_VARARGS,
-     "compress_frame(data, level) -> bytes: a zstd frame shorter than data, or data as it is "
-     "(exactly len(data) bytes) when it does not compress."},
+     "compress_frame(data, level) -> bytes | None: a zstd frame strictly shorter than data, or "
+     "None: data does not compress, store it as it is."},
+    {"concat_digest", concat_digest, METH_O,
+     "concat_digest(parts) -> (bytes, bytes): the parts concatenated, and the xxh3-128 "
+     "(unseeded, canonical) of the result."},
+    {"write_runs", write_runs, METH_VARARGS,
+     "write_runs(fd, buffer, runs) -> None: pwrite each run (page in the file, page in "
+     "buffer, count) of buffer's pages to fd."},
     {"cpu_count", cpu_count, METH_NOARGS,
      "cpu_count() -> int: the CPUs this process may run on (the threads' upper bound)."},
     {NULL, NULL, 0, NULL},

@@ -48,6 +48,8 @@ TARGET_PACK_BYTES = 64 << 20
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 SealedPack = tuple[str, bytes, "PackIndex"]
+Frame = bytes | memoryview
+"""A frame ready for its pack: zstd bytes, or pages stored as they are (maybe a view)."""
 
 
 @dataclass(frozen=True)
@@ -171,21 +173,23 @@ def read_frame(
     return [data[i * PAGE_SIZE : (i + 1) * PAGE_SIZE] for i in range(len(hashes))]
 
 
-def build_pack(frames: Sequence[tuple[Future[bytes], tuple[bytes, ...]]]) -> SealedPack:
-    """Assemble compressed frames (waiting for them) into a pack object."""
-    body = [MAGIC]
+def build_pack(frames: Sequence[tuple[Future[Frame], tuple[bytes, ...]]]) -> SealedPack:
+    """Assemble frames (waiting for them) into a pack object: one native call copies them
+    together and names the pack (``pagepath.concat_digest``)."""
+    body: list[Frame] = [MAGIC]
     offset = len(MAGIC)
     infos = []
     for future, hashes in frames:
         frame = future.result()
-        infos.append(FrameInfo(offset, len(frame), hashes))
+        length = memoryview(frame).nbytes
+        infos.append(FrameInfo(offset, length, hashes))
         body.append(frame)
-        offset += len(frame)
+        offset += length
     trailer = encode_trailer(infos)
     body.append(trailer)
     body.append(FOOTER.pack(offset, len(trailer), xxhash.xxh3_64_digest(trailer), END_MAGIC))
-    blob = b"".join(body)
-    pack_id = xxhash.xxh3_128_hexdigest(blob)
+    blob, digest = pagepath.concat_digest(body)
+    pack_id = digest.hex()
     return pack_id, blob, PackIndex(pack_id, tuple(infos))
 
 
@@ -197,8 +201,9 @@ class PackBuilder:
     typically on another thread, so the caller never waits for compression).
 
     Pages come in runs (``add_run``: consecutive pages of one buffer). A frame made of a single
-    run is compressed straight from that buffer, without a copy; so the buffer must outlive
-    the compression: call ``drain`` before it goes away.
+    run is compressed straight from that buffer, without a copy, and if it does not compress
+    it *is* that buffer until ``build_pack`` copies it into its pack: so the buffer must
+    outlive the packs of its pages.
     """
 
     def __init__(self, executor: Executor, level: int = 1) -> None:
@@ -206,10 +211,9 @@ class PackBuilder:
         self._level = level
         self._pending: list[memoryview] = []
         self._pending_hashes: list[bytes] = []
-        self._frames: list[tuple[Future[bytes], tuple[bytes, ...]]] = []
-        self._inflight: list[Future[bytes]] = []
+        self._frames: list[tuple[Future[Frame], tuple[bytes, ...]]] = []
         self._bytes_in = 0
-        self._sealed: list[list[tuple[Future[bytes], tuple[bytes, ...]]]] = []
+        self._sealed: list[list[tuple[Future[Frame], tuple[bytes, ...]]]] = []
 
     def add(self, page_hash: bytes, page: bytes | memoryview) -> None:
         self.add_run([page_hash], memoryview(page))
@@ -226,7 +230,7 @@ class PackBuilder:
             if len(self._pending_hashes) >= FRAME_PAGES:
                 self.cut_frame()
 
-    def _compress(self, data: bytes | memoryview) -> bytes:
+    def _compress(self, data: bytes | memoryview) -> Frame:
         return pagepath.compress_frame(data, self._level)
 
     def cut_frame(self) -> None:
@@ -236,21 +240,12 @@ class PackBuilder:
             self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         )
         future = self._executor.submit(self._compress, data)
-        self._inflight.append(future)
         self._frames.append((future, tuple(self._pending_hashes)))
         self._bytes_in += len(data)
         self._pending, self._pending_hashes = [], []
         # Raw bytes are a cheap proxy for the pack size until frames are compressed.
         if self._bytes_in >= TARGET_PACK_BYTES * 2:
             self._seal()
-
-    def drain(self) -> None:
-        """Cut the pending frame and wait until every frame is compressed: after this, no
-        buffer given to ``add_run`` is referenced any more."""
-        self.cut_frame()
-        for future in self._inflight:
-            future.exception()
-        self._inflight = []
 
     def _seal(self) -> None:
         if self._frames:
@@ -262,7 +257,7 @@ class PackBuilder:
         self.cut_frame()
         self._seal()
 
-    def take_sealed(self) -> list[list[tuple[Future[bytes], tuple[bytes, ...]]]]:
+    def take_sealed(self) -> list[list[tuple[Future[Frame], tuple[bytes, ...]]]]:
         """Frame groups ready to become packs (pass each to ``build_pack``)."""
         out, self._sealed = self._sealed, []
         return out

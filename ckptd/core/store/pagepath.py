@@ -1,7 +1,7 @@
-"""The store's per-page data path: hashing, zero detection, dedup planning, frame compression
-and verification, in C (``ckptd._pages``: no GIL, big buffers split over every CPU) or, only
-when that extension could not be built, the same in pure Python (slow: the store says so once
-in its log). docs/adr/0012-native-page-path.md.
+"""The store's per-page data path: hashing, zero detection, dedup planning, frame compression,
+verification and writing pages out, in C (``ckptd._pages``: no GIL, big buffers split over
+every CPU) or, only when that extension could not be built, the same in pure Python (slow: the
+store says so once in its log). docs/adr/0012-native-page-path.md.
 
 Both paths give identical results (tests/unit/store/test_pagepath.py runs them against each
 other); ``compress_frame`` may decide differently between compressing and storing as it is
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Container
+import os
+from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -74,13 +75,31 @@ def plan_new(
     return py_plan_new(refs, known, fresh)
 
 
-def compress_frame(data: Buffer, level: int) -> bytes:
+def compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryview:
     """A zstd frame of ``data`` (whole pages), strictly shorter than it; or, when it does not
-    compress, ``data`` as it is (exactly ``len(data)`` bytes: how a reader tells them
-    apart, packs.py)."""
+    compress, ``data`` itself (no copy here: its pack copies it; exactly ``len(data)``
+    bytes: how a reader tells them apart, packs.py)."""
     if _native is not None:
-        return _native.compress_frame(data, level)
+        frame = _native.compress_frame(data, level)
+        return data if frame is None else frame
     return py_compress_frame(data, level)
+
+
+def concat_digest(parts: Sequence[Buffer]) -> tuple[bytes, bytes]:
+    """``parts`` concatenated, and the xxh3-128 (unseeded) of the result: a pack and its
+    name."""
+    if _native is not None:
+        return _native.concat_digest(parts)
+    return py_concat_digest(parts)
+
+
+def write_runs(fd: int, buffer: Buffer, runs: Sequence[tuple[int, int, int]]) -> None:
+    """Write each run (page in the file, page in ``buffer``, count) of ``buffer``'s pages
+    at its place in ``fd``."""
+    if _native is not None:
+        _native.write_runs(fd, buffer, runs)
+    else:
+        py_write_runs(fd, buffer, runs)
 
 
 # ---- pure Python (the fallback, and the reference the tests hold the C against) ----------
@@ -139,9 +158,26 @@ def py_plan_new(
     return out, runs
 
 
-def py_compress_frame(data: Buffer, level: int) -> bytes:
+def py_compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryview:
     view = _pages(data)
     if not view:
         raise ValueError("empty frame")
     frame: bytes = zstandard.ZstdCompressor(level=level).compress(view)
-    return frame if len(frame) < len(view) else view.tobytes()
+    return frame if len(frame) < len(view) else data
+
+
+def py_concat_digest(parts: Sequence[Buffer]) -> tuple[bytes, bytes]:
+    blob = b"".join(parts)
+    return blob, xxhash.xxh3_128_digest(blob)
+
+
+def py_write_runs(fd: int, buffer: Buffer, runs: Sequence[tuple[int, int, int]]) -> None:
+    view = _pages(buffer)
+    pages = len(view) // PAGE_SIZE
+    for dst, src, count in runs:
+        if min(dst, src, count) < 0 or src + count > pages:
+            raise ValueError(f"run ({dst}, {src}, {count}) outside {pages} pages")
+        data, offset = view[src * PAGE_SIZE : (src + count) * PAGE_SIZE], dst * PAGE_SIZE
+        while data:
+            n = os.pwrite(fd, data, offset)
+            data, offset = data[n:], offset + n

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import os
 import random
 from collections.abc import Iterator
 from types import ModuleType
@@ -142,9 +143,9 @@ def test_frames_compress_or_are_stored_as_they_are(page_kinds: list[str], conten
     hashes = tuple(hasher.digest(p) for p in pages)
     compressors = [pagepath.py_compress_frame]
     if native is not None:
-        compressors.append(native.compress_frame)
+        compressors.append(native_compress)
     for compress in compressors:
-        frame = compress(data, 1)
+        frame = bytes(compress(data, 1))
         assert len(frame) <= len(data)
         if len(frame) == len(data):
             assert frame == data
@@ -153,24 +154,40 @@ def test_frames_compress_or_are_stored_as_they_are(page_kinds: list[str], conten
         assert read_frame_data("p", 0, frame, hashes, hasher) == data
 
 
+def native_compress(data: bytes, level: int) -> bytes:
+    assert native is not None
+    frame = native.compress_frame(data, level)
+    return data if frame is None else frame
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.binary(max_size=5000), max_size=8), st.booleans())
+def test_packs_are_joined_and_named_alike(parts: list[bytes], views: bool) -> None:
+    given_parts: list[bytes | memoryview] = [memoryview(p) if views else p for p in parts]
+    want = (b"".join(parts), xxhash.xxh3_128_digest(b"".join(parts)))
+    assert pagepath.py_concat_digest(given_parts) == want
+    if native is not None:
+        assert native.concat_digest(given_parts) == want
+
+
 @needs_native
 def test_incompressible_frames_are_raw_and_compressible_ones_are_not() -> None:
     assert native is not None
     rng = random.Random(5)
     noise = rng.randbytes(1024 * PAGE_SIZE)
-    assert native.compress_frame(noise, 1) == noise
-    assert native.compress_frame(noise[: 3 * PAGE_SIZE], 1) == noise[: 3 * PAGE_SIZE]
+    assert native.compress_frame(noise, 1) is None  # stored as it is
+    assert native.compress_frame(noise[: 3 * PAGE_SIZE], 1) is None
     text = b"".join(
         f'{{"id":{rng.randrange(10**7)},"ok":true}}\n'.encode() for _ in range(200_000)
     )[: 1024 * PAGE_SIZE]
-    frame = native.compress_frame(text, 1)
+    frame = native_compress(text, 1)
     assert len(frame) < len(text) // 2
     assert zstandard.ZstdDecompressor().decompress(frame) == text
     # a frame of mixed pages (random ones every other page) still compresses
     mixed = b"".join(
         (noise if i % 2 else text)[i * PAGE_SIZE : (i + 1) * PAGE_SIZE] for i in range(1024)
     )
-    assert len(native.compress_frame(mixed, 1)) < len(mixed) * 3 // 4
+    assert len(native_compress(mixed, 1)) < len(mixed) * 3 // 4
 
 
 def test_a_legacy_zstd_frame_exactly_as_long_as_its_pages_still_reads() -> None:
@@ -208,6 +225,29 @@ def test_any_damage_to_a_raw_frame_is_detected(starts_like_zstd: bool) -> None:
         read_frame_data("p", 2, data, (hashes[0], hashes[0], *hashes[2:]), hasher)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.lists(st.tuples(st.integers(0, 60), st.integers(0, 39), st.integers(0, 8)), max_size=10),
+)
+def test_runs_are_written_where_they_belong(pages: int, wanted: list[tuple[int, int, int]]) -> None:
+    rng = random.Random(pages)
+    buffer = rng.randbytes(pages * PAGE_SIZE)
+    runs = [(d, s, min(c, pages - s)) for d, s, c in wanted if s < pages]
+    expected = bytearray(70 * PAGE_SIZE)
+    for d, s, c in runs:
+        expected[d * PAGE_SIZE : (d + c) * PAGE_SIZE] = buffer[s * PAGE_SIZE : (s + c) * PAGE_SIZE]
+    writers = [pagepath.py_write_runs] + ([native.write_runs] if native is not None else [])
+    for write in writers:
+        fd = os.memfd_create("runs")
+        try:
+            os.ftruncate(fd, 70 * PAGE_SIZE)
+            write(fd, memoryview(buffer), runs)
+            assert os.pread(fd, 70 * PAGE_SIZE, 0) == expected
+        finally:
+            os.close(fd)
+
+
 @pytest.fixture(params=["native", "python"])
 def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
     if request.param == "native":
@@ -220,6 +260,7 @@ def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
         "verify_pages": staticmethod(pagepath.py_verify_pages),
         "plan_new": staticmethod(pagepath.py_plan_new),
         "compress_frame": staticmethod(pagepath.py_compress_frame),
+        "write_runs": staticmethod(pagepath.py_write_runs),
     })  # type: ignore[misc]
 
 
@@ -236,6 +277,15 @@ def test_bad_arguments_are_refused(impl: ModuleType) -> None:
         impl.compress_frame(b"", 1)
     with pytest.raises(ValueError, match="whole number"):
         impl.compress_frame(bytes(100), 1)
+    fd = os.memfd_create("bad")
+    try:
+        for run in [(0, 1, 2), (0, -1, 1), (-1, 0, 1), (0, 3, 0)]:
+            with pytest.raises(ValueError, match="outside"):
+                impl.write_runs(fd, bytes(2 * PAGE_SIZE), [run])
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        impl.write_runs(fd, bytes(PAGE_SIZE), [(0, 0, 1)])  # closed
     assert impl.hash_pages(b"", 5) == b""
     assert impl.verify_pages(b"", b"", 5) == -1
     assert impl.plan_new(b"", set(), set()) == ([], [])
