@@ -11,7 +11,13 @@ one run, side by side, repeated R times (median reported):
 
 Times are wall-clock, from the command's start to its exit, as a user sees them. Restore ends
 when the command returns (the process runs). Prints a Markdown table with ratios.
+
+``--baseline TREE`` adds a row for a second daemon running the ckptd of another source tree
+(e.g. ``git archive <commit> | tar -x -C /tmp/before``), each with its own store, in the
+same rounds: before and after side by side, in one run. The daemon of this tree runs this
+tree's code (PYTHONPATH), whatever the venv has installed.
 Usage (root): .venv/bin/python scripts/bench_daemon.py [--mib 1024] [--repeat 3]
+                  [--baseline /tmp/before]
 """
 
 from __future__ import annotations
@@ -81,15 +87,36 @@ def run_raw(mib: int, work: Path, sync: bool) -> tuple[float, float, int]:
     return t_dump, t_restore, size
 
 
-def run_ckptd(mib: int, work: Path, sock: Path) -> tuple[float, float, int]:
+class Ckptd:
+    """A daemon (and its ckptctl) running the ckptd of one source tree, with its own store."""
+
+    def __init__(self, tree: Path, work: Path) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "PYTHONPATH": str(tree)}
+        sock = work / "ckptd.sock"
+        self.ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
+        self.log = (work / "ckptd.log").open("w")
+        self.proc = subprocess.Popen(
+            [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(work / "store"),
+             "--state-dir", str(work / "state"), "--log-level", "WARNING"],
+            stderr=self.log, env=self.env,
+        )
+        while not sock.exists():
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def run_ckptd(mib: int, work: Path, d: Ckptd) -> tuple[float, float, int]:
     pid = start_workload(mib, work / "ckptd.out")
-    ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
-    t_dump, out = timed([*ctl, "dump", str(pid)])
+    t_dump, out = timed([*d.ctl, "dump", str(pid)], env=d.env)
     record = json.loads(out)
     wait_gone(pid)
-    t_restore, out = timed([*ctl, "restore", record["id"]])
+    t_restore, out = timed([*d.ctl, "restore", record["id"]], env=d.env)
     kill(json.loads(out)["pid"])
-    subprocess.run([*ctl, "delete", record["id"]], check=True, capture_output=True)
+    subprocess.run([*d.ctl, "delete", record["id"]], check=True, capture_output=True, env=d.env)
     return t_dump, t_restore, int(record["bytes"])
 
 
@@ -98,34 +125,33 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="", help="work directory (default: a temp dir in /var/tmp)")
+    ap.add_argument("--baseline", default="", help="another ckptd source tree to compare with")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
     subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "workloads")], check=True)
     work = Path(args.dir or tempfile.mkdtemp(prefix="ckptd-bench-", dir="/var/tmp"))
-    sock = work / "ckptd.sock"
-    log = (work / "ckptd.log").open("w")
-    daemon = subprocess.Popen(
-        [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(work / "store"),
-         "--log-level", "WARNING"],
-        stderr=log,
-    )
+    daemons: dict[str, Ckptd] = {}
+    rows: dict[str, list[tuple[float, float, int]]] = {"raw": [], "raw+sync": []}
     try:
-        while not sock.exists():
-            time.sleep(0.05)
-        rows: dict[str, list[tuple[float, float, int]]] = {"raw": [], "raw+sync": [], "ckptd": []}
+        if args.baseline:
+            daemons["ckptd before"] = Ckptd(Path(args.baseline).resolve(), work / "before")
+        daemons["ckptd"] = Ckptd(ROOT, work / "this")
+        rows.update({name: [] for name in daemons})
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat}", file=sys.stderr)
             rows["raw"].append(run_raw(args.mib, work, sync=False))
             rows["raw+sync"].append(run_raw(args.mib, work, sync=True))
-            rows["ckptd"].append(run_ckptd(args.mib, work, sock))
+            for name, d in daemons.items():
+                rows[name].append(run_ckptd(args.mib, work, d))
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
+        for d in daemons.values():
+            d.stop()
     med = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in rows.items()}
     raw_d, raw_r = med["raw"][0], med["raw"][1]
     print(f"\nProcess of {args.mib} MiB (`counter --mem-mib {args.mib}`), median of "
-          f"{args.repeat}; kernel {os.uname().release}, {os.cpu_count()} CPUs\n")
+          f"{args.repeat}; kernel {os.uname().release}, {os.cpu_count()} CPUs"
+          + (f"; before: {args.baseline}" if args.baseline else "") + "\n")
     print("| path | dump (s) | dump vs raw | restore (s) | restore vs raw | image bytes |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, (d, r, b) in med.items():

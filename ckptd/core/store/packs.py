@@ -15,10 +15,11 @@ A frame of exactly ``pages * PAGE_SIZE`` bytes holds its pages as they are (*raw
 not compress, docs/adr/0012-native-page-path.md); any other length is a zstd frame. Writers
 since raw frames exist never store a zstd frame that long (``compress_frame`` keeps one only
 when it is strictly shorter). Packs written before (every frame zstd) read unchanged: a zstd
-frame of exactly that length is possible there in theory only (zstd keeps a compressed block
-only when it saves 1/64 of it, more than a frame's headers), and if one is met, reading it as
-raw fails verification, so a frame of that length that does not verify and starts with the
-zstd magic number is decompressed instead. The trailer is unchanged.
+frame of exactly that length is possible there only in contrived cases (zstd keeps a
+compressed block only when it saves more than 1/64 of it, more than a frame's headers unless
+that block is one page), and if one is met, reading it as raw fails verification, so a frame
+of that length that does not verify and starts with the zstd magic number is decompressed
+instead (then verified as usual). The trailer is unchanged.
 
 A pack is immutable and named by the xxh3-128 of its bytes. The trailer alone rebuilds the
 index of every page in it. Invariant: every page in a pack is verified against its hash when
