@@ -20,6 +20,11 @@
  *       stores it as it is, and a frame exactly len(data) long is how readers know it.
  *   concat_digest(parts) -> (bytes, bytes)
  *       the parts concatenated (a pack), and its xxh3-128 (unseeded, canonical: its name).
+ *   code_runs(codes, refs) -> (list[tuple[int, int, int]], list[int])
+ *       (GIL held) for a restore's plan: the runs (position, first code, count) of
+ *       consecutive index codes, and where a page is neither located nor ZERO_REF.
+ *   gather_pages(buffer, runs) -> bytes
+ *       the pages of each run (first page, count) of `buffer`, concatenated (a frame).
  *   write_runs(fd, buffer, runs) -> None
  *       pwrite every run (page in the file, page in buffer, count) of `buffer`'s pages.
  *
@@ -477,6 +482,136 @@ done:
     return result;
 }
 
+/* ---- code_runs ---------------------------------------------------------------------------- */
+
+static PyObject *code_runs(PyObject *self, PyObject *args)
+{
+    PyObject *codes_obj, *refs_obj, *codes = NULL, *refs = NULL, *runs = NULL, *missing = NULL;
+    PyObject *result = NULL;
+    static const unsigned char zeros[HASH];
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO:code_runs", &codes_obj, &refs_obj))
+        return NULL;
+    if ((codes = PySequence_Fast(codes_obj, "codes must be a sequence")) == NULL ||
+        (refs = PySequence_Fast(refs_obj, "refs must be a sequence")) == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(codes);
+    if (PySequence_Fast_GET_SIZE(refs) != n) {
+        PyErr_SetString(PyExc_ValueError, "as many codes as references");
+        goto done;
+    }
+    if ((runs = PyList_New(0)) == NULL || (missing = PyList_New(0)) == NULL)
+        goto done;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        PyObject *c = PySequence_Fast_GET_ITEM(codes, i);
+        if (c == Py_None) {
+            PyObject *r = PySequence_Fast_GET_ITEM(refs, i);
+            if (!PyBytes_Check(r) || PyBytes_GET_SIZE(r) != HASH) {
+                PyErr_SetString(PyExc_TypeError, "a reference is 16 bytes");
+                goto done;
+            }
+            if (memcmp(PyBytes_AS_STRING(r), zeros, HASH) != 0) { /* not a zero page */
+                PyObject *at = PyLong_FromSsize_t(i);
+                if (at == NULL || PyList_Append(missing, at) < 0) {
+                    Py_XDECREF(at);
+                    goto done;
+                }
+                Py_DECREF(at);
+            }
+            i++;
+            continue;
+        }
+        long long code = PyLong_AsLongLong(c);
+        if (code == -1 && PyErr_Occurred())
+            goto done;
+        if (code < 0) {
+            PyErr_SetString(PyExc_ValueError, "codes are not negative");
+            goto done;
+        }
+        Py_ssize_t j = i + 1;
+        while (j < n) {
+            PyObject *d = PySequence_Fast_GET_ITEM(codes, j);
+            if (d == Py_None || !PyLong_Check(d))
+                break;
+            int overflow;
+            long long next = PyLong_AsLongLongAndOverflow(d, &overflow);
+            if (overflow || next != code + (long long)(j - i))
+                break;
+            j++;
+        }
+        PyObject *run = Py_BuildValue("(nLn)", i, code, j - i);
+        if (run == NULL || PyList_Append(runs, run) < 0) {
+            Py_XDECREF(run);
+            goto done;
+        }
+        Py_DECREF(run);
+        i = j;
+    }
+    result = PyTuple_Pack(2, runs, missing);
+done:
+    Py_XDECREF(missing);
+    Py_XDECREF(runs);
+    Py_XDECREF(refs);
+    Py_XDECREF(codes);
+    return result;
+}
+
+/* ---- gather_pages ------------------------------------------------------------------------ */
+
+static PyObject *gather_pages(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    PyObject *runs_obj, *seq = NULL, *out = NULL;
+    size_t *spans = NULL; /* (from, len) in bytes, pairs */
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*O:gather_pages", &buf, &runs_obj))
+        return NULL;
+    if (whole_pages(&buf) < 0)
+        goto done;
+    if ((seq = PySequence_Fast(runs_obj, "runs must be a sequence")) == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    size_t pages = (size_t)buf.len / PAGE, total = 0;
+    if ((spans = PyMem_Calloc(n > 0 ? 2 * (size_t)n : 1, sizeof *spans)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t first, count;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "nn;a run is (first, count)",
+                              &first, &count))
+            goto done;
+        if (first < 0 || count < 0 || (size_t)first > pages ||
+            (size_t)count > pages - (size_t)first) {
+            PyErr_Format(PyExc_ValueError, "run (%zd, %zd) outside %zu pages", first, count,
+                         pages);
+            goto done;
+        }
+        spans[2 * i] = (size_t)first * PAGE;
+        spans[2 * i + 1] = (size_t)count * PAGE;
+        total += (size_t)count * PAGE; /* runs may repeat: bounded by n * len, checked below */
+        if (total > (size_t)PY_SSIZE_T_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "runs too large together");
+            goto done;
+        }
+    }
+    if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total)) == NULL)
+        goto done;
+    char *dst = PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(dst, (const char *)buf.buf + spans[2 * i], spans[2 * i + 1]);
+        dst += spans[2 * i + 1];
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyMem_Free(spans);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 /* ---- write_runs ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -575,6 +710,12 @@ static PyMethodDef methods[] = {
     {"concat_digest", concat_digest, METH_O,
      "concat_digest(parts) -> (bytes, bytes): the parts concatenated, and the xxh3-128 "
      "(unseeded, canonical) of the result."},
+    {"code_runs", code_runs, METH_VARARGS,
+     "code_runs(codes, refs) -> (runs, missing): runs (position, first code, count) of "
+     "consecutive codes, and the positions whose code is None but whose ref is not ZERO_REF."},
+    {"gather_pages", gather_pages, METH_VARARGS,
+     "gather_pages(buffer, runs) -> bytes: the pages of each run (first, count) of buffer, "
+     "concatenated."},
     {"write_runs", write_runs, METH_VARARGS,
      "write_runs(fd, buffer, runs) -> None: pwrite each run (page in the file, page in "
      "buffer, count) of buffer's pages to fd."},

@@ -18,7 +18,7 @@ store, on the same process: before and after side by side, in one run. The daemo
 tree runs this tree's code (PYTHONPATH), whatever the venv has installed.
 
 Usage (root): .venv/bin/python scripts/bench_store.py [--gib 1] [--dir /var/tmp/x]
-                  [--baseline /tmp/before]
+                  [--baseline /tmp/before [--baseline-last]]
 Prints a Markdown table with ratios and the issue's targets.
 """
 
@@ -85,6 +85,9 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=1.0, help="workload size in GiB (default 1)")
     ap.add_argument("--dir", default="", help="work directory (default: new one in /var/tmp)")
     ap.add_argument("--baseline", default="", help="another ckptd source tree to compare with")
+    ap.add_argument("--baseline-last", action="store_true",
+                    help="run this tree's daemon first in each step (the first dump of a "
+                         "step can find colder caches: run both orders)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -96,9 +99,10 @@ def main() -> int:
     pids: list[int] = []
     rows: dict[str, dict[str, Any]] = {}
     try:
-        if args.baseline:
-            daemons.append(Ckptd("before", Path(args.baseline).resolve(), work / "before"))
         daemons.append(Ckptd("ckptd", ROOT, work / "this"))
+        if args.baseline:
+            before = Ckptd("before", Path(args.baseline).resolve(), work / "before")
+            daemons.insert(len(daemons) if args.baseline_last else 0, before)
         ready = work / "ready"
         subprocess.run(
             ["setsid", "sh", "-c", f"exec {BIN}/bigmem --mib {mib} --steps 0 --interval-ms 500 "

@@ -139,10 +139,7 @@ def _split_pages(
     maps.callback(_quietly, view.release)
     digests = pagepath.hash_pages(view, hasher.seed, zero_ref=True)
     refs, runs = pagepath.plan_new(digests, index.live(), fresh)
-    for first, count in runs:
-        end = first + count
-        builder.add_run(refs[first:end], view[first * PAGE_SIZE : end * PAGE_SIZE])
-    builder.cut_frame()  # a frame holds pages of one image
+    builder.add_runs(refs, view, runs)  # a frame holds pages of one image
     return refs
 
 

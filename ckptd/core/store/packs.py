@@ -201,10 +201,11 @@ class PackBuilder:
     TARGET_PACK_BYTES (``take_sealed`` hands out each group; ``build_pack`` assembles one,
     typically on another thread, so the caller never waits for compression).
 
-    Pages come in runs (``add_run``: consecutive pages of one buffer). A frame made of a single
-    run is compressed straight from that buffer, without a copy, and if it does not compress
-    it *is* that buffer until ``build_pack`` copies it into its pack: so the buffer must
-    outlive the packs of its pages.
+    Pages come in runs of consecutive pages of one buffer (``add_run``, or many at once with
+    ``add_runs``). A frame made of a single run is compressed straight from that buffer,
+    without a copy, and if it does not compress it *is* that buffer until ``build_pack``
+    copies it into its pack; frames of several runs of ``add_runs`` are gathered from it on
+    the executor: so the buffer must outlive the packs of its pages.
     """
 
     def __init__(self, executor: Executor, level: int = 1) -> None:
@@ -231,8 +232,45 @@ class PackBuilder:
             if len(self._pending_hashes) >= FRAME_PAGES:
                 self.cut_frame()
 
+    def add_runs(
+        self, hashes: Sequence[bytes], pages: memoryview, runs: Iterable[tuple[int, int]]
+    ) -> None:
+        """Queue the pages of every run (first page, count) of ``pages``, page i having hash
+        ``hashes[i]``. A frame made of several runs is gathered (``pagepath.gather_pages``,
+        one native copy) on the executor, just before its compression: no Python object per
+        page, nor per run beyond the run itself."""
+        self.cut_frame()  # a frame of runs holds pages of ``pages`` only
+        limit = FRAME_PAGES
+        spans: list[tuple[int, int]] = []
+        frame_hashes: list[bytes] = []
+        for run_first, run_count in runs:
+            first, count = run_first, run_count
+            while count:
+                take = min(count, limit - len(frame_hashes))
+                spans.append((first, take))
+                frame_hashes.extend(hashes[first : first + take])
+                first, count = first + take, count - take
+                if len(frame_hashes) == limit:
+                    self._queue_spans(pages, spans, frame_hashes)
+                    spans, frame_hashes = [], []
+        if spans:
+            self._queue_spans(pages, spans, frame_hashes)
+
+    def _queue_spans(
+        self, pages: memoryview, spans: list[tuple[int, int]], hashes: list[bytes]
+    ) -> None:
+        if len(spans) == 1:
+            first, count = spans[0]
+            data = pages[first * PAGE_SIZE : (first + count) * PAGE_SIZE]
+            self._queue(self._executor.submit(self._compress, data), hashes)
+        else:
+            self._queue(self._executor.submit(self._gather_compress, pages, spans), hashes)
+
     def _compress(self, data: bytes | memoryview) -> Frame:
         return pagepath.compress_frame(data, self._level)
+
+    def _gather_compress(self, pages: memoryview, spans: list[tuple[int, int]]) -> Frame:
+        return pagepath.compress_frame(pagepath.gather_pages(pages, spans), self._level)
 
     def cut_frame(self) -> None:
         if not self._pending:
@@ -240,10 +278,12 @@ class PackBuilder:
         data: bytes | memoryview = (
             self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         )
-        future = self._executor.submit(self._compress, data)
-        self._frames.append((future, tuple(self._pending_hashes)))
-        self._bytes_in += len(data)
+        self._queue(self._executor.submit(self._compress, data), self._pending_hashes)
         self._pending, self._pending_hashes = [], []
+
+    def _queue(self, future: Future[Frame], hashes: list[bytes]) -> None:
+        self._frames.append((future, tuple(hashes)))
+        self._bytes_in += len(hashes) * PAGE_SIZE
         # Raw bytes are a cheap proxy for the pack size until frames are compressed.
         if self._bytes_in >= TARGET_PACK_BYTES * 2:
             self._seal()

@@ -93,6 +93,24 @@ def concat_digest(parts: Sequence[Buffer]) -> tuple[bytes, bytes]:
     return py_concat_digest(parts)
 
 
+def code_runs(
+    codes: Sequence[int | None], refs: Sequence[bytes]
+) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """A restore's plan from the index's codes of ``refs`` (``PageIndex.locate``): the runs
+    (position, first code, count) of consecutive codes (consecutive pages of one frame), and
+    the positions of pages not located (code None) that are not ZERO_REF."""
+    if _native is not None:
+        return _native.code_runs(codes, refs)
+    return py_code_runs(codes, refs)
+
+
+def gather_pages(buffer: Buffer, runs: Sequence[tuple[int, int]]) -> bytes:
+    """The pages of each run (first page, count) of ``buffer``, concatenated."""
+    if _native is not None:
+        return _native.gather_pages(buffer, runs)
+    return py_gather_pages(buffer, runs)
+
+
 def write_runs(fd: int, buffer: Buffer, runs: Sequence[tuple[int, int, int]]) -> None:
     """Write each run (page in the file, page in ``buffer``, count) of ``buffer``'s pages
     at its place in ``fd``."""
@@ -169,6 +187,40 @@ def py_compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryvie
 def py_concat_digest(parts: Sequence[Buffer]) -> tuple[bytes, bytes]:
     blob = b"".join(parts)
     return blob, xxhash.xxh3_128_digest(blob)
+
+
+def py_code_runs(
+    codes: Sequence[int | None], refs: Sequence[bytes]
+) -> tuple[list[tuple[int, int, int]], list[int]]:
+    if len(codes) != len(refs):
+        raise ValueError("as many codes as references")
+    runs: list[tuple[int, int, int]] = []
+    missing: list[int] = []
+    i, n = 0, len(codes)
+    while i < n:
+        code = codes[i]
+        if code is None:
+            if refs[i] != ZERO_REF:
+                missing.append(i)
+            i += 1
+            continue
+        j = i + 1
+        while j < n and codes[j] == code + (j - i):
+            j += 1
+        runs.append((i, code, j - i))
+        i = j
+    return runs, missing
+
+
+def py_gather_pages(buffer: Buffer, runs: Sequence[tuple[int, int]]) -> bytes:
+    view = _pages(buffer)
+    pages = len(view) // PAGE_SIZE
+    parts = []
+    for first, count in runs:
+        if min(first, count) < 0 or first + count > pages:
+            raise ValueError(f"run ({first}, {count}) outside {pages} pages")
+        parts.append(view[first * PAGE_SIZE : (first + count) * PAGE_SIZE])
+    return b"".join(parts)
 
 
 def py_write_runs(fd: int, buffer: Buffer, runs: Sequence[tuple[int, int, int]]) -> None:

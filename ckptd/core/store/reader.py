@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagelist, pagepath
-from ckptd.core.store.index import IN_FRAME, SLOT_SHIFT, Frames, PageIndex, pack_key
+from ckptd.core.store.index import IN_FRAME, SLOT_SHIFT, PageIndex, pack_key
 from ckptd.core.store.manifest import FileEntry, Manifest
 from ckptd.core.store.objects import get_blob
 from ckptd.core.store.packs import read_frame_data
@@ -75,38 +75,25 @@ class PageSource:
 
     def _plan(self, refs: Sequence[bytes]) -> dict[FrameKey, list[tuple[int, int, int]]]:
         """For each frame ``refs`` need: (page in the file, index in the frame, count) of
-        every run of consecutive pages it supplies. Zero pages need no frame."""
-        codes, frames = self._locate(refs)
-        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
-        i, n = 0, len(codes)
-        while i < n:
-            code = codes[i]
-            if code is None:  # a zero page
-                i += 1
-                continue
-            j = i + 1
-            while j < n and codes[j] == code + (j - i):  # the next page of the same frame
-                j += 1
-            runs.setdefault(frames[code >> SLOT_SHIFT], []).append((i, code & IN_FRAME, j - i))
-            i = j
-        return runs
-
-    def _locate(self, refs: Sequence[bytes]) -> tuple[list[int | None], Frames]:
-        """Every page's code in the index (None for zero pages), refreshing the index once
-        if some are not in it (packs another daemon wrote)."""
+        every run of consecutive pages it supplies. Zero pages need no frame. One native
+        call finds the runs (``pagepath.code_runs``); a page in no pack refreshes the index
+        once (packs another daemon wrote), then is an error."""
         codes, frames = self._index.locate(refs)
-        missing = [r for r, c in zip(refs, codes, strict=True) if c is None and r != ZERO_REF]
+        found, missing = pagepath.code_runs(codes, refs)
         if missing:
             self._index.refresh(self._blobs)
             codes, frames = self._index.locate(refs)
-            missing = [r for r, c in zip(refs, codes, strict=True) if c is None and r != ZERO_REF]
+            found, missing = pagepath.code_runs(codes, refs)
         if missing:
             raise CorruptCheckpoint(
-                f"checkpoint {self._id}: page {missing[0].hex()} is in no pack "
+                f"checkpoint {self._id}: page {refs[missing[0]].hex()} is in no pack "
                 f"({self._lost_packs()})",
                 checkpoint_id=self._id,
             )
-        return codes, frames
+        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
+        for at, code, count in found:
+            runs.setdefault(frames[code >> SLOT_SHIFT], []).append((at, code & IN_FRAME, count))
+        return runs
 
     def _each_frame(self, keys: list[FrameKey], work: Callable[[FrameKey], T]) -> Iterator[T]:
         """``work`` of each frame of ``keys``, in order, run on the executor with a bounded

@@ -113,6 +113,37 @@ def test_sealed_packs_list_and_return_every_page(
         check_sealed(sealed, pages)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    kinds,
+    st.integers(0, 2**32),
+    frame_sizes,
+    st.lists(st.tuples(st.integers(0, 600), st.integers(1, 300)), max_size=10),
+)
+def test_runs_of_one_buffer_are_gathered_into_frames(
+    executor: ThreadPoolExecutor,
+    page_kinds: list[PageKind],
+    seed: int,
+    frame_pages: int,
+    wanted: list[tuple[int, int]],
+) -> None:
+    """``add_runs``: any runs of a buffer (gaps, repeats), cut into frames, gathered natively
+    when a frame holds several; after pages queued one by one."""
+    pages = make_pages(page_kinds, seed)
+    extra = make_pages(["random", "pattern"], seed + 1)
+    spans = [(f, min(c, len(pages) - f)) for f, c in wanted if f < len(pages)]
+    with pytest.MonkeyPatch.context() as mp:
+        if frame_pages:
+            mp.setattr(packs, "FRAME_PAGES", frame_pages)
+        builder = PackBuilder(executor)
+        for page in extra:
+            builder.add(HASHER.digest(page), memoryview(page))
+        builder.add_runs([HASHER.digest(p) for p in pages], memoryview(b"".join(pages)), spans)
+        builder.finish()
+        sealed = [build_pack(frames) for frames in builder.take_sealed()]
+    check_sealed(sealed, extra + [pages[i] for f, c in spans for i in range(f, f + c)])
+
+
 @settings(max_examples=10, deadline=None)
 @given(kinds, st.integers(0, 2**32), runs)
 def test_big_inputs_are_cut_into_several_packs(

@@ -248,6 +248,44 @@ def test_runs_are_written_where_they_belong(pages: int, wanted: list[tuple[int, 
             os.close(fd)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.lists(st.tuples(st.integers(0, 39), st.integers(0, 8)), max_size=10))
+def test_runs_are_gathered_in_order(pages: int, wanted: list[tuple[int, int]]) -> None:
+    buffer = random.Random(pages).randbytes(pages * PAGE_SIZE)
+    runs = [(f, min(c, pages - f)) for f, c in wanted if f < pages]
+    expected = b"".join(buffer[f * PAGE_SIZE : (f + c) * PAGE_SIZE] for f, c in runs)
+    assert pagepath.py_gather_pages(buffer, runs) == expected
+    if native is not None:
+        assert native.gather_pages(memoryview(buffer), runs) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(0, 6)), max_size=40), st.integers(0, 2**30))
+def test_restore_plans_are_identical(steps: list[int | None], base: int) -> None:
+    """Codes as the index gives them: None (a zero page, or a page in no pack), else
+    consecutive or not; a run is a stretch of codes each one more than the last."""
+    codes: list[int | None] = []
+    refs: list[bytes] = []
+    code = base << 32
+    for k, step in enumerate(steps):
+        if step is None:
+            codes.append(None)
+            refs.append(ZERO_REF if k % 3 else bytes([k + 1]) * HASH_SIZE)
+        else:
+            code += step  # 1: the next page of the frame
+            codes.append(code)
+            refs.append(bytes([k + 1]) * HASH_SIZE)
+    runs, missing = pagepath.py_code_runs(codes, refs)
+    assert missing == [i for i, c in enumerate(codes) if c is None and refs[i] != ZERO_REF]
+    covered = [(at + k, first + k) for at, first, n in runs for k in range(n)]
+    assert covered == [(i, c) for i, c in enumerate(codes) if c is not None]
+    assert all(
+        not (a + n == b and f + n == g) for (a, f, n), (b, g, _) in itertools.pairwise(runs)
+    )  # maximal
+    if native is not None:
+        assert native.code_runs(codes, refs) == (runs, missing)
+
+
 @pytest.fixture(params=["native", "python"])
 def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
     if request.param == "native":
@@ -261,6 +299,8 @@ def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
         "plan_new": staticmethod(pagepath.py_plan_new),
         "compress_frame": staticmethod(pagepath.py_compress_frame),
         "write_runs": staticmethod(pagepath.py_write_runs),
+        "gather_pages": staticmethod(pagepath.py_gather_pages),
+        "code_runs": staticmethod(pagepath.py_code_runs),
     })  # type: ignore[misc]
 
 
@@ -286,6 +326,12 @@ def test_bad_arguments_are_refused(impl: ModuleType) -> None:
         os.close(fd)
     with pytest.raises(OSError):
         impl.write_runs(fd, bytes(PAGE_SIZE), [(0, 0, 1)])  # closed
+    for run in [(1, 2), (-1, 1), (0, -1), (3, 0)]:
+        with pytest.raises(ValueError, match="outside"):
+            impl.gather_pages(bytes(2 * PAGE_SIZE), [run])
+    with pytest.raises(ValueError, match="as many"):
+        impl.code_runs([None], [])
+    assert impl.code_runs([], []) == ([], [])
     assert impl.hash_pages(b"", 5) == b""
     assert impl.verify_pages(b"", b"", 5) == -1
     assert impl.plan_new(b"", set(), set()) == ([], [])
