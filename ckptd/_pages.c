@@ -10,17 +10,17 @@
  *       zero_ref=True: a page of zeros gives 16 zero bytes (ZERO_REF) and is not hashed.
  *   verify_pages(buffer, hashes, seed, threads=0) -> int
  *       index of the first page whose hash is not the one in `hashes`, -1 if none.
- *   plan_new(refs, known, fresh) -> (list[bytes], list[tuple[int, int]])
+ *   plan_new(refs, known, fresh, start=0) -> (list[bytes], list[tuple[int, int]])
  *       (GIL held: it looks up Python containers) the references one by one, and the
  *       runs (first page, count) of pages neither zero, `in known`, nor in the set `fresh`
- *       (first occurrences only; each is added to `fresh`).
+ *       (first occurrences only; each is added to `fresh`); pages numbered from `start`.
  *   compress_frame(data, level) -> bytes | None
  *       a zstd frame of `data`, always strictly shorter than it; None when `data` does not
  *       compress (decided on a sample of its pages, confirmed on the result): the caller
  *       stores it as it is, and a frame exactly len(data) long is how readers know it.
  *   concat_digest(parts) -> (bytes, bytes)
  *       the parts concatenated (a pack), and its xxh3-128 (unseeded, canonical: its name).
- *   code_runs(codes, refs) -> (list[tuple[int, int, int]], list[int])
+ *   code_runs(codes, refs, start=0) -> (list[tuple[int, int, int]], list[int])
  *       (GIL held) for a restore's plan: the runs (position, first code, count) of
  *       consecutive index codes, and where a page is neither located nor ZERO_REF.
  *   gather_pages(buffer, runs) -> bytes
@@ -38,6 +38,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,8 +114,21 @@ static void run_split(void *(*fn)(void *), const job_t *proto, size_t pages, int
         jobs[i].end = at;
         jobs[i].bad = SIZE_MAX;
     }
+    /* helpers block every signal (Python handles them on its own threads) and need
+     * little stack */
+    sigset_t all, old;
+    pthread_attr_t attr;
+    int have_attr = n > 1 && pthread_attr_init(&attr) == 0;
+    if (have_attr)
+        pthread_attr_setstacksize(&attr, 512 * 1024);
+    sigfillset(&all);
+    int masked = n > 1 && pthread_sigmask(SIG_SETMASK, &all, &old) == 0;
     for (int i = 1; i < n; i++)
-        started[i] = pthread_create(&tid[i], NULL, fn, &jobs[i]) == 0;
+        started[i] = pthread_create(&tid[i], have_attr ? &attr : NULL, fn, &jobs[i]) == 0;
+    if (masked)
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (have_attr)
+        pthread_attr_destroy(&attr);
     fn(&jobs[0]);
     for (int i = 1; i < n; i++) {
         if (started[i])
@@ -294,8 +308,13 @@ static PyObject *plan_new(PyObject *self, PyObject *args)
     PyObject *known, *fresh, *list = NULL, *runs = NULL, *zero = NULL, *result = NULL;
     static const unsigned char zeros[HASH];
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*OO:plan_new", &refs, &known, &fresh))
+    Py_ssize_t start = 0;
+    if (!PyArg_ParseTuple(args, "y*OO|n:plan_new", &refs, &known, &fresh, &start))
         return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "start must not be negative");
+        goto done;
+    }
     if (!PyAnySet_Check(fresh) || PyFrozenSet_Check(fresh)) {
         PyErr_SetString(PyExc_TypeError, "fresh must be a set");
         goto done;
@@ -334,12 +353,12 @@ static PyObject *plan_new(PyObject *self, PyObject *args)
             run_len++;
             continue;
         }
-        if (flush_run(runs, run_first, run_len) < 0)
+        if (flush_run(runs, (size_t)start + run_first, run_len) < 0)
             goto done;
         run_first = i;
         run_len = 1;
     }
-    if (flush_run(runs, run_first, run_len) < 0)
+    if (flush_run(runs, (size_t)start + run_first, run_len) < 0)
         goto done;
     result = PyTuple_Pack(2, list, runs);
 done:
@@ -490,8 +509,13 @@ static PyObject *code_runs(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     static const unsigned char zeros[HASH];
     (void)self;
-    if (!PyArg_ParseTuple(args, "OO:code_runs", &codes_obj, &refs_obj))
+    Py_ssize_t start = 0;
+    if (!PyArg_ParseTuple(args, "OO|n:code_runs", &codes_obj, &refs_obj, &start))
         return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "start must not be negative");
+        return NULL;
+    }
     if ((codes = PySequence_Fast(codes_obj, "codes must be a sequence")) == NULL ||
         (refs = PySequence_Fast(refs_obj, "refs must be a sequence")) == NULL)
         goto done;
@@ -512,7 +536,7 @@ static PyObject *code_runs(PyObject *self, PyObject *args)
                 goto done;
             }
             if (memcmp(PyBytes_AS_STRING(r), zeros, HASH) != 0) { /* not a zero page */
-                PyObject *at = PyLong_FromSsize_t(i);
+                PyObject *at = PyLong_FromSsize_t(start + i);
                 if (at == NULL || PyList_Append(missing, at) < 0) {
                     Py_XDECREF(at);
                     goto done;
@@ -540,7 +564,7 @@ static PyObject *code_runs(PyObject *self, PyObject *args)
                 break;
             j++;
         }
-        PyObject *run = Py_BuildValue("(nLn)", i, code, j - i);
+        PyObject *run = Py_BuildValue("(nLn)", start + i, code, j - i);
         if (run == NULL || PyList_Append(runs, run) < 0) {
             Py_XDECREF(run);
             goto done;

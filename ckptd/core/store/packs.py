@@ -123,10 +123,11 @@ def read_frame_data(
     native call, ``pagepath``); a raw frame is returned as it is, a zstd frame decompressed."""
     size = len(hashes) * PAGE_SIZE
     expected = b"".join(hashes)
+    # threads=1: a frame is at most 4 MiB, and readers verify frames in parallel
     if not hashes or len(expected) != len(hashes) * HASH_SIZE:
         raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: malformed page hashes")
     if len(raw) == size:  # stored as they are
-        bad = pagepath.verify_pages(raw, expected, hasher.seed)
+        bad = pagepath.verify_pages(raw, expected, hasher.seed, threads=1)
         if bad < 0:
             return raw
         if not raw.startswith(ZSTD_MAGIC):
@@ -137,7 +138,7 @@ def read_frame_data(
             raise _mismatch(pack_id, frame_no, bad) from None
     else:
         data = _decompress(pack_id, frame_no, raw, size)
-    bad = pagepath.verify_pages(data, expected, hasher.seed)
+    bad = pagepath.verify_pages(data, expected, hasher.seed, threads=1)
     if bad >= 0:
         raise _mismatch(pack_id, frame_no, bad)
     return data

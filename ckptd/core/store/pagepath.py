@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GIL_CHUNK = 1 << 16
+"""Pages per native call of the steps that hold the GIL (``plan_new``, ``code_runs``: a few
+ms each), so that a huge image does not keep the daemon's other threads waiting."""
+
 try:
     from ckptd import _pages as _native
 except ImportError:  # not built: no compiler, libzstd-dev or libxxhash-dev at install time
@@ -56,11 +60,12 @@ def hash_pages(buffer: Buffer, seed: int, *, zero_ref: bool = False) -> bytes:
     return py_hash_pages(buffer, seed, zero_ref=zero_ref)
 
 
-def verify_pages(buffer: Buffer, hashes: Buffer, seed: int) -> int:
+def verify_pages(buffer: Buffer, hashes: Buffer, seed: int, *, threads: int = 0) -> int:
     """The index of the first page of ``buffer`` whose hash is not its 16 bytes in
-    ``hashes``; -1 if every page matches."""
+    ``hashes``; -1 if every page matches. ``threads``: 0 splits a big buffer over the CPUs;
+    1 for one frame among many already verified in parallel."""
     if _native is not None:
-        return _native.verify_pages(buffer, hashes, seed)
+        return _native.verify_pages(buffer, hashes, seed, threads=threads)
     return py_verify_pages(buffer, hashes, seed)
 
 
@@ -70,9 +75,22 @@ def plan_new(
     """``refs`` (16 bytes each) as a list, and the runs (first, count) of consecutive pages
     to store: not ZERO_REF, not ``in known``, not in ``fresh`` nor earlier in ``refs`` (each
     one planned is added to ``fresh``)."""
-    if _native is not None:
-        return _native.plan_new(refs, known, fresh)
-    return py_plan_new(refs, known, fresh)
+    if _native is None:
+        return py_plan_new(refs, known, fresh)
+    view = memoryview(refs).cast("B")
+    if len(view) % HASH_SIZE:
+        raise ValueError(f"references of {len(view)} bytes are not a whole number")
+    out: list[bytes] = []
+    runs: list[tuple[int, int]] = []
+    step = GIL_CHUNK * HASH_SIZE
+    for at in range(0, len(view), step):  # the GIL may pass to other threads between chunks
+        part, part_runs = _native.plan_new(view[at : at + step], known, fresh, at // HASH_SIZE)
+        if runs and part_runs and sum(runs[-1]) == part_runs[0][0]:  # a run across chunks
+            runs[-1] = (runs[-1][0], runs[-1][1] + part_runs[0][1])
+            del part_runs[0]
+        out += part
+        runs += part_runs
+    return out, runs
 
 
 def compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryview:
@@ -99,9 +117,19 @@ def code_runs(
     """A restore's plan from the index's codes of ``refs`` (``PageIndex.locate``): the runs
     (position, first code, count) of consecutive codes (consecutive pages of one frame), and
     the positions of pages not located (code None) that are not ZERO_REF."""
-    if _native is not None:
-        return _native.code_runs(codes, refs)
-    return py_code_runs(codes, refs)
+    if _native is None:
+        return py_code_runs(codes, refs)
+    if len(codes) != len(refs):
+        raise ValueError("as many codes as references")
+    runs: list[tuple[int, int, int]] = []
+    missing: list[int] = []
+    for at in range(0, len(codes), GIL_CHUNK):  # the GIL may pass between chunks
+        part_runs, part_missing = _native.code_runs(
+            codes[at : at + GIL_CHUNK], refs[at : at + GIL_CHUNK], at
+        )
+        runs += part_runs  # a run across chunks stays two runs: two writes, same pages
+        missing += part_missing
+    return runs, missing
 
 
 def gather_pages(buffer: Buffer, runs: Sequence[tuple[int, int]]) -> bytes:

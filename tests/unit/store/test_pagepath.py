@@ -132,6 +132,31 @@ def test_dedup_plans_are_identical(
         assert fresh_c == fresh_py
 
 
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(kinds, st.integers(0, 2**32), st.integers(1, 7), st.data())
+def test_plans_made_in_chunks_are_the_same(
+    page_kinds: list[str], content: int, chunk: int, data: st.DataObject
+) -> None:
+    """The steps that hold the GIL run in chunks (``GIL_CHUNK`` pages per native call): the
+    same dedup plan, and restore runs that cover the same pages in the same places."""
+    pages = make_pages(page_kinds, content)
+    refs = reference(pages, 3, zero_ref=True)
+    listed = [refs[i : i + HASH_SIZE] for i in range(0, len(refs), HASH_SIZE)]
+    known = set(data.draw(st.lists(st.sampled_from(listed))) if listed else [])
+    codes = [None if r == ZERO_REF or r in known else (7 << 32) + i for i, r in enumerate(listed)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pagepath, "GIL_CHUNK", chunk)
+        fresh_a: set[bytes] = set()
+        assert pagepath.plan_new(refs, known, fresh_a) == pagepath.py_plan_new(refs, known, set())
+        runs, missing = pagepath.code_runs(codes, listed)
+    want_runs, want_missing = pagepath.py_code_runs(codes, listed)
+    assert missing == want_missing
+    assert {(a + k, c + k) for a, c, n in runs for k in range(n)} == {
+        (a + k, c + k) for a, c, n in want_runs for k in range(n)
+    }
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from(PAGE_KINDS), min_size=1, max_size=200), st.integers(0, 2**32))
 def test_frames_compress_or_are_stored_as_they_are(page_kinds: list[str], content: int) -> None:
