@@ -14,7 +14,10 @@ when the command returns (the process runs). Prints a Markdown table with ratios
 ``--criu PATH`` (repeatable; default $CKPTD_CRIU or /usr/local/sbin/criu) compares CRIU
 binaries in the same run: raw CRIU and a daemon of its own (``ckptd --criu PATH``) for each,
 taken in turn within every round; ratios are against raw dump/restore of the same binary.
+``--baseline TREE`` adds a daemon running the ckptd of another source tree (e.g. ``git archive
+<commit> | tar -x -C /tmp/before``; PYTHONPATH) as the row ``ckptd-before``, in the same rounds.
 Usage (root): .venv/bin/python scripts/bench_daemon.py [--mib 1024] [--repeat 3] [--criu PATH]...
+                  [--stream] [--baseline /tmp/before]
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ def main() -> int:
                     help=f"CRIU binary (repeatable: compared side by side; default {CRIU})")
     ap.add_argument("--stream", action="store_true",
                     help="also a daemon with stream_pages = true for each CRIU (ckptd-stream)")
+    ap.add_argument("--baseline", default="", help="another ckptd source tree (ckptd-before)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -120,17 +124,19 @@ def main() -> int:
     try:
         (work / "stream.toml").write_text("stream_pages = true\n")
         paths = ["ckptd", "ckptd-stream"] if args.stream else ["ckptd"]
+        paths += ["ckptd-before"] if args.baseline else []
         for n, criu in enumerate(crius):
             for path in paths:
-                tag = f"{n}{'s' if path == 'ckptd-stream' else ''}"
+                tag = f"{n}{path.removeprefix('ckptd')}"
                 sock = work / f"ckptd{tag}.sock"
                 log = (work / f"ckptd{tag}.log").open("w")
-                extra = ["--config", str(work / "stream.toml")] if path != "ckptd" else []
+                extra = ["--config", str(work / "stream.toml")] if path == "ckptd-stream" else []
+                tree = Path(args.baseline).resolve() if path == "ckptd-before" else ROOT
                 daemons[f"{criu} {path}"] = (subprocess.Popen(
                     [str(VENV / "ckptd"), "--socket", str(sock), "--store",
                      str(work / f"store{tag}"), "--state-dir", str(work / f"state{tag}"),
                      "--criu", criu, "--log-level", "WARNING", *extra],
-                    stderr=log,
+                    stderr=log, env={**os.environ, "PYTHONPATH": str(tree)},
                 ), sock)
         for _, sock in daemons.values():
             while not sock.exists():

@@ -12,7 +12,13 @@ records) is checkpointed, in one run, side by side:
       time; compared with the zstd -1 size of exactly the pages that changed
   (e) restore: raw `criu restore -d` vs `ckptctl restore`, time until the process runs
 
+``--baseline TREE`` runs (c)-(e) also through a second daemon running the ckptd of another
+source tree (e.g. ``git archive <commit> | tar -x -C /tmp/before``), each with its own
+store, on the same process: before and after side by side, in one run. The daemon of this
+tree runs this tree's code (PYTHONPATH), whatever the venv has installed.
+
 Usage (root): .venv/bin/python scripts/bench_store.py [--gib 1] [--dir /var/tmp/x]
+                  [--baseline /tmp/before [--baseline-last]]
 Prints a Markdown table with ratios and the issue's targets.
 """
 
@@ -28,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -46,10 +53,41 @@ VENV = Path(sys.executable).parent
 
 
 
+class Ckptd:
+    """A daemon (and its ckptctl) running the ckptd of one source tree, with its own store."""
+
+    def __init__(self, name: str, tree: Path, work: Path) -> None:
+        self.name, self.work = name, work
+        work.mkdir(parents=True)
+        self.env = {**os.environ, "PYTHONPATH": str(tree)}
+        sock = work / "ckptd.sock"
+        self.ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
+        self.log = (work / "ckptd.log").open("w")
+        self.proc = subprocess.Popen(
+            [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(work / "store"),
+             "--state-dir", str(work / "state"), "--log-level", "WARNING"],
+            stderr=self.log, env=self.env,
+        )
+        while not sock.exists():
+            time.sleep(0.05)
+
+    def run(self, *args: str) -> tuple[float, dict[str, Any]]:
+        t, text = timed([*self.ctl, *args], env=self.env)
+        return t, json.loads(text)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="ckptd store benchmark")
     ap.add_argument("--gib", type=float, default=1.0, help="workload size in GiB (default 1)")
     ap.add_argument("--dir", default="", help="work directory (default: new one in /var/tmp)")
+    ap.add_argument("--baseline", default="", help="another ckptd source tree to compare with")
+    ap.add_argument("--baseline-last", action="store_true",
+                    help="run this tree's daemon first in each step (the first dump of a "
+                         "step can find colder caches: run both orders)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -57,17 +95,14 @@ def main() -> int:
     subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "workloads")], check=True)
     work = Path(args.dir or tempfile.mkdtemp(prefix="ckptd-bench-store-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
-    sock = work / "ckptd.sock"
-    ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
-    log = (work / "ckptd.log").open("w")
-    daemon = subprocess.Popen(
-        [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(work / "store"),
-         "--log-level", "WARNING"], stderr=log,
-    )
+    daemons: list[Ckptd] = []
     pids: list[int] = []
+    rows: dict[str, dict[str, Any]] = {}
     try:
-        while not sock.exists():
-            time.sleep(0.05)
+        daemons.append(Ckptd("ckptd", ROOT, work / "this"))
+        if args.baseline:
+            before = Ckptd("before", Path(args.baseline).resolve(), work / "before")
+            daemons.insert(len(daemons) if args.baseline_last else 0, before)
         ready = work / "ready"
         subprocess.run(
             ["setsid", "sh", "-c", f"exec {BIN}/bigmem --mib {mib} --steps 0 --interval-ms 500 "
@@ -94,18 +129,22 @@ def main() -> int:
         t_b, _ = timed(["sh", "-c", f"tar -C {raw} -cf - . | zstd -1 -T0 -q -o {work}/raw.tar.zst"])
         bytes_b = (work / "raw.tar.zst").stat().st_size
 
-        # (c) ckptd full checkpoint into an empty store
-        t_c, text = timed([*ctl, "dump", str(pid), "--leave-running", "--name", "bench"])
-        c = json.loads(text)
+        # (c) full checkpoint into an empty store, by each daemon
+        for d in daemons:
+            t, c = d.run("dump", str(pid), "--leave-running", "--name", "bench")
+            rows[d.name] = {"t_c": t, "c": c}
 
         # (d) after a 5% rewrite
         # stdout is /dev/null (a growing file could not be restored from the older raw dump);
         # the rewrite happens at the next step: wait for two steps of 0.5 s.
         os.kill(pid, signal.SIGUSR1)
         time.sleep(1.5)
-        t_d, text = timed([*ctl, "dump", str(pid), "--leave-running", "--name", "bench"])
-        d = json.loads(text)
-        changed, changed_zstd = changed_pages(work / "store", c["id"], d["id"])
+        for d in daemons:
+            t, dd = d.run("dump", str(pid), "--leave-running", "--name", "bench")
+            rows[d.name].update(t_d=t, d=dd)
+        this = rows["ckptd"]
+        changed, changed_zstd = changed_pages(work / "this" / "store", this["c"]["id"],
+                                              this["d"]["id"])
 
         # (e) restores
         kill(pid)
@@ -113,17 +152,17 @@ def main() -> int:
             [CRIU, "restore", "-D", str(raw), "-d", "-o", "restore.log", *CRIU_FLAGS]
         )
         kill(pid)
-        t_e, text = timed([*ctl, "restore", d["id"]])
-        restored = json.loads(text)["pid"]
-        pids.append(restored)
-        time.sleep(0.5)
-        alive = Path(f"/proc/{restored}").exists()
-        kill(restored)
+        for d in daemons:
+            t, restored = d.run("restore", rows[d.name]["d"]["id"])
+            pids.append(restored["pid"])
+            time.sleep(0.5)
+            rows[d.name].update(t_e=t, alive=Path(f"/proc/{restored['pid']}").exists())
+            kill(restored["pid"])
     finally:
         for p in pids:
             kill(p)
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
+        for d in daemons:
+            d.stop()
 
     def ok(flag: bool) -> str:
         return "met" if flag else "**missed**"
@@ -135,18 +174,25 @@ def main() -> int:
     print(f"| (a) raw `criu dump` | {t_a:.2f} | {frozen_a:.2f} | {bytes_a:,} | 1.00x | |")
     print(f"| (b) (a) + `zstd -1 -T0` | {t_a + t_b:.2f} | {frozen_a:.2f} | {bytes_b:,} | "
           f"time {(t_a + t_b) / t_a:.2f}x (a) | |")
-    print(f"| (c) ckptd full | {t_c:.2f} | {c['frozen_s']:.2f} | {c['bytes_new']:,} | "
-          f"time {t_c / t_a:.2f}x (a), bytes {c['bytes_new'] / bytes_b:.2f}x (b), frozen "
-          f"{c['frozen_s'] / frozen_a:.2f}x (a) | time <= 1.0x: {ok(t_c <= t_a)}; bytes <= "
-          f"1.0x: {ok(c['bytes_new'] <= bytes_b)}; frozen <= 1.1x: "
-          f"{ok(c['frozen_s'] <= 1.1 * frozen_a)} |")
-    print(f"| (d) ckptd after 5% rewrite | {t_d:.2f} | {d['frozen_s']:.2f} | {d['bytes_new']:,} "
-          f"| bytes {d['bytes_new'] / changed_zstd:.2f}x zstd of the {changed:,} changed pages "
-          f"({changed_zstd:,} B); time {t_d / t_c:.2f}x (c) | bytes <= 1.2x: "
-          f"{ok(d['bytes_new'] <= 1.2 * changed_zstd)}; time <= 0.5x: {ok(t_d <= 0.5 * t_c)} |")
+    for name, r in rows.items():
+        c, d, t_c, t_d = r["c"], r["d"], r["t_c"], r["t_d"]
+        label = "ckptd" if name == "ckptd" else f"ckptd {name} ({args.baseline})"
+        print(f"| (c) {label} full | {t_c:.2f} | {c['frozen_s']:.2f} | {c['bytes_new']:,} | "
+              f"time {t_c / t_a:.2f}x (a), bytes {c['bytes_new'] / bytes_b:.2f}x (b), frozen "
+              f"{c['frozen_s'] / frozen_a:.2f}x (a) | time <= 1.0x: {ok(t_c <= t_a)}; bytes <= "
+              f"1.0x: {ok(c['bytes_new'] <= bytes_b)}; frozen <= 1.1x: "
+              f"{ok(c['frozen_s'] <= 1.1 * frozen_a)} |")
+        print(f"| (d) {label} after 5% rewrite | {t_d:.2f} | {d['frozen_s']:.2f} | "
+              f"{d['bytes_new']:,} | bytes {d['bytes_new'] / changed_zstd:.2f}x zstd of the "
+              f"{changed:,} changed pages ({changed_zstd:,} B); time {t_d / t_c:.2f}x (c) | "
+              f"bytes <= 1.2x: {ok(d['bytes_new'] <= 1.2 * changed_zstd)}; time <= 0.5x: "
+              f"{ok(t_d <= 0.5 * t_c)} |")
     print(f"| (e) raw `criu restore` | {t_e_raw:.2f} | | | 1.00x | |")
-    print(f"| (e) `ckptctl restore` | {t_e:.2f} | | | {t_e / t_e_raw:.2f}x raw | <= 1.2x: "
-          f"{ok(t_e <= 1.2 * t_e_raw)} (restored process alive: {alive}) |")
+    for name, r in rows.items():
+        label = "ckptd" if name == "ckptd" else f"ckptd {name}"
+        t_e = r["t_e"]
+        print(f"| (e) `ckptctl restore` ({label}) | {t_e:.2f} | | | {t_e / t_e_raw:.2f}x raw | "
+              f"<= 1.2x: {ok(t_e <= 1.2 * t_e_raw)} (restored process alive: {r['alive']}) |")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

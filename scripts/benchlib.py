@@ -12,10 +12,10 @@ CRIU = os.environ.get("CKPTD_CRIU", "/usr/local/sbin/criu")
 CRIU_FLAGS = ["--shell-job", "--file-locks", "-v4"]
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
     """Run ``cmd``; (wall seconds, stdout). Exits the benchmark, with stderr, if it fails."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     dt = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(map(str, cmd))} failed:\n{proc.stderr[-3000:]}")

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up everything ckptd needs on a Debian 12 host (as root). Idempotent and quick the
 # second time:
-#   - system packages (compiler, zstd, python3-venv, systemd tools),
+#   - system packages (compiler, zstd, libzstd-dev and libxxhash-dev for the store's native
+#     page path ckptd._pages, python3-venv, systemd tools),
 #   - a CRIU that works on this kernel (scripts/install-criu.sh),
-#   - .venv in the checkout with ckptd, its GPU packages (ckptd[gpu]: cuda-python,
-#     nvidia-ml-py; they install and import without a GPU or driver) and its dev tools,
+#   - .venv in the checkout with ckptd (its C extension built in place by pip install -e),
+#     its GPU packages (ckptd[gpu]: cuda-python, nvidia-ml-py; they install and import
+#     without a GPU or driver) and its dev tools,
 #   - the native test workloads (native/workloads/bin).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +19,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-PKGS=(gcc make zstd python3 python3-venv python3-dev systemd iproute2 procps openssl util-linux)
+PKGS=(gcc make zstd libzstd-dev libxxhash-dev python3 python3-venv python3-dev systemd iproute2
+      procps openssl util-linux)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -33,12 +36,13 @@ bash scripts/install-criu.sh
 PY=${PYTHON:-python3}
 stamp=.venv/.ckptd-installed
 extras=dev,gpu
-want=$({ cat pyproject.toml; echo "extras=$extras"; } | sha256sum | cut -c1-16)
+# reinstalled when the package's build inputs change (the C extension's too) or it is missing
+want=$({ cat pyproject.toml setup.py ckptd/_pages.c; echo "extras=$extras"; } | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ]; then
     log "creating .venv with $($PY --version)"
     "$PY" -m venv .venv
 fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! compgen -G 'ckptd/_pages*.so' >/dev/null; then
     log "installing ckptd[$extras] into .venv"
     if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
            .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"; } \
@@ -48,6 +52,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         exit 1
     fi
     echo "$want" > "$stamp"
+fi
+if ! .venv/bin/python -c 'import ckptd._pages' 2>/dev/null; then
+    log "WARNING: ckptd._pages did not build (see .venv/pip.log): the store runs its slow" \
+        "pure-Python page path"
 fi
 
 make -s -C native/workloads all

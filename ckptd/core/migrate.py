@@ -33,7 +33,8 @@ import zstandard
 from ckptd.core.events import EventBus
 from ckptd.core.ports import Clock, PageExchange, PeerConnector, PeerLink, PeerSession
 from ckptd.core.recipe import ProgressSink, Step, run_steps
-from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
+from ckptd.core.store import pagepath
+from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -318,16 +319,17 @@ def _compress(data: bytes, level: int) -> bytes:
 
 
 def _page_refs(path: Path, size: int, hasher: PageHasher) -> list[bytes]:
-    """Every page's reference in ``hasher``'s hash space (ZERO_REF for zero pages)."""
+    """Every page's reference in ``hasher``'s hash space (ZERO_REF for zero pages): one
+    native call for the whole image (``pagepath``)."""
     if size == 0:
         return []
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = memoryview(mm)
+        view = memoryview(mm)[:size]
         try:
-            return [hasher.page_ref(view[off : off + PAGE_SIZE]) for off in range(0, size,
-                                                                                 PAGE_SIZE)]
+            refs = pagepath.hash_pages(view, hasher.seed, zero_ref=True)
         finally:
             view.release()
+    return [refs[i : i + HASH_SIZE] for i in range(0, len(refs), HASH_SIZE)]
 
 
 def _runs(indices: list[int], limit: int) -> Iterator[tuple[int, int]]:

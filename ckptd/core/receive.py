@@ -31,6 +31,7 @@ import zstandard
 
 from ckptd.core.compat import refuse_unless_compatible
 from ckptd.core.ports import CheckpointStore, Clock, PageExchange
+from ckptd.core.store import pagepath
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.domain import (
     CheckpointRecord,
@@ -226,16 +227,15 @@ class Receiver:
                 checkpoint_id=s.record.id,
             )
         view = memoryview(data)
-        digest = s.hasher.digest
-        for i in range(count):
-            at = (first + i) * HASH_SIZE
-            want = bytes(refs[at : at + HASH_SIZE])
-            got = digest(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
-            if want == ZERO_REF or got != want:
-                raise CorruptCheckpoint(
-                    f"image {name}: page {first + i} does not match its hash",
-                    checkpoint_id=s.record.id,
-                )
+        wants = bytes(refs[first * HASH_SIZE : (first + count) * HASH_SIZE])
+        bad = [i for i in range(count) if wants[i * HASH_SIZE : (i + 1) * HASH_SIZE] == ZERO_REF]
+        bad.append(pagepath.verify_pages(data, wants, s.hasher.seed))  # one native call
+        bad = [i for i in bad if i >= 0]
+        if bad:
+            raise CorruptCheckpoint(
+                f"image {name}: page {first + min(bad)} does not match its hash",
+                checkpoint_id=s.record.id,
+            )
         fd = os.open(images / name, os.O_WRONLY | os.O_CLOEXEC)
         try:
             done = 0

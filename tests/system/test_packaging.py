@@ -70,3 +70,11 @@ def test_console_scripts_installed() -> None:
         proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stderr
         assert "usage" in proc.stdout.lower()
+
+
+def test_the_native_page_path_is_built() -> None:
+    """scripts/setup.sh builds ckptd._pages (pip install -e, with libzstd-dev and
+    libxxhash-dev): without it the store runs its slow pure-Python page path."""
+    from ckptd.core.store import pagepath
+
+    assert pagepath.is_native(), "ckptd._pages is not built: run scripts/setup.sh"

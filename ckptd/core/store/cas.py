@@ -23,15 +23,16 @@ import os
 import secrets
 import shutil
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckptd.core.ports import BlobStore, Clock, PageSink
-from ckptd.core.store import pagelist
+from ckptd.core.store import pagelist, pagepath
 from ckptd.core.store.condemned import Condemned, load_condemned
-from ckptd.core.store.index import PageIndex, pack_key
+from ckptd.core.store.index import SLOT_SHIFT, PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
 from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import (
@@ -118,8 +119,10 @@ class ContentStore:
         self._level = level
         self.gc_grace_s = gc_grace_s
         self._condemned = Condemned()
+        pagepath.warn_if_slow()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zstd")
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packs")
+        # two: one assembles a pack (a native copy, no GIL) while the other writes one
+        self._writer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packs")
         self._secret = self._load_secret()
         self._hashers: dict[int, PageHasher] = {}
         self._manifests: dict[str, Manifest] = {}
@@ -274,21 +277,19 @@ class ContentStore:
     ) -> tuple[builtins.list[str], int]:
         """The packs ``refs`` live in, and the bytes the checkpoint occupies if it were alone:
         its pages' share of their compressed frames, plus its blobs."""
-        per_frame: dict[tuple[str, int], int] = {}
-        get = self.index.get
-        for ref in refs:
-            loc = get(ref)
-            if loc is not None:
-                key = (loc.pack_id, loc.frame)
-                per_frame[key] = per_frame.get(key, 0) + 1
+        codes, frames = self.index.locate(refs)
+        per_slot = Counter(code >> SLOT_SHIFT for code in codes if code is not None)
+        packs: set[str] = set()
         total = 0.0
-        for (pack_id, frame_no), count in per_frame.items():
+        for slot, count in per_slot.items():
+            pack_id, frame_no = frames[slot]
+            packs.add(pack_id)
             frame = self.index.packs[pack_id].frames[frame_no]
             total += frame.length * count / len(frame.hashes)
         for b in blobs:
             with contextlib.suppress(BlobNotFound):
                 total += self._blobs.size(blob_key(b))
-        return sorted({pack_id for pack_id, _ in per_frame}), int(total)
+        return sorted(packs), int(total)
 
     def _bases_from(
         self, parent_id: str, uid: int
@@ -434,8 +435,8 @@ class ContentStore:
     def lacks(self, uid: int, refs: Sequence[bytes]) -> builtins.list[int]:
         del uid  # references are already in the uid's hash space
         self.index.refresh(self._blobs)  # packs another daemon sharing the store wrote
-        contains = self.index.contains
-        return [i for i, r in enumerate(refs) if r != ZERO_REF and not contains(r)]
+        live = self.index.live()
+        return [i for i, r in enumerate(refs) if r != ZERO_REF and r not in live]
 
     def fill_pages(
         self, uid: int, path: Path, refs: Sequence[bytes], skip: frozenset[int]

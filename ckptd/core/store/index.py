@@ -7,6 +7,7 @@ backend lists). Thread-safe.
 from __future__ import annotations
 
 import threading
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from ckptd.core.ports import BlobStore
@@ -18,6 +19,7 @@ from ckptd.core.store.packs import (
     decode_trailer,
     parse_footer,
 )
+from ckptd.core.store.pagehash import ZERO_REF
 from ckptd.errors import CkptdError, CorruptCheckpoint
 
 PACK_PREFIX = "packs/"
@@ -34,6 +36,12 @@ class Location:
     index: int
 
 
+SLOT_SHIFT = 32
+IN_FRAME = (1 << SLOT_SHIFT) - 1
+Frames = list[tuple[str, int]]
+"""Slot -> (pack id, frame number): decodes a page's code, ``slot << SLOT_SHIFT | index``."""
+
+
 def load_pack_index(blobs: BlobStore, pack_id: str) -> PackIndex:
     """Read and check a pack's trailer (two ranged reads)."""
     key = pack_key(pack_id)
@@ -46,36 +54,77 @@ def load_pack_index(blobs: BlobStore, pack_id: str) -> PackIndex:
     return decode_trailer(pack_id, raw)
 
 
+class _Live:
+    def __init__(self, index: PageIndex) -> None:
+        self._index = index
+
+    def __contains__(self, page_hash: object) -> bool:
+        return isinstance(page_hash, bytes) and self._index.contains(page_hash)
+
+
 class PageIndex:
+    """Page hash -> where it lives. A page's location is one int, its *code*: the slot of its
+    frame (``Frames``) shifted by SLOT_SHIFT, plus its index in the frame; so a pack's pages
+    are indexed in bulk (dict updates from zips, no object per page) and consecutive pages
+    of a frame have consecutive codes. Readers take the table and the frames it refers to
+    as one snapshot (``_rebuild`` replaces both at once; ``add_pack`` adds the frames
+    first)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pages: dict[bytes, Location] = {}
+        self._tables: tuple[dict[bytes, int], Frames] = ({}, [])
         self.packs: dict[str, PackIndex] = {}
         self.damaged: dict[str, str] = {}
         self.condemned: frozenset[str] = frozenset()
         """Packs a GC has condemned: still readable, never deduplicated against."""
 
     def __len__(self) -> int:
-        return len(self._pages)
+        return len(self._tables[0])
 
     def get(self, page_hash: bytes) -> Location | None:
         """Where the page lives: in a pack that is not condemned when one holds it."""
-        return self._pages.get(page_hash)
+        pages, frames = self._tables
+        code = pages.get(page_hash)
+        if code is None:
+            return None
+        pack_id, frame = frames[code >> SLOT_SHIFT]
+        return Location(pack_id, frame, code & IN_FRAME)
 
     def contains(self, page_hash: bytes) -> bool:
         """Whether a dump may reference the page instead of storing it: it is in a pack no
         GC has condemned."""
-        loc = self._pages.get(page_hash)
-        return loc is not None and loc.pack_id not in self.condemned
+        pages, frames = self._tables
+        code = pages.get(page_hash)
+        return code is not None and frames[code >> SLOT_SHIFT][0] not in self.condemned
+
+    def live(self) -> Container[bytes]:
+        """The pages a dump may reference (``contains``) as one container for a whole image's
+        lookups (``pagepath.plan_new``): the index's own dict when no pack is condemned (a
+        lookup in C), else one that asks ``contains``."""
+        if not self.condemned:
+            return self._tables[0]
+        return _Live(self)
+
+    def locate(self, refs: Iterable[bytes]) -> tuple[list[int | None], Frames]:
+        """The code of every page of ``refs`` (None: not indexed, or ZERO_REF) and the frames
+        the codes refer to, from one snapshot: ``frames[code >> SLOT_SHIFT]`` is (pack id,
+        frame number), ``code & IN_FRAME`` the index in the frame."""
+        pages, frames = self._tables
+        return list(map(pages.get, refs)), frames
 
     def add_pack(self, pack: PackIndex) -> None:
         with self._lock:
             self.packs[pack.pack_id] = pack
-            live = pack.pack_id not in self.condemned
-            for h, frame, i in pack.entries():
-                old = self._pages.get(h)
-                if old is None or (live and old.pack_id in self.condemned):
-                    self._pages[h] = Location(pack.pack_id, frame, i)
+            pages, frames = self._tables
+            new = _codes(pack, len(frames))
+            frames.extend((pack.pack_id, f) for f in range(len(pack.frames)))
+            common = new.keys() & pages.keys()
+            if common:
+                live = pack.pack_id not in self.condemned
+                for h in common:  # the new pack wins over a condemned one only
+                    if not (live and frames[pages[h] >> SLOT_SHIFT][0] in self.condemned):
+                        del new[h]
+            pages.update(new)
 
     def drop_packs(self, pack_ids: set[str]) -> None:
         with self._lock:
@@ -93,12 +142,18 @@ class PageIndex:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        pages: dict[bytes, Location] = {}
+        """Packs not condemned first: a page is located in the first pack (in that order)
+        that holds it."""
         ordered = sorted(self.packs.values(), key=lambda p: p.pack_id in self.condemned)
+        frames: Frames = []
+        bases = []
         for pack in ordered:
-            for h, frame, i in pack.entries():
-                pages.setdefault(h, Location(pack.pack_id, frame, i))
-        self._pages = pages
+            bases.append(len(frames))
+            frames.extend((pack.pack_id, f) for f in range(len(pack.frames)))
+        pages: dict[bytes, int] = {}
+        for pack, base in reversed(list(zip(ordered, bases, strict=True))):
+            pages.update(_codes(pack, base))  # earlier packs overwrite later ones
+        self._tables = (pages, frames)
 
     def refresh(self, blobs: BlobStore) -> int:
         """Load the trailers of packs the backend has and the index lacks. Returns how many."""
@@ -113,3 +168,15 @@ class PageIndex:
         if gone:
             self.drop_packs(gone)
         return len(new)
+
+
+def _codes(pack: PackIndex, base: int) -> dict[bytes, int]:
+    """Hash -> code of every page of ``pack`` whose frames take the slots from ``base``; the
+    first occurrence of a hash wins; ZERO_REF is never a location."""
+    codes: dict[bytes, int] = {}
+    for f_no in reversed(range(len(pack.frames))):
+        hashes = pack.frames[f_no].hashes
+        slot = (base + f_no) << SLOT_SHIFT
+        codes.update(zip(reversed(hashes), reversed(range(slot, slot + len(hashes))), strict=True))
+    codes.pop(ZERO_REF, None)
+    return codes

@@ -7,6 +7,7 @@ whole as a blob. Nothing here makes anything visible: the caller commits the man
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
@@ -14,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptd.core.ports import BlobStore
-from ckptd.core.store import pagelist
+from ckptd.core.store import pagelist, pagepath
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.manifest import FileEntry
 from ckptd.core.store.objects import put_blob
-from ckptd.core.store.packs import PackBuilder, build_pack
+from ckptd.core.store.packs import Frame, PackBuilder, build_pack
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.core.store.streaming import StreamedPages
 
@@ -63,36 +64,42 @@ def ingest(
     if streamed is not None:
         _add_streamed(streamed, blobs, hasher, base_for, result, condemned_blobs)
     builder = PackBuilder(executor, level)
-    writes: list[Future[None]] = []
+    writes: list[Future[tuple[str, int]]] = []
     fresh: set[bytes] = set()
-    for path in sorted(images.iterdir()):
-        if not path.is_file():
-            continue
-        size = path.stat().st_size
-        result.bytes_logical += size
-        if is_pages_file(path.name) and size % PAGE_SIZE == 0:
-            refs = _split_pages(path, size, hasher, index, builder, fresh)
-            result.refs.update(r for r in refs if r != ZERO_REF)
-            entry = _store_page_list(
-                path.name, size, refs, blobs, hasher, base_for, result, condemned_blobs
-            )
-            result.files.append(entry)
-        else:
-            blob_hash, written = put_blob(
-                blobs, hasher, path.read_bytes(), condemned=condemned_blobs
-            )
-            if written:
-                result.written_blobs.add(blob_hash)
-            result.blobs.add(blob_hash)
-            result.bytes_new += written
-            result.files.append(FileEntry(name=path.name, size=size, blob=blob_hash))
+    with contextlib.ExitStack() as maps:  # pages images stay mapped until their packs are written
+        for path in sorted(images.iterdir()):
+            if not path.is_file():
+                continue
+            size = path.stat().st_size
+            result.bytes_logical += size
+            if is_pages_file(path.name) and size % PAGE_SIZE == 0:
+                refs = _split_pages(path, size, hasher, index, builder, fresh, maps)
+                result.refs.update(refs)
+                result.refs.discard(ZERO_REF)
+                entry = _store_page_list(
+                    path.name, size, refs, blobs, hasher, base_for, result, condemned_blobs
+                )
+                result.files.append(entry)
+            else:
+                blob_hash, written = put_blob(
+                    blobs, hasher, path.read_bytes(), condemned=condemned_blobs
+                )
+                if written:
+                    result.written_blobs.add(blob_hash)
+                result.blobs.add(blob_hash)
+                result.bytes_new += written
+                result.files.append(FileEntry(name=path.name, size=size, blob=blob_hash))
+            for frames in builder.take_sealed():
+                writes.append(writer.submit(_put_pack, blobs, index, frames))
+        builder.finish()
         for frames in builder.take_sealed():
-            writes.append(writer.submit(_put_pack, blobs, index, frames, result))
-    builder.finish()
-    for frames in builder.take_sealed():
-        writes.append(writer.submit(_put_pack, blobs, index, frames, result))
-    for write in writes:
-        write.result()
+            writes.append(writer.submit(_put_pack, blobs, index, frames))
+        for write in writes:
+            pack_id, written = write.result()
+            result.new_packs.append(pack_id)
+            if written:
+                result.bytes_new += written
+                result.written_packs.add(pack_id)
     result.files.sort(key=lambda f: f.name)
     return result
 
@@ -118,21 +125,18 @@ def _add_streamed(
 
 
 def _put_pack(
-    blobs: BlobStore,
-    index: PageIndex,
-    frames: Sequence[tuple[Future[bytes], tuple[bytes, ...]]],
-    result: IngestResult,
-) -> None:
+    blobs: BlobStore, index: PageIndex, frames: Sequence[tuple[Future[Frame], tuple[bytes, ...]]]
+) -> tuple[str, int]:
+    """Assemble, write and make durable one pack, then index it: (its id, the bytes written,
+    0 when it was there already)."""
     pack_id, data, pack_index = build_pack(frames)
     # a pack with the same content that GC condemned is written again (a fresh object,
     # protected by this dump's lease), never reused
     again = pack_id in index.condemned
-    if blobs.put(pack_key(pack_id), data, if_absent=not again):
-        result.bytes_new += len(data)
-        result.written_packs.add(pack_id)
+    written = len(data) if blobs.put(pack_key(pack_id), data, if_absent=not again) else 0
     blobs.flush()
     index.add_pack(pack_index)
-    result.new_packs.append(pack_id)
+    return pack_id, written
 
 
 def _split_pages(
@@ -142,41 +146,34 @@ def _split_pages(
     index: PageIndex,
     builder: PackBuilder,
     fresh: set[bytes],
+    maps: contextlib.ExitStack,
 ) -> list[bytes]:
     """References of every page of a pages image; new pages go to ``builder`` in runs of
-    consecutive pages, straight from the file's mapping (no copy until compression)."""
-    refs: list[bytes] = []
+    consecutive pages, straight from the file's mapping (no copy until compression, none
+    at all for a frame that does not compress until its pack is assembled: the mapping
+    stays until ``maps`` closes).
+
+    Two native calls per image (``pagepath``): every page hashed (zero pages found) across
+    the CPUs without the GIL, then the runs of pages that are neither zero, in the index nor
+    seen earlier in this ingest."""
     if size == 0:
-        return refs
-    digest, zero, known = hasher.digest, hasher.zero, index.contains
-    run_start, run_hashes = 0, list[bytes]()
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        mm.madvise(mmap.MADV_SEQUENTIAL)
-        view = memoryview(mm)
-        try:
-            for off in range(0, size, PAGE_SIZE):
-                h = digest(view[off : off + PAGE_SIZE])
-                if h == zero:
-                    refs.append(ZERO_REF)
-                    continue
-                refs.append(h)
-                if h in fresh or known(h):
-                    continue
-                fresh.add(h)
-                if run_hashes and off != run_start + len(run_hashes) * PAGE_SIZE:
-                    end = run_start + len(run_hashes) * PAGE_SIZE
-                    builder.add_run(run_hashes, view[run_start:end])
-                    run_hashes = []
-                if not run_hashes:
-                    run_start = off
-                run_hashes.append(h)
-            if run_hashes:
-                end = run_start + len(run_hashes) * PAGE_SIZE
-                builder.add_run(run_hashes, view[run_start:end])
-            builder.drain()  # frames never outlive this mapping
-        finally:
-            view.release()
+        return []
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    maps.callback(_quietly, mm.close)
+    view = memoryview(mm)[:size]
+    maps.callback(_quietly, view.release)
+    digests = pagepath.hash_pages(view, hasher.seed, zero_ref=True)
+    refs, runs = pagepath.plan_new(digests, index.live(), fresh)
+    builder.add_runs(refs, view, runs)  # a frame holds pages of one image
     return refs
+
+
+def _quietly(close: Callable[[], None]) -> None:
+    """Release a view or close a mapping, unless a view of it is still in use (an ingest
+    that failed with frames in flight): then it goes with its last view."""
+    with contextlib.suppress(BufferError):
+        close()
 
 
 def _store_page_list(

@@ -1,31 +1,43 @@
-"""Pack objects: many pages in zstd frames, with a trailer that names every page.
+"""Pack objects: many pages in frames, with a trailer that names every page.
 
 Layout::
 
     b"CKPACK01"
-    frame 0 .. frame F-1              each: zstd frame of up to FRAME_PAGES pages, concatenated
+    frame 0 .. frame F-1              each: up to FRAME_PAGES pages, concatenated, either
+                                      a zstd frame or the pages as they are (see below)
     trailer (zstd-compressed):
         u32 F
-        F x (u64 offset, u32 compressed length, u32 pages)
+        F x (u64 offset, u32 length, u32 pages)
         for each frame, its pages' hashes (16 bytes each), in order
     u64 trailer offset, u32 trailer length, 8 bytes xxh3-64 of the trailer, b"CKPKEND1"
 
+A frame of exactly ``pages * PAGE_SIZE`` bytes holds its pages as they are (*raw*: they did
+not compress, docs/adr/0012-native-page-path.md); any other length is a zstd frame. Writers
+since raw frames exist never store a zstd frame that long (``compress_frame`` keeps one only
+when it is strictly shorter). Packs written before (every frame zstd) read unchanged: a zstd
+frame of exactly that length is possible there only in contrived cases (zstd keeps a
+compressed block only when it saves more than 1/64 of it, more than a frame's headers unless
+that block is one page), and if one is met, reading it as raw fails verification, so a frame
+of that length that does not verify and starts with the zstd magic number is decompressed
+instead (then verified as usual). The trailer is unchanged.
+
 A pack is immutable and named by the xxh3-128 of its bytes. The trailer alone rebuilds the
 index of every page in it. Invariant: every page in a pack is verified against its hash when
-read (``read_frame``).
+read (``read_frame``), whether its frame is raw or zstd.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import xxhash
 import zstandard
 
-from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE
+from ckptd.core.store import pagepath
+from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, PageHasher
 from ckptd.errors import CorruptCheckpoint
 
 MAGIC = b"CKPACK01"
@@ -34,9 +46,11 @@ FOOTER = struct.Struct("<QI8s8s")
 FRAME_ENTRY = struct.Struct("<QII")
 FRAME_PAGES = 1024
 TARGET_PACK_BYTES = 64 << 20
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
-DigestFn = Callable[[bytes | memoryview], bytes]
 SealedPack = tuple[str, bytes, "PackIndex"]
+Frame = bytes | memoryview
+"""A frame ready for its pack: zstd bytes, or pages stored as they are (maybe a view)."""
 
 
 @dataclass(frozen=True)
@@ -103,69 +117,96 @@ def check_trailer(pack_id: str, raw_trailer: bytes, checksum: bytes) -> None:
 
 
 def read_frame_data(
-    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], digest: DigestFn
+    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], hasher: PageHasher
 ) -> bytes:
-    """Decompress one frame and verify every page against its hash; the pages, concatenated."""
+    """The pages of one frame, concatenated, every one verified against its hash (in one
+    native call, ``pagepath``); a raw frame is returned as it is, a zstd frame decompressed."""
+    size = len(hashes) * PAGE_SIZE
+    expected = b"".join(hashes)
+    # threads=1: a frame is at most 4 MiB, and readers verify frames in parallel
+    if not hashes or len(expected) != len(hashes) * HASH_SIZE:
+        raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: malformed page hashes")
+    if len(raw) == size:  # stored as they are
+        bad = pagepath.verify_pages(raw, expected, hasher.seed, threads=1)
+        if bad < 0:
+            return raw
+        if not raw.startswith(ZSTD_MAGIC):
+            raise _mismatch(pack_id, frame_no, bad)
+        try:  # an older writer's zstd frame exactly as long as its pages (module docstring)?
+            data = _decompress(pack_id, frame_no, raw, size)
+        except CorruptCheckpoint:
+            raise _mismatch(pack_id, frame_no, bad) from None
+    else:
+        data = _decompress(pack_id, frame_no, raw, size)
+    bad = pagepath.verify_pages(data, expected, hasher.seed, threads=1)
+    if bad >= 0:
+        raise _mismatch(pack_id, frame_no, bad)
+    return data
+
+
+def _decompress(pack_id: str, frame_no: int, raw: bytes, size: int) -> bytes:
     try:
         declared = zstandard.frame_content_size(raw)
-        if declared not in (-1, len(hashes) * PAGE_SIZE):
+        if declared not in (-1, size):
             raise CorruptCheckpoint(
                 f"pack {pack_id} frame {frame_no}: header declares {declared} bytes"
             )
-        data = zstandard.ZstdDecompressor().decompress(
-            raw, max_output_size=len(hashes) * PAGE_SIZE
-        )
+        data: bytes = zstandard.ZstdDecompressor().decompress(raw, max_output_size=size)
     except zstandard.ZstdError as exc:
         raise CorruptCheckpoint(
             f"pack {pack_id} frame {frame_no}: does not decompress ({exc})"
         ) from exc
-    if len(data) != len(hashes) * PAGE_SIZE:
+    if len(data) != size:
         raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: wrong size")
-    view = memoryview(data)
-    for i, expected in enumerate(hashes):
-        if digest(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]) != expected:
-            raise CorruptCheckpoint(
-                f"pack {pack_id} frame {frame_no} page {i}: content does not match its hash"
-            )
-    view.release()
     return data
 
 
+def _mismatch(pack_id: str, frame_no: int, page: int) -> CorruptCheckpoint:
+    return CorruptCheckpoint(
+        f"pack {pack_id} frame {frame_no} page {page}: content does not match its hash"
+    )
+
+
 def read_frame(
-    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], digest: DigestFn
+    pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], hasher: PageHasher
 ) -> list[bytes]:
-    """Decompress one frame and verify every page against its hash; the pages, one by one."""
-    data = read_frame_data(pack_id, frame_no, raw, hashes, digest)
+    """``read_frame_data``, the pages one by one."""
+    data = read_frame_data(pack_id, frame_no, raw, hashes, hasher)
     return [data[i * PAGE_SIZE : (i + 1) * PAGE_SIZE] for i in range(len(hashes))]
 
 
-def build_pack(frames: Sequence[tuple[Future[bytes], tuple[bytes, ...]]]) -> SealedPack:
-    """Assemble compressed frames (waiting for them) into a pack object."""
-    body = [MAGIC]
+def build_pack(frames: Sequence[tuple[Future[Frame], tuple[bytes, ...]]]) -> SealedPack:
+    """Assemble frames (waiting for them) into a pack object: one native call copies them
+    together and names the pack (``pagepath.concat_digest``)."""
+    body: list[Frame] = [MAGIC]
     offset = len(MAGIC)
     infos = []
     for future, hashes in frames:
         frame = future.result()
-        infos.append(FrameInfo(offset, len(frame), hashes))
+        length = memoryview(frame).nbytes
+        infos.append(FrameInfo(offset, length, hashes))
         body.append(frame)
-        offset += len(frame)
+        offset += length
     trailer = encode_trailer(infos)
     body.append(trailer)
     body.append(FOOTER.pack(offset, len(trailer), xxhash.xxh3_64_digest(trailer), END_MAGIC))
-    blob = b"".join(body)
-    pack_id = xxhash.xxh3_128_hexdigest(blob)
+    blob, digest = pagepath.concat_digest(body)
+    pack_id = digest.hex()
     return pack_id, blob, PackIndex(pack_id, tuple(infos))
 
 
 class PackBuilder:
-    """Accumulates new pages into frames, compresses frames on ``executor`` (zstd releases
-    the GIL, so frames compress in parallel), and groups them into packs of about
+    """Accumulates new pages into frames, compresses frames on ``executor`` (``pagepath.
+    compress_frame``: without the GIL, so frames compress in parallel; a frame that does not
+    compress is stored as it is), and groups them into packs of about
     TARGET_PACK_BYTES (``take_sealed`` hands out each group; ``build_pack`` assembles one,
     typically on another thread, so the caller never waits for compression).
 
-    Pages come in runs (``add_run``: consecutive pages of one buffer). A frame made of a single
-    run is compressed straight from that buffer, without a copy; so the buffer must outlive
-    the compression: call ``drain`` before it goes away.
+    Pages come in runs of consecutive pages of one buffer (``add_run``, or many at once with
+    ``add_runs``). A frame made of a single run is compressed straight from that buffer,
+    without a copy, and if it does not compress it *is* that buffer until ``build_pack``
+    copies it into its pack; frames of several runs of ``add_runs`` are gathered from it on
+    the executor: so the buffer must outlive the packs of its pages.
     """
 
     def __init__(
@@ -176,10 +217,10 @@ class PackBuilder:
         self._target = target_bytes
         self._pending: list[memoryview] = []
         self._pending_hashes: list[bytes] = []
-        self._frames: list[tuple[Future[bytes], tuple[bytes, ...]]] = []
-        self._inflight: list[Future[bytes]] = []
+        self._frames: list[tuple[Future[Frame], tuple[bytes, ...]]] = []
+        self._inflight: list[Future[Frame]] = []
         self._bytes_in = 0
-        self._sealed: list[list[tuple[Future[bytes], tuple[bytes, ...]]]] = []
+        self._sealed: list[list[tuple[Future[Frame], tuple[bytes, ...]]]] = []
 
     def add(self, page_hash: bytes, page: bytes | memoryview) -> None:
         self.add_run([page_hash], memoryview(page))
@@ -196,8 +237,45 @@ class PackBuilder:
             if len(self._pending_hashes) >= FRAME_PAGES:
                 self.cut_frame()
 
-    def _compress(self, data: bytes | memoryview) -> bytes:
-        return zstandard.ZstdCompressor(level=self._level).compress(data)
+    def add_runs(
+        self, hashes: Sequence[bytes], pages: memoryview, runs: Iterable[tuple[int, int]]
+    ) -> None:
+        """Queue the pages of every run (first page, count) of ``pages``, page i having hash
+        ``hashes[i]``. A frame made of several runs is gathered (``pagepath.gather_pages``,
+        one native copy) on the executor, just before its compression: no Python object per
+        page, nor per run beyond the run itself."""
+        self.cut_frame()  # a frame of runs holds pages of ``pages`` only
+        limit = FRAME_PAGES
+        spans: list[tuple[int, int]] = []
+        frame_hashes: list[bytes] = []
+        for run_first, run_count in runs:
+            first, count = run_first, run_count
+            while count:
+                take = min(count, limit - len(frame_hashes))
+                spans.append((first, take))
+                frame_hashes.extend(hashes[first : first + take])
+                first, count = first + take, count - take
+                if len(frame_hashes) == limit:
+                    self._queue_spans(pages, spans, frame_hashes)
+                    spans, frame_hashes = [], []
+        if spans:
+            self._queue_spans(pages, spans, frame_hashes)
+
+    def _queue_spans(
+        self, pages: memoryview, spans: list[tuple[int, int]], hashes: list[bytes]
+    ) -> None:
+        if len(spans) == 1:
+            first, count = spans[0]
+            data = pages[first * PAGE_SIZE : (first + count) * PAGE_SIZE]
+            self._queue(self._executor.submit(self._compress, data), hashes)
+        else:
+            self._queue(self._executor.submit(self._gather_compress, pages, spans), hashes)
+
+    def _compress(self, data: bytes | memoryview) -> Frame:
+        return pagepath.compress_frame(data, self._level)
+
+    def _gather_compress(self, pages: memoryview, spans: list[tuple[int, int]]) -> Frame:
+        return pagepath.compress_frame(pagepath.gather_pages(pages, spans), self._level)
 
     def cut_frame(self) -> None:
         if not self._pending:
@@ -205,11 +283,13 @@ class PackBuilder:
         data: bytes | memoryview = (
             self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         )
-        future = self._executor.submit(self._compress, data)
-        self._inflight.append(future)
-        self._frames.append((future, tuple(self._pending_hashes)))
-        self._bytes_in += len(data)
+        self._queue(self._executor.submit(self._compress, data), self._pending_hashes)
         self._pending, self._pending_hashes = [], []
+
+    def _queue(self, future: Future[Frame], hashes: list[bytes]) -> None:
+        self._frames.append((future, tuple(hashes)))
+        self._inflight.append(future)
+        self._bytes_in += len(hashes) * PAGE_SIZE
         # Raw bytes are a cheap proxy for the pack size until frames are compressed.
         if self._bytes_in >= self._target * 2:
             self._seal()
@@ -238,7 +318,7 @@ class PackBuilder:
         self.cut_frame()
         self._seal()
 
-    def take_sealed(self) -> list[list[tuple[Future[bytes], tuple[bytes, ...]]]]:
+    def take_sealed(self) -> list[list[tuple[Future[Frame], tuple[bytes, ...]]]]:
         """Frame groups ready to become packs (pass each to ``build_pack``)."""
         out, self._sealed = self._sealed, []
         return out

@@ -5,6 +5,9 @@ xxh3-128, measured here at 3.3 GB/s per page from Python against 0.9 GB/s for BL
 keyed: the seed is derived from the store's secret AND the checkpoint owner's uid. A user can
 neither predict hashes nor reach another uid's pages (each uid has its own hash space), so a
 crafted collision can at worst corrupt that user's own checkpoints.
+
+This class hashes blobs and single pages; the store hashes and verifies pages in bulk with the
+same hash and seed in ``pagepath`` (C, no GIL: docs/adr/0012-native-page-path.md).
 """
 
 from __future__ import annotations

@@ -1,21 +1,23 @@
 """Reading a checkpoint back: every byte verified against its hash on the way out.
 
-Each frame a file needs is fetched, decompressed and verified exactly once, a few ahead of
-need on an executor (zstd releases the GIL); runs of consecutive pages are written from views
-into the decompressed frame with ``pwrite``, into a sparse file (zero pages are never written).
+Each frame a file needs is fetched, decompressed (unless stored raw), verified and its runs of
+consecutive pages written (``pwrite``, into a sparse file: zero pages are never written)
+exactly once, a few frames in flight on an executor; all of it without the GIL (zstd,
+``pagepath``).
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor, Future
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future, wait
 from pathlib import Path
+from typing import TypeVar
 
 from ckptd.core.ports import BlobStore
-from ckptd.core.store import pagelist
-from ckptd.core.store.index import Location, PageIndex, pack_key
+from ckptd.core.store import pagelist, pagepath
+from ckptd.core.store.index import IN_FRAME, SLOT_SHIFT, PageIndex, pack_key
 from ckptd.core.store.manifest import FileEntry, Manifest
 from ckptd.core.store.objects import get_blob
 from ckptd.core.store.packs import read_frame_data
@@ -25,37 +27,7 @@ from ckptd.errors import BlobNotFound, CorruptCheckpoint
 PREFETCH = 6
 
 FrameKey = tuple[str, int]
-
-
-def _runs(locs: Sequence[Location | None]) -> Iterator[tuple[FrameKey | None, int, int]]:
-    """Coalesce page locations into runs: (frame, first index, count) of consecutive pages of
-    one frame, or (None, 0, count) for zero pages."""
-    key: FrameKey | None = None
-    first = count = 0
-    for loc in locs:
-        if loc is None:
-            if key is None and count:
-                count += 1
-                continue
-            if count:
-                yield key, first, count
-            key, first, count = None, 0, 1
-            continue
-        k = (loc.pack_id, loc.frame)
-        if count and key == k and loc.index == first + count:
-            count += 1
-            continue
-        if count:
-            yield key, first, count
-        key, first, count = k, loc.index, 1
-    if count:
-        yield key, first, count
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
+T = TypeVar("T")
 
 
 class PageSource:
@@ -93,51 +65,52 @@ class PageSource:
             os.close(fd)
 
     def _write_runs(self, fd: int, runs: dict[FrameKey, list[tuple[int, int, int]]]) -> None:
-        for key, frame in self._frames_once(list(runs)):
-            view = memoryview(frame)
-            for dst, src, count in runs[key]:
-                _pwrite_all(fd, view[src * PAGE_SIZE : (src + count) * PAGE_SIZE],
-                            dst * PAGE_SIZE)
-            view.release()
+        """Each frame is loaded, verified and its runs written (one native call) on the
+        executor, a bounded number in flight."""
+        for _ in self._each_frame(list(runs), lambda key: self._write_frame(fd, key, runs[key])):
+            pass
+
+    def _write_frame(self, fd: int, key: FrameKey, runs: list[tuple[int, int, int]]) -> None:
+        pagepath.write_runs(fd, self._load_frame(*key), runs)
 
     def _plan(self, refs: Sequence[bytes]) -> dict[FrameKey, list[tuple[int, int, int]]]:
         """For each frame ``refs`` need: (page in the file, index in the frame, count) of
-        every run of consecutive pages it supplies. Zero pages need no frame."""
-        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
-        out = 0
-        for key, first, count in _runs([None if r == ZERO_REF else self._locate(r) for r in refs]):
-            if key is not None:
-                runs.setdefault(key, []).append((out, first, count))
-            out += count
-        return runs
-
-    def _frames_once(self, keys: list[FrameKey]) -> Iterator[tuple[FrameKey, bytes]]:
-        """Each frame of ``keys`` loaded and verified, a bounded number at a time in flight."""
-        ahead: deque[tuple[FrameKey, Future[bytes]]] = deque()
-        try:
-            for key in keys:
-                ahead.append((key, self._executor.submit(self._load_frame, *key)))
-                if len(ahead) >= PREFETCH:
-                    k, future = ahead.popleft()
-                    yield k, future.result()
-            while ahead:
-                k, future = ahead.popleft()
-                yield k, future.result()
-        finally:
-            for _, future in ahead:
-                future.cancel()
-
-    def _locate(self, ref: bytes) -> Location:
-        loc = self._index.get(ref)
-        if loc is None:
+        every run of consecutive pages it supplies. Zero pages need no frame. One native
+        call finds the runs (``pagepath.code_runs``); a page in no pack refreshes the index
+        once (packs another daemon wrote), then is an error."""
+        codes, frames = self._index.locate(refs)
+        found, missing = pagepath.code_runs(codes, refs)
+        if missing:
             self._index.refresh(self._blobs)
-            loc = self._index.get(ref)
-        if loc is None:
+            codes, frames = self._index.locate(refs)
+            found, missing = pagepath.code_runs(codes, refs)
+        if missing:
             raise CorruptCheckpoint(
-                f"checkpoint {self._id}: page {ref.hex()} is in no pack ({self._lost_packs()})",
+                f"checkpoint {self._id}: page {refs[missing[0]].hex()} is in no pack "
+                f"({self._lost_packs()})",
                 checkpoint_id=self._id,
             )
-        return loc
+        runs: dict[FrameKey, list[tuple[int, int, int]]] = {}
+        for at, code, count in found:
+            runs.setdefault(frames[code >> SLOT_SHIFT], []).append((at, code & IN_FRAME, count))
+        return runs
+
+    def _each_frame(self, keys: list[FrameKey], work: Callable[[FrameKey], T]) -> Iterator[T]:
+        """``work`` of each frame of ``keys``, in order, run on the executor with a bounded
+        number in flight. When this ends, early or not, no ``work`` runs any more (it may
+        write to a descriptor the caller closes next)."""
+        ahead: deque[Future[T]] = deque()
+        try:
+            for key in keys:
+                ahead.append(self._executor.submit(work, key))
+                if len(ahead) >= PREFETCH:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
+        finally:
+            for future in ahead:
+                future.cancel()
+            wait(ahead)
 
     def _lost_packs(self) -> str:
         """Which of the checkpoint's packs the index lacks, and why: the damaged object to
@@ -159,7 +132,7 @@ class PageSource:
                 f"checkpoint {self._id}: pack {pack_id} is missing", checkpoint_id=self._id
             ) from exc
         try:
-            return read_frame_data(pack_id, frame_no, raw, frame.hashes, self._hasher.digest)
+            return read_frame_data(pack_id, frame_no, raw, frame.hashes, self._hasher)
         except CorruptCheckpoint as exc:
             raise CorruptCheckpoint(
                 f"checkpoint {self._id}: {exc.message}", checkpoint_id=self._id
@@ -235,5 +208,6 @@ class CheckpointReader(PageSource):
         if entry.blob:
             self.blob(entry)
             return
-        for _ in self._frames_once(list(self._plan(self.sized_refs(entry)))):
+        keys = list(self._plan(self.sized_refs(entry)))
+        for _ in self._each_frame(keys, lambda key: self._load_frame(*key)):
             pass

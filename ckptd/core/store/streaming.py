@@ -1,6 +1,6 @@
 """Pages ingested as CRIU sends them (``adapters.criu.pageserver``), with bounded memory.
 
-A ``PageSink``: each chunk of a pages image is split into pages and hashed at once; zero pages
+A ``PageSink``: each chunk of a pages image is hashed natively at once (``pagepath``); zero pages
 become ZERO_REF, known pages references, new pages are copied (the chunk is the receiver's, to
 be reused) into ``PackBuilder`` frames. Memory is bounded by waiting: at most ``max_frames``
 frames compressing, at most ``max_packs`` packs being written, so CRIU is slowed (its socket
@@ -19,15 +19,16 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, Future
 
 from ckptd.core.ports import BlobStore
+from ckptd.core.store import pagepath
 from ckptd.core.store.index import PageIndex, pack_key
-from ckptd.core.store.packs import PackBuilder, build_pack
-from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
+from ckptd.core.store.packs import Frame, PackBuilder, build_pack
+from ckptd.core.store.pagehash import PageHasher
 
 STREAM_PACK_BYTES = 32 << 20
 """Smaller packs than a staged ingest's: a pack's frames are held until it is sealed and
 written, so this sets most of the memory bound."""
 
-Frames = Sequence[tuple[Future[bytes], tuple[bytes, ...]]]
+Frames = Sequence[tuple[Future[Frame], tuple[bytes, ...]]]
 
 
 class StreamedPages:
@@ -70,28 +71,15 @@ class StreamedPages:
         self.sizes[name] = 0
 
     def pages(self, name: str, offset: int, data: memoryview) -> None:
-        refs = self.refs[name]
-        digest, zero, known, fresh = (
-            self._hasher.digest, self._hasher.zero, self._index.contains, self.fresh
-        )
-        run_start, run_hashes = 0, list[bytes]()
-        for off in range(0, len(data), PAGE_SIZE):
-            h = digest(data[off : off + PAGE_SIZE])
-            if h == zero:
-                refs.append(ZERO_REF)
-                continue
-            refs.append(h)
-            if h in fresh or known(h):
-                continue
-            fresh.add(h)
-            if run_hashes and off != run_start + len(run_hashes) * PAGE_SIZE:
-                self._add(run_hashes, data, run_start)
-                run_hashes = []
-            if not run_hashes:
-                run_start = off
-            run_hashes.append(h)
-        if run_hashes:
-            self._add(run_hashes, data, run_start)
+        """Two native calls as for a staged image (``pagepath``: every page hashed, then the
+        runs of new pages), then one native copy of only the new pages: ``data`` is the
+        receiver's and is reused once this returns."""
+        digests = pagepath.hash_pages(data, self.seed, zero_ref=True)
+        refs, runs = pagepath.plan_new(digests, self._index.live(), self.fresh)
+        self.refs[name].extend(refs)
+        if runs:
+            fresh = [refs[i] for first, count in runs for i in range(first, first + count)]
+            self.builder.add_run(fresh, memoryview(pagepath.gather_pages(data, runs)))
         self.sizes[name] = offset + len(data)
         self._flow()
 
@@ -110,10 +98,6 @@ class StreamedPages:
         self._blobs.flush()  # once, here: not on CRIU's (frozen) path
 
     # ---- internals ---------------------------------------------------------------------------
-
-    def _add(self, hashes: list[bytes], data: memoryview, start: int) -> None:
-        copy = bytes(data[start : start + len(hashes) * PAGE_SIZE])
-        self.builder.add_run(hashes, memoryview(copy))
 
     def _flow(self) -> None:
         self.builder.throttle(self._max_frames)

@@ -29,6 +29,7 @@ from .support import (
 )
 
 kinds = st.lists(st.sampled_from(PAGE_KINDS), max_size=300)
+pytestmark = pytest.mark.usefixtures("data_path")  # each test on the C and the Python path
 
 
 def _base_pages(n: int = 256, seed: int = 1) -> list[bytes]:

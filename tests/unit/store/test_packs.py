@@ -32,6 +32,7 @@ from ckptd.testing import MemoryBlobStore
 from .support import PAGE_KINDS, Backend, PageKind, make_pages
 
 HASHER = PageHasher(b"secret", 0)
+pytestmark = pytest.mark.usefixtures("data_path")  # each test on the C and the Python path
 kinds = st.lists(st.sampled_from(PAGE_KINDS), max_size=600)
 
 
@@ -71,7 +72,7 @@ def read_back(pack_id: str, blob: bytes) -> tuple[PackIndex, list[bytes]]:
     pages = []
     for f_no, frame in enumerate(index.frames):
         data = blob[frame.offset : frame.offset + frame.length]
-        pages += read_frame(pack_id, f_no, data, frame.hashes, HASHER.digest)
+        pages += read_frame(pack_id, f_no, data, frame.hashes, HASHER)
     return index, pages
 
 
@@ -112,6 +113,37 @@ def test_sealed_packs_list_and_return_every_page(
         check_sealed(sealed, pages)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    kinds,
+    st.integers(0, 2**32),
+    frame_sizes,
+    st.lists(st.tuples(st.integers(0, 600), st.integers(1, 300)), max_size=10),
+)
+def test_runs_of_one_buffer_are_gathered_into_frames(
+    executor: ThreadPoolExecutor,
+    page_kinds: list[PageKind],
+    seed: int,
+    frame_pages: int,
+    wanted: list[tuple[int, int]],
+) -> None:
+    """``add_runs``: any runs of a buffer (gaps, repeats), cut into frames, gathered natively
+    when a frame holds several; after pages queued one by one."""
+    pages = make_pages(page_kinds, seed)
+    extra = make_pages(["random", "pattern"], seed + 1)
+    spans = [(f, min(c, len(pages) - f)) for f, c in wanted if f < len(pages)]
+    with pytest.MonkeyPatch.context() as mp:
+        if frame_pages:
+            mp.setattr(packs, "FRAME_PAGES", frame_pages)
+        builder = PackBuilder(executor)
+        for page in extra:
+            builder.add(HASHER.digest(page), memoryview(page))
+        builder.add_runs([HASHER.digest(p) for p in pages], memoryview(b"".join(pages)), spans)
+        builder.finish()
+        sealed = [build_pack(frames) for frames in builder.take_sealed()]
+    check_sealed(sealed, extra + [pages[i] for f, c in spans for i in range(f, f + c)])
+
+
 @settings(max_examples=10, deadline=None)
 @given(kinds, st.integers(0, 2**32), runs)
 def test_big_inputs_are_cut_into_several_packs(
@@ -150,14 +182,14 @@ def test_flipping_any_bit_of_a_frame_is_detected(
     frame = index.frames[1]
     raw = blob[frame.offset : frame.offset + frame.length]
     expected = pages[len(index.frames[0].hashes) :]
-    assert read_frame(pack_id, 1, raw, frame.hashes, HASHER.digest) == expected
+    assert read_frame(pack_id, 1, raw, frame.hashes, HASHER) == expected
     refused = 0
     for pos in range(len(raw)):
         for mask in (0x01, 0x10):
             damaged = bytearray(raw)
             damaged[pos] ^= mask
             try:
-                got = read_frame(pack_id, 1, bytes(damaged), frame.hashes, HASHER.digest)
+                got = read_frame(pack_id, 1, bytes(damaged), frame.hashes, HASHER)
             except CorruptCheckpoint as exc:
                 assert f"pack {pack_id} frame 1" in exc.message
                 refused += 1
@@ -183,7 +215,7 @@ def _frame_with_a_huge_declared_size() -> tuple[bytes, tuple[bytes, ...]]:
 def test_a_frame_header_declaring_a_huge_size_is_refused() -> None:
     raw, hashes = _frame_with_a_huge_declared_size()
     with pytest.raises(CorruptCheckpoint):
-        read_frame("p" * 32, 0, raw, hashes, HASHER.digest)
+        read_frame("p" * 32, 0, raw, hashes, HASHER)
 
 
 def test_a_frame_read_against_other_hashes_is_refused(
@@ -193,9 +225,9 @@ def test_a_frame_read_against_other_hashes_is_refused(
     frame = index.frames[0]
     raw = blob[frame.offset : frame.offset + frame.length]
     with pytest.raises(CorruptCheckpoint, match=f"pack {pack_id} frame 0"):
-        read_frame(pack_id, 0, raw, frame.hashes[:-1], HASHER.digest)
+        read_frame(pack_id, 0, raw, frame.hashes[:-1], HASHER)
     with pytest.raises(CorruptCheckpoint, match="page 0: content does not match"):
-        read_frame(pack_id, 0, raw, frame.hashes, PageHasher(b"secret", 1).digest)
+        read_frame(pack_id, 0, raw, frame.hashes, PageHasher(b"secret", 1))
 
 
 def test_flipping_any_byte_of_the_trailer_is_detected(
@@ -267,7 +299,7 @@ def test_pages_are_verified_with_random_access(
         frame = index.frames[f_no]
         got = read_frame(
             pack_id, f_no, blob[frame.offset : frame.offset + frame.length], frame.hashes,
-            HASHER.digest,
+            HASHER,
         )[i]
         assert HASHER.digest(got) == h
         assert got == pages[sum(len(f.hashes) for f in index.frames[:f_no]) + i]

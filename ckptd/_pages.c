@@ -1,0 +1,773 @@
+/*
+ * ckptd._pages: the store's per-page data path in C (docs/adr/0012-native-page-path.md).
+ *
+ * Every call that touches page contents runs without the GIL; calls over big buffers
+ * split the pages across threads (up to the CPUs this process may run on):
+ *
+ *   hash_pages(buffer, seed, zero_ref=False, threads=0) -> bytes
+ *       xxh3-128 (64-bit seed) of every 4 KiB page, canonical (big-endian) form,
+ *       concatenated: byte-identical to xxhash.xxh3_128_digest(page, seed=seed).
+ *       zero_ref=True: a page of zeros gives 16 zero bytes (ZERO_REF) and is not hashed.
+ *   verify_pages(buffer, hashes, seed, threads=0) -> int
+ *       index of the first page whose hash is not the one in `hashes`, -1 if none.
+ *   plan_new(refs, known, fresh, start=0) -> (list[bytes], list[tuple[int, int]])
+ *       (GIL held: it looks up Python containers) the references one by one, and the
+ *       runs (first page, count) of pages neither zero, `in known`, nor in the set `fresh`
+ *       (first occurrences only; each is added to `fresh`); pages numbered from `start`.
+ *   compress_frame(data, level) -> bytes | None
+ *       a zstd frame of `data`, always strictly shorter than it; None when `data` does not
+ *       compress (decided on a sample of its pages, confirmed on the result): the caller
+ *       stores it as it is, and a frame exactly len(data) long is how readers know it.
+ *   concat_digest(parts) -> (bytes, bytes)
+ *       the parts concatenated (a pack), and its xxh3-128 (unseeded, canonical: its name).
+ *   code_runs(codes, refs, start=0) -> (list[tuple[int, int, int]], list[int])
+ *       (GIL held) for a restore's plan: the runs (position, first code, count) of
+ *       consecutive index codes, and where a page is neither located nor ZERO_REF.
+ *   gather_pages(buffer, runs) -> bytes
+ *       the pages of each run (first page, count) of `buffer`, concatenated (a frame).
+ *   write_runs(fd, buffer, runs) -> None
+ *       pwrite every run (page in the file, page in buffer, count) of `buffer`'s pages.
+ *
+ * Buffers are held (PyBUF_SIMPLE) for the whole call, so an mmap cannot be closed or a
+ * bytearray resized under the threads. Sizes are size_t / Py_ssize_t throughout: buffers
+ * over 4 GiB are fine.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#include <zstd.h>
+
+#define PAGE 4096
+#define HASH 16
+#define MIN_PAGES_PER_THREAD 256 /* 1 MiB: below that a thread costs more than it saves */
+#define MAX_THREADS 64
+#define SAMPLE_PAGES 16
+/* A sample that saves less than 1/32 of its size means the frame is stored raw. */
+#define SAMPLE_MIN_GAIN_SHIFT 5
+
+/* ---- threads ------------------------------------------------------------------------ */
+
+typedef struct {
+    const unsigned char *data;
+    const unsigned char *expected; /* verify: the hashes to match */
+    unsigned char *out;            /* hash: where the hashes go */
+    size_t first, end;             /* pages [first, end) */
+    uint64_t seed;
+    int zero_ref;
+    size_t bad; /* verify: first mismatching page in [first, end), or SIZE_MAX */
+} job_t;
+
+static int usable_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0)
+            return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* How many threads for `pages` pages (`asked` > 0: that many, at most one per page). */
+static int thread_count(size_t pages, int asked)
+{
+    size_t n;
+    if (asked > 0)
+        n = (size_t)asked;
+    else {
+        n = (size_t)usable_cpus();
+        size_t by_size = pages / MIN_PAGES_PER_THREAD;
+        if (by_size < n)
+            n = by_size;
+    }
+    if (n > pages)
+        n = pages;
+    if (n > MAX_THREADS)
+        n = MAX_THREADS;
+    return n < 1 ? 1 : (int)n;
+}
+
+/* Split pages [0, pages) into `n` jobs (copies of `proto`) and run them: job 0 on the
+ * calling thread, the others on new threads (or here too, if a thread cannot start). */
+static void run_split(void *(*fn)(void *), const job_t *proto, size_t pages, int n,
+                      job_t *jobs)
+{
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS];
+    size_t base = pages / (size_t)n, extra = pages % (size_t)n, at = 0;
+    for (int i = 0; i < n; i++) {
+        jobs[i] = *proto;
+        jobs[i].first = at;
+        at += base + ((size_t)i < extra ? 1 : 0);
+        jobs[i].end = at;
+        jobs[i].bad = SIZE_MAX;
+    }
+    /* helpers block every signal (Python handles them on its own threads) and need
+     * little stack */
+    sigset_t all, old;
+    pthread_attr_t attr;
+    int have_attr = n > 1 && pthread_attr_init(&attr) == 0;
+    if (have_attr)
+        pthread_attr_setstacksize(&attr, 512 * 1024);
+    sigfillset(&all);
+    int masked = n > 1 && pthread_sigmask(SIG_SETMASK, &all, &old) == 0;
+    for (int i = 1; i < n; i++)
+        started[i] = pthread_create(&tid[i], have_attr ? &attr : NULL, fn, &jobs[i]) == 0;
+    if (masked)
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (have_attr)
+        pthread_attr_destroy(&attr);
+    fn(&jobs[0]);
+    for (int i = 1; i < n; i++) {
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else
+            fn(&jobs[i]);
+    }
+}
+
+/* ---- pages -------------------------------------------------------------------------- */
+
+static int page_is_zero(const unsigned char *p)
+{
+    uint64_t w;
+    memcpy(&w, p, sizeof w); /* most pages end here */
+    if (w)
+        return 0;
+    for (size_t off = 0; off < PAGE; off += 64) {
+        uint64_t acc = 0, v;
+        for (size_t k = 0; k < 64; k += 8) {
+            memcpy(&v, p + off + k, sizeof v);
+            acc |= v;
+        }
+        if (acc)
+            return 0;
+    }
+    return 1;
+}
+
+static void *hash_job(void *arg)
+{
+    job_t *j = arg;
+    for (size_t p = j->first; p < j->end; p++) {
+        const unsigned char *page = j->data + p * PAGE;
+        unsigned char *o = j->out + p * HASH;
+        if (j->zero_ref && page_is_zero(page)) {
+            memset(o, 0, HASH);
+            continue;
+        }
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits_withSeed(page, PAGE, j->seed));
+        memcpy(o, c.digest, HASH);
+    }
+    return NULL;
+}
+
+static void *verify_job(void *arg)
+{
+    job_t *j = arg;
+    for (size_t p = j->first; p < j->end; p++) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits_withSeed(j->data + p * PAGE, PAGE, j->seed));
+        if (memcmp(c.digest, j->expected + p * HASH, HASH) != 0) {
+            j->bad = p;
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* ---- argument helpers ------------------------------------------------------------------- */
+
+static int seed_arg(PyObject *obj, uint64_t *seed)
+{
+    if (!PyLong_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "seed must be an int");
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj); /* OverflowError: < 0, >= 2**64 */
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *seed = (uint64_t)v;
+    return 0;
+}
+
+static int whole_pages(const Py_buffer *buf)
+{
+    if (buf->len % PAGE != 0) {
+        PyErr_Format(PyExc_ValueError, "buffer of %zd bytes is not a whole number of %d-byte pages",
+                     buf->len, PAGE);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- hash_pages ------------------------------------------------------------------------ */
+
+static PyObject *hash_pages(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buffer", "seed", "zero_ref", "threads", NULL};
+    Py_buffer buf;
+    PyObject *seed_obj, *out = NULL;
+    int zero_ref = 0, threads = 0;
+    uint64_t seed;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*O|$pi:hash_pages", kwlist, &buf, &seed_obj,
+                                     &zero_ref, &threads))
+        return NULL;
+    if (seed_arg(seed_obj, &seed) < 0 || whole_pages(&buf) < 0)
+        goto done;
+    size_t pages = (size_t)buf.len / PAGE;
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(pages * HASH));
+    if (out == NULL || pages == 0)
+        goto done;
+    job_t proto = {.data = buf.buf, .out = (unsigned char *)PyBytes_AS_STRING(out),
+                   .seed = seed, .zero_ref = zero_ref};
+    job_t jobs[MAX_THREADS];
+    int n = thread_count(pages, threads);
+    Py_BEGIN_ALLOW_THREADS
+    run_split(hash_job, &proto, pages, n, jobs);
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* ---- verify_pages ------------------------------------------------------------------------ */
+
+static PyObject *verify_pages(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buffer", "hashes", "seed", "threads", NULL};
+    Py_buffer buf, hashes;
+    PyObject *seed_obj, *out = NULL;
+    int threads = 0;
+    uint64_t seed;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*O|$i:verify_pages", kwlist, &buf,
+                                     &hashes, &seed_obj, &threads))
+        return NULL;
+    if (seed_arg(seed_obj, &seed) < 0 || whole_pages(&buf) < 0)
+        goto done;
+    size_t pages = (size_t)buf.len / PAGE;
+    if ((size_t)hashes.len != pages * HASH) {
+        PyErr_Format(PyExc_ValueError, "%zu pages but %zd bytes of hashes (want %zu)", pages,
+                     hashes.len, pages * HASH);
+        goto done;
+    }
+    size_t bad = SIZE_MAX;
+    if (pages) {
+        job_t proto = {.data = buf.buf, .expected = hashes.buf, .seed = seed};
+        job_t jobs[MAX_THREADS];
+        int n = thread_count(pages, threads);
+        Py_BEGIN_ALLOW_THREADS
+        run_split(verify_job, &proto, pages, n, jobs);
+        Py_END_ALLOW_THREADS
+        for (int i = 0; i < n; i++) {
+            if (jobs[i].bad != SIZE_MAX) {
+                bad = jobs[i].bad; /* jobs are in page order: the first is the lowest */
+                break;
+            }
+        }
+    }
+    out = PyLong_FromSsize_t(bad == SIZE_MAX ? -1 : (Py_ssize_t)bad);
+done:
+    PyBuffer_Release(&hashes);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* ---- plan_new ---------------------------------------------------------------------------- */
+
+static int flush_run(PyObject *runs, size_t first, size_t count)
+{
+    if (count == 0)
+        return 0;
+    PyObject *run = Py_BuildValue("(nn)", (Py_ssize_t)first, (Py_ssize_t)count);
+    if (run == NULL)
+        return -1;
+    int rc = PyList_Append(runs, run);
+    Py_DECREF(run);
+    return rc;
+}
+
+static PyObject *plan_new(PyObject *self, PyObject *args)
+{
+    Py_buffer refs;
+    PyObject *known, *fresh, *list = NULL, *runs = NULL, *zero = NULL, *result = NULL;
+    static const unsigned char zeros[HASH];
+    (void)self;
+    Py_ssize_t start = 0;
+    if (!PyArg_ParseTuple(args, "y*OO|n:plan_new", &refs, &known, &fresh, &start))
+        return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "start must not be negative");
+        goto done;
+    }
+    if (!PyAnySet_Check(fresh) || PyFrozenSet_Check(fresh)) {
+        PyErr_SetString(PyExc_TypeError, "fresh must be a set");
+        goto done;
+    }
+    if (refs.len % HASH != 0) {
+        PyErr_Format(PyExc_ValueError, "references of %zd bytes are not a whole number of %d",
+                     refs.len, HASH);
+        goto done;
+    }
+    size_t count = (size_t)refs.len / HASH, run_first = 0, run_len = 0;
+    const unsigned char *r = refs.buf;
+    if ((list = PyList_New((Py_ssize_t)count)) == NULL || (runs = PyList_New(0)) == NULL ||
+        (zero = PyBytes_FromStringAndSize((const char *)zeros, HASH)) == NULL)
+        goto done;
+    for (size_t i = 0; i < count; i++) {
+        const unsigned char *h = r + i * HASH;
+        if (memcmp(h, zeros, HASH) == 0) {
+            Py_INCREF(zero);
+            PyList_SET_ITEM(list, (Py_ssize_t)i, zero);
+            continue;
+        }
+        PyObject *ref = PyBytes_FromStringAndSize((const char *)h, HASH);
+        if (ref == NULL)
+            goto done;
+        PyList_SET_ITEM(list, (Py_ssize_t)i, ref); /* the list owns it */
+        int seen = PySet_Contains(fresh, ref);
+        if (seen == 0)
+            seen = PySequence_Contains(known, ref);
+        if (seen < 0)
+            goto done;
+        if (seen)
+            continue;
+        if (PySet_Add(fresh, ref) < 0)
+            goto done;
+        if (run_len && i == run_first + run_len) {
+            run_len++;
+            continue;
+        }
+        if (flush_run(runs, (size_t)start + run_first, run_len) < 0)
+            goto done;
+        run_first = i;
+        run_len = 1;
+    }
+    if (flush_run(runs, (size_t)start + run_first, run_len) < 0)
+        goto done;
+    result = PyTuple_Pack(2, list, runs);
+done:
+    Py_XDECREF(zero);
+    Py_XDECREF(runs);
+    Py_XDECREF(list); /* a NULL item (error half-way) is fine for list_dealloc */
+    PyBuffer_Release(&refs);
+    return result;
+}
+
+/* ---- compress_frame ---------------------------------------------------------------------- */
+
+static pthread_key_t cctx_key;
+
+static void free_cctx(void *cctx) { ZSTD_freeCCtx(cctx); }
+
+/* This thread's compression context (kept: the executor's threads live long). */
+static ZSTD_CCtx *thread_cctx(void)
+{
+    ZSTD_CCtx *cctx = pthread_getspecific(cctx_key);
+    if (cctx == NULL) {
+        cctx = ZSTD_createCCtx();
+        if (cctx != NULL && pthread_setspecific(cctx_key, cctx) != 0) {
+            ZSTD_freeCCtx(cctx);
+            cctx = NULL;
+        }
+    }
+    return cctx;
+}
+
+/* Whether SAMPLE_PAGES pages spread over the frame compress at all (1), not (0), or the
+ * sample could not be made (-1: compress the whole frame, the result decides). */
+static int sample_compresses(ZSTD_CCtx *cctx, const unsigned char *data, size_t pages, int level)
+{
+    if (pages <= SAMPLE_PAGES)
+        return -1; /* small frame: compressing it is as cheap as a sample */
+    size_t in_len = SAMPLE_PAGES * PAGE, cap = ZSTD_compressBound(in_len);
+    unsigned char *sample = malloc(in_len + cap);
+    if (sample == NULL)
+        return -1;
+    for (size_t k = 0; k < SAMPLE_PAGES; k++)
+        memcpy(sample + k * PAGE, data + (k * pages / SAMPLE_PAGES) * PAGE, PAGE);
+    size_t got = ZSTD_compressCCtx(cctx, sample + in_len, cap, sample, in_len, level);
+    free(sample);
+    if (ZSTD_isError(got))
+        return -1;
+    return got < in_len - (in_len >> SAMPLE_MIN_GAIN_SHIFT);
+}
+
+static PyObject *compress_frame(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    int level;
+    PyObject *out = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*i:compress_frame", &buf, &level))
+        return NULL;
+    if (whole_pages(&buf) < 0)
+        goto done;
+    if (buf.len == 0) {
+        PyErr_SetString(PyExc_ValueError, "empty frame");
+        goto done;
+    }
+    size_t len = (size_t)buf.len, pages = len / PAGE;
+    ZSTD_CCtx *cctx = thread_cctx();
+    if (cctx == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int worth;
+    Py_BEGIN_ALLOW_THREADS
+    worth = sample_compresses(cctx, buf.buf, pages, level);
+    Py_END_ALLOW_THREADS
+    if (worth == 0) {
+        out = Py_NewRef(Py_None); /* store it as it is */
+        goto done;
+    }
+    size_t cap = ZSTD_compressBound(len);
+    if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap)) == NULL)
+        goto done;
+    size_t got;
+    Py_BEGIN_ALLOW_THREADS
+    got = ZSTD_compressCCtx(cctx, PyBytes_AS_STRING(out), cap, buf.buf, len, level);
+    Py_END_ALLOW_THREADS
+    if (ZSTD_isError(got) || got >= len) {
+        Py_SETREF(out, Py_NewRef(Py_None)); /* not shorter: store it as it is */
+        goto done;
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)got) < 0)
+        out = NULL; /* _PyBytes_Resize freed it */
+done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* ---- concat_digest ----------------------------------------------------------------------- */
+
+static PyObject *concat_digest(PyObject *self, PyObject *arg)
+{
+    PyObject *seq, *blob = NULL, *result = NULL;
+    Py_buffer *parts = NULL;
+    Py_ssize_t n, got = 0;
+    (void)self;
+    if ((seq = PySequence_Fast(arg, "parts must be a sequence")) == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if ((parts = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof *parts)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t total = 0;
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &parts[got], PyBUF_SIMPLE) < 0)
+            goto done;
+        if ((size_t)parts[got].len > (size_t)PY_SSIZE_T_MAX - total) {
+            got++;
+            PyErr_SetString(PyExc_OverflowError, "parts too large together");
+            goto done;
+        }
+        total += (size_t)parts[got].len;
+    }
+    if ((blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total)) == NULL)
+        goto done;
+    XXH128_canonical_t c;
+    char *dst = PyBytes_AS_STRING(blob);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(dst, parts[i].buf, (size_t)parts[i].len);
+        dst += parts[i].len;
+    }
+    XXH128_canonicalFromHash(&c, XXH3_128bits(PyBytes_AS_STRING(blob), total));
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(Oy#)", blob, (const char *)c.digest, (Py_ssize_t)HASH);
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&parts[i]);
+    PyMem_Free(parts);
+    Py_XDECREF(blob);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* ---- code_runs ---------------------------------------------------------------------------- */
+
+static PyObject *code_runs(PyObject *self, PyObject *args)
+{
+    PyObject *codes_obj, *refs_obj, *codes = NULL, *refs = NULL, *runs = NULL, *missing = NULL;
+    PyObject *result = NULL;
+    static const unsigned char zeros[HASH];
+    (void)self;
+    Py_ssize_t start = 0;
+    if (!PyArg_ParseTuple(args, "OO|n:code_runs", &codes_obj, &refs_obj, &start))
+        return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "start must not be negative");
+        return NULL;
+    }
+    if ((codes = PySequence_Fast(codes_obj, "codes must be a sequence")) == NULL ||
+        (refs = PySequence_Fast(refs_obj, "refs must be a sequence")) == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(codes);
+    if (PySequence_Fast_GET_SIZE(refs) != n) {
+        PyErr_SetString(PyExc_ValueError, "as many codes as references");
+        goto done;
+    }
+    if ((runs = PyList_New(0)) == NULL || (missing = PyList_New(0)) == NULL)
+        goto done;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        PyObject *c = PySequence_Fast_GET_ITEM(codes, i);
+        if (c == Py_None) {
+            PyObject *r = PySequence_Fast_GET_ITEM(refs, i);
+            if (!PyBytes_Check(r) || PyBytes_GET_SIZE(r) != HASH) {
+                PyErr_SetString(PyExc_TypeError, "a reference is 16 bytes");
+                goto done;
+            }
+            if (memcmp(PyBytes_AS_STRING(r), zeros, HASH) != 0) { /* not a zero page */
+                PyObject *at = PyLong_FromSsize_t(start + i);
+                if (at == NULL || PyList_Append(missing, at) < 0) {
+                    Py_XDECREF(at);
+                    goto done;
+                }
+                Py_DECREF(at);
+            }
+            i++;
+            continue;
+        }
+        long long code = PyLong_AsLongLong(c);
+        if (code == -1 && PyErr_Occurred())
+            goto done;
+        if (code < 0) {
+            PyErr_SetString(PyExc_ValueError, "codes are not negative");
+            goto done;
+        }
+        Py_ssize_t j = i + 1;
+        while (j < n) {
+            PyObject *d = PySequence_Fast_GET_ITEM(codes, j);
+            if (d == Py_None || !PyLong_Check(d))
+                break;
+            int overflow;
+            long long next = PyLong_AsLongLongAndOverflow(d, &overflow);
+            if (overflow || next != code + (long long)(j - i))
+                break;
+            j++;
+        }
+        PyObject *run = Py_BuildValue("(nLn)", start + i, code, j - i);
+        if (run == NULL || PyList_Append(runs, run) < 0) {
+            Py_XDECREF(run);
+            goto done;
+        }
+        Py_DECREF(run);
+        i = j;
+    }
+    result = PyTuple_Pack(2, runs, missing);
+done:
+    Py_XDECREF(missing);
+    Py_XDECREF(runs);
+    Py_XDECREF(refs);
+    Py_XDECREF(codes);
+    return result;
+}
+
+/* ---- gather_pages ------------------------------------------------------------------------ */
+
+static PyObject *gather_pages(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    PyObject *runs_obj, *seq = NULL, *out = NULL;
+    size_t *spans = NULL; /* (from, len) in bytes, pairs */
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*O:gather_pages", &buf, &runs_obj))
+        return NULL;
+    if (whole_pages(&buf) < 0)
+        goto done;
+    if ((seq = PySequence_Fast(runs_obj, "runs must be a sequence")) == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    size_t pages = (size_t)buf.len / PAGE, total = 0;
+    if ((spans = PyMem_Calloc(n > 0 ? 2 * (size_t)n : 1, sizeof *spans)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t first, count;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "nn;a run is (first, count)",
+                              &first, &count))
+            goto done;
+        if (first < 0 || count < 0 || (size_t)first > pages ||
+            (size_t)count > pages - (size_t)first) {
+            PyErr_Format(PyExc_ValueError, "run (%zd, %zd) outside %zu pages", first, count,
+                         pages);
+            goto done;
+        }
+        spans[2 * i] = (size_t)first * PAGE;
+        spans[2 * i + 1] = (size_t)count * PAGE;
+        total += (size_t)count * PAGE; /* runs may repeat: bounded by n * len, checked below */
+        if (total > (size_t)PY_SSIZE_T_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "runs too large together");
+            goto done;
+        }
+    }
+    if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total)) == NULL)
+        goto done;
+    char *dst = PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(dst, (const char *)buf.buf + spans[2 * i], spans[2 * i + 1]);
+        dst += spans[2 * i + 1];
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyMem_Free(spans);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* ---- write_runs ------------------------------------------------------------------------ */
+
+typedef struct {
+    off_t at;
+    size_t from, len;
+} wrun_t;
+
+static PyObject *write_runs(PyObject *self, PyObject *args)
+{
+    int fd;
+    Py_buffer buf;
+    PyObject *runs_obj, *seq = NULL, *out = NULL;
+    wrun_t *runs = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iy*O:write_runs", &fd, &buf, &runs_obj))
+        return NULL;
+    if (whole_pages(&buf) < 0)
+        goto done;
+    if ((seq = PySequence_Fast(runs_obj, "runs must be a sequence")) == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    size_t pages = (size_t)buf.len / PAGE;
+    if (n > 0 && (runs = PyMem_Calloc((size_t)n, sizeof *runs)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t dst, src, count;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "nnn;a run is (dst, src, count)",
+                              &dst, &src, &count))
+            goto done;
+        if (dst < 0 || src < 0 || count < 0 || (size_t)src > pages ||
+            (size_t)count > pages - (size_t)src ||
+            (size_t)dst > (size_t)(INT64_MAX / PAGE) - (size_t)count) {
+            PyErr_Format(PyExc_ValueError, "run (%zd, %zd, %zd) outside %zu pages", dst, src,
+                         count, pages);
+            goto done;
+        }
+        runs[i] = (wrun_t){(off_t)dst * PAGE, (size_t)src * PAGE, (size_t)count * PAGE};
+    }
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !err; i++) {
+        const char *from = (const char *)buf.buf + runs[i].from;
+        size_t left = runs[i].len;
+        off_t at = runs[i].at;
+        while (left) {
+            ssize_t w = pwrite(fd, from, left, at);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                err = w < 0 ? errno : EIO;
+                break;
+            }
+            from += w;
+            at += w;
+            left -= (size_t)w;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    PyMem_Free(runs);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* ---- module ------------------------------------------------------------------------------ */
+
+static PyObject *cpu_count(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(usable_cpus());
+}
+
+static PyMethodDef methods[] = {
+    {"hash_pages", (PyCFunction)(void (*)(void))hash_pages, METH_VARARGS | METH_KEYWORDS,
+     "hash_pages(buffer, seed, *, zero_ref=False, threads=0) -> bytes: the xxh3-128 of every "
+     "4 KiB page (canonical form), concatenated; zero_ref: a zero page gives 16 zero bytes."},
+    {"verify_pages", (PyCFunction)(void (*)(void))verify_pages, METH_VARARGS | METH_KEYWORDS,
+     "verify_pages(buffer, hashes, seed, *, threads=0) -> int: the first page whose hash "
+     "differs from hashes, -1 if none."},
+    {"plan_new", plan_new, METH_VARARGS,
+     "plan_new(refs, known, fresh) -> (refs list, runs): runs (first, count) of pages not "
+     "zero, not in known, not in the set fresh (added to it)."},
+    {"compress_frame", compress_frame, METH_VARARGS,
+     "compress_frame(data, level) -> bytes | None: a zstd frame strictly shorter than data, or "
+     "None: data does not compress, store it as it is."},
+    {"concat_digest", concat_digest, METH_O,
+     "concat_digest(parts) -> (bytes, bytes): the parts concatenated, and the xxh3-128 "
+     "(unseeded, canonical) of the result."},
+    {"code_runs", code_runs, METH_VARARGS,
+     "code_runs(codes, refs) -> (runs, missing): runs (position, first code, count) of "
+     "consecutive codes, and the positions whose code is None but whose ref is not ZERO_REF."},
+    {"gather_pages", gather_pages, METH_VARARGS,
+     "gather_pages(buffer, runs) -> bytes: the pages of each run (first, count) of buffer, "
+     "concatenated."},
+    {"write_runs", write_runs, METH_VARARGS,
+     "write_runs(fd, buffer, runs) -> None: pwrite each run (page in the file, page in "
+     "buffer, count) of buffer's pages to fd."},
+    {"cpu_count", cpu_count, METH_NOARGS,
+     "cpu_count() -> int: the CPUs this process may run on (the threads' upper bound)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "ckptd._pages",
+    "The store's per-page data path in C, without the GIL (docs/adr/0012-native-page-path.md).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__pages(void)
+{
+    if (pthread_key_create(&cctx_key, free_cctx) != 0) {
+        PyErr_SetString(PyExc_OSError, "pthread_key_create failed");
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "PAGE_SIZE", PAGE) < 0 ||
+        PyModule_AddIntConstant(m, "HASH_SIZE", HASH) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
