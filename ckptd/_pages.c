@@ -19,6 +19,7 @@
  *       compress (decided on a sample of its pages, confirmed on the result): the caller
  *       stores it as it is, and a frame exactly len(data) long is how readers know it.
  *   concat_digest(parts) -> (bytes, bytes)
+ *   digest_parts(parts) -> bytes
  *       the parts concatenated (a pack), and its xxh3-128 (unseeded, canonical: its name).
  *   code_runs(codes, refs, start=0) -> (list[tuple[int, int, int]], list[int])
  *       (GIL held) for a restore's plan: the runs (position, first code, count) of
@@ -501,6 +502,49 @@ done:
     return result;
 }
 
+/* ---- digest_parts ------------------------------------------------------------------------ */
+
+/* The xxh3-128 of the parts as if concatenated, without concatenating them (a pack is written
+ * from its frames with writev: no copy of it is made to name it). */
+static PyObject *digest_parts(PyObject *self, PyObject *arg)
+{
+    PyObject *seq, *result = NULL;
+    Py_buffer *parts = NULL;
+    Py_ssize_t n, got = 0;
+    XXH3_state_t *state = NULL;
+    (void)self;
+    if ((seq = PySequence_Fast(arg, "parts must be a sequence")) == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if ((parts = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof *parts)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < n; got++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &parts[got], PyBUF_SIMPLE) < 0)
+            goto done;
+    if ((state = XXH3_createState()) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    XXH128_canonical_t c;
+    Py_BEGIN_ALLOW_THREADS
+    XXH3_128bits_reset(state);
+    for (Py_ssize_t i = 0; i < n; i++)
+        XXH3_128bits_update(state, parts[i].buf, (size_t)parts[i].len);
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(state));
+    Py_END_ALLOW_THREADS
+    result = PyBytes_FromStringAndSize((const char *)c.digest, (Py_ssize_t)HASH);
+done:
+    if (state != NULL)
+        XXH3_freeState(state);
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&parts[i]);
+    PyMem_Free(parts);
+    Py_DECREF(seq);
+    return result;
+}
+
 /* ---- code_runs ---------------------------------------------------------------------------- */
 
 static PyObject *code_runs(PyObject *self, PyObject *args)
@@ -734,6 +778,9 @@ static PyMethodDef methods[] = {
     {"concat_digest", concat_digest, METH_O,
      "concat_digest(parts) -> (bytes, bytes): the parts concatenated, and the xxh3-128 "
      "(unseeded, canonical) of the result."},
+    {"digest_parts", digest_parts, METH_O,
+     "digest_parts(parts) -> bytes: the xxh3-128 (unseeded, canonical) of the parts as if "
+     "concatenated, without a copy."},
     {"code_runs", code_runs, METH_VARARGS,
      "code_runs(codes, refs) -> (runs, missing): runs (position, first code, count) of "
      "consecutive codes, and the positions whose code is None but whose ref is not ZERO_REF."},

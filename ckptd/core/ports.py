@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ckptd.domain import (
     CapturedFile,
@@ -34,6 +34,9 @@ from ckptd.domain import (
     TcpConnection,
     VerifyReport,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 
 class Clock(Protocol):
@@ -658,6 +661,13 @@ class BlobStore(Protocol):
     location: str
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False) -> bool: ...
+
+    def put_parts(
+        self, key: str, parts: Sequence[Buffer], *, if_absent: bool = False
+    ) -> bool:
+        """``put`` of the parts concatenated (a store on a file system writes them as they
+        are, without joining them first)."""
+        ...
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of the object (``end`` None: to its end)."""

@@ -6,12 +6,14 @@ import builtins
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ckptd.errors import BlobNotFound, StoreError
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from ckptd.core.ports import BlobStore, Clock
 
 PutHook = Callable[[str], None]
@@ -106,6 +108,10 @@ class MemoryBlobStore:
             return sum(len(data) for data, _ in self._objects.values())
 
     # ---- the BlobStore port --------------------------------------------------------------
+
+    def put_parts(self, key: str, parts: Sequence[Buffer], *, if_absent: bool = False) -> bool:
+        """``put`` of the parts joined."""
+        return self.put(key, b"".join(parts), if_absent=if_absent)
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
         """Store ``data`` under ``key`` whole; with ``if_absent``, keep an existing object

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -378,27 +378,16 @@ class BlobStoreHarness:
     a store without temporaries)."""
 
 
-class _HalfWrite:
-    """A file whose ``write`` writes half of the data, then fails like a full disk."""
-
-    def __init__(self, path: Any, mode: str) -> None:
-        self._fh = open(path, mode)  # noqa: SIM115
-
-    def __enter__(self) -> _HalfWrite:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._fh.close()
-
-    def write(self, data: bytes) -> int:
-        self._fh.write(data[: len(data) // 2])
-        self._fh.flush()
-        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+def _half_write(fd: int, parts: Sequence[Any]) -> None:
+    """Writes half of the data, then fails like a full disk."""
+    data = b"".join(bytes(p) for p in parts)
+    os.write(fd, data[: len(data) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
 
 @contextlib.contextmanager
 def _local_failing_puts() -> Iterator[None]:
-    with mock.patch("ckptd.adapters.storage.localfs.open", _HalfWrite, create=True):
+    with mock.patch("ckptd.adapters.storage.localfs._write_all", _half_write):
         yield
 
 

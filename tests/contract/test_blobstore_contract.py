@@ -26,6 +26,18 @@ def test_put_get_round_trip(blobstore: BlobStoreHarness, data: bytes) -> None:
     assert blobstore.reopen().get("packs/ab/abcdef") == data
 
 
+def test_put_parts_stores_the_parts_joined(blobstore: BlobStoreHarness) -> None:
+    blobs = blobstore.blobs
+    parts = [DATA[:1], b"", memoryview(DATA)[1:5000], bytearray(DATA[5000:])]
+    assert blobs.put_parts("packs/ab/parts", parts) is True
+    assert blobstore.reopen().get("packs/ab/parts") == DATA
+    assert blobs.put_parts("packs/ab/parts", [b"other"], if_absent=True) is False
+    assert blobs.get("packs/ab/parts") == DATA
+    many = [bytes([i % 256]) * 3 for i in range(3000)]  # more parts than one writev takes
+    assert blobs.put_parts("packs/ab/many", many) is True
+    assert blobs.get("packs/ab/many") == b"".join(many)
+
+
 def test_put_replaces_an_object(blobstore: BlobStoreHarness) -> None:
     blobs = blobstore.blobs
     blobs.put("store.json", b"old, longer")
@@ -291,3 +303,23 @@ def test_remove_temporaries(tmp_path: Path) -> None:
     assert blobs.remove_temporaries() == 0
     assert not [p for p in blobs.root.rglob(".tmp.*")]
     assert sorted(k for k, _ in blobs.list()) == ["packs/ab/abc", "store.json"]
+
+
+def test_local_put_resumes_a_short_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``writev`` may write less than asked (a signal, a full pipe of a FUSE store): the rest
+    follows, from where it stopped, also inside a part."""
+    import os
+
+    real = os.writev
+    calls: list[int] = []
+
+    def short(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(len(buffers))
+        first = buffers[0]
+        return real(fd, [first[: max(1, first.nbytes // 3)]])
+
+    monkeypatch.setattr("ckptd.adapters.storage.localfs.os.writev", short)
+    blobs = LocalBlobStore(tmp_path / "blobs")
+    blobs.put_parts("packs/ab/short", [DATA[:100], DATA[100:]])
+    assert blobs.get("packs/ab/short") == DATA
+    assert len(calls) > 2

@@ -13,11 +13,17 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptd.adapters.storage.fsutil import fsync_dir
 from ckptd.errors import BlobNotFound, StoreError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+IOV_MAX = 1024
 
 
 class LocalBlobStore:
@@ -35,12 +41,15 @@ class LocalBlobStore:
         return self.root / key
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
+        return self.put_parts(key, [data], if_absent=if_absent)
+
+    def put_parts(self, key: str, parts: Sequence[Buffer], *, if_absent: bool = False) -> bool:
         path = self._path(key)
         tmp = path.parent / f".tmp.{secrets.token_hex(6)}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with open(tmp, "wb") as fh:
-                fh.write(data)
+            with open(tmp, "wb", buffering=0) as fh:
+                _write_all(fh.fileno(), parts)
             if if_absent:
                 try:
                     os.link(tmp, path)
@@ -138,3 +147,19 @@ class LocalBlobStore:
                         (Path(dirpath) / name).unlink()
                         count += 1
         return count
+
+
+def _write_all(fd: int, parts: Sequence[Buffer]) -> None:
+    """Write every part, in order, with as few ``writev`` calls as the kernel allows (a short
+    write is resumed where it stopped)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    views = [v for v in views if v.nbytes]
+    while views:
+        batch = views[:IOV_MAX]
+        done = os.writev(fd, batch)
+        while done and views:
+            if done >= views[0].nbytes:
+                done -= views.pop(0).nbytes
+            else:
+                views[0] = views[0][done:]
+                done = 0

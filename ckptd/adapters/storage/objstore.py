@@ -13,7 +13,7 @@ as obstore finds them; ``config`` may add obstore settings of the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
@@ -26,6 +26,7 @@ from ckptd.errors import BlobNotFound, StoreError
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, ObjectStore, RetryConfig
+    from typing_extensions import Buffer
 
     from ckptd.core.ports import BlobStore
 
@@ -116,6 +117,9 @@ class ObjectBlobStore:
         return cls(store, url)
 
     # ---- the BlobStore port --------------------------------------------------------------
+
+    def put_parts(self, key: str, parts: Sequence[Buffer], *, if_absent: bool = False) -> bool:
+        return self.put(key, b"".join(parts), if_absent=if_absent)
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
         _check_key(key)

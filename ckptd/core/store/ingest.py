@@ -19,7 +19,7 @@ from ckptd.core.store import pagelist, pagepath
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.manifest import FileEntry
 from ckptd.core.store.objects import put_blob
-from ckptd.core.store.packs import Frame, PackBuilder, build_pack
+from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.core.store.streaming import StreamedPages
 
@@ -129,11 +129,12 @@ def _put_pack(
 ) -> tuple[str, int]:
     """Assemble, write and make durable one pack, then index it: (its id, the bytes written,
     0 when it was there already)."""
-    pack_id, data, pack_index = build_pack(frames)
+    pack_id, parts, pack_index = build_pack_parts(frames)
     # a pack with the same content that GC condemned is written again (a fresh object,
     # protected by this dump's lease), never reused
     again = pack_id in index.condemned
-    written = len(data) if blobs.put(pack_key(pack_id), data, if_absent=not again) else 0
+    size = sum(memoryview(p).nbytes for p in parts)
+    written = size if blobs.put_parts(pack_key(pack_id), parts, if_absent=not again) else 0
     blobs.flush()
     index.add_pack(pack_index)
     return pack_id, written

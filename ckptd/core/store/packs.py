@@ -178,6 +178,16 @@ def read_frame(
 def build_pack(frames: Sequence[tuple[Future[Frame], tuple[bytes, ...]]]) -> SealedPack:
     """Assemble frames (waiting for them) into a pack object: one native call copies them
     together and names the pack (``pagepath.concat_digest``)."""
+    pack_id, parts, pack_index = build_pack_parts(frames)
+    return pack_id, b"".join(parts), pack_index
+
+
+def build_pack_parts(
+    frames: Sequence[tuple[Future[Frame], tuple[bytes, ...]]],
+) -> tuple[str, list[Frame], PackIndex]:
+    """A pack object as its parts in order (magic, frames, trailer, footer), named without
+    joining them (``pagepath.digest_parts``): for ``BlobStore.put_parts``, which writes them
+    as they are. Waits for the frames to be compressed."""
     body: list[Frame] = [MAGIC]
     offset = len(MAGIC)
     infos = []
@@ -190,9 +200,8 @@ def build_pack(frames: Sequence[tuple[Future[Frame], tuple[bytes, ...]]]) -> Sea
     trailer = encode_trailer(infos)
     body.append(trailer)
     body.append(FOOTER.pack(offset, len(trailer), xxhash.xxh3_64_digest(trailer), END_MAGIC))
-    blob, digest = pagepath.concat_digest(body)
-    pack_id = digest.hex()
-    return pack_id, blob, PackIndex(pack_id, tuple(infos))
+    pack_id = pagepath.digest_parts(body).hex()
+    return pack_id, body, PackIndex(pack_id, tuple(infos))
 
 
 class PackBuilder:

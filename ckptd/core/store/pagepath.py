@@ -111,6 +111,14 @@ def concat_digest(parts: Sequence[Buffer]) -> tuple[bytes, bytes]:
     return py_concat_digest(parts)
 
 
+def digest_parts(parts: Sequence[Buffer]) -> bytes:
+    """The xxh3-128 (unseeded) of ``parts`` as if concatenated (``concat_digest``'s name),
+    without concatenating them."""
+    if _native is not None:
+        return _native.digest_parts(parts)
+    return py_digest_parts(parts)
+
+
 def code_runs(
     codes: Sequence[int | None], refs: Sequence[bytes]
 ) -> tuple[list[tuple[int, int, int]], list[int]]:
@@ -215,6 +223,13 @@ def py_compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryvie
 def py_concat_digest(parts: Sequence[Buffer]) -> tuple[bytes, bytes]:
     blob = b"".join(parts)
     return blob, xxhash.xxh3_128_digest(blob)
+
+
+def py_digest_parts(parts: Sequence[Buffer]) -> bytes:
+    state = xxhash.xxh3_128()
+    for part in parts:
+        state.update(part)
+    return state.digest()
 
 
 def py_code_runs(

@@ -21,7 +21,7 @@ from concurrent.futures import Executor, Future
 from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagepath
 from ckptd.core.store.index import PageIndex, pack_key
-from ckptd.core.store.packs import Frame, PackBuilder, build_pack
+from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts
 from ckptd.core.store.pagehash import PageHasher
 
 STREAM_PACK_BYTES = 32 << 20
@@ -110,10 +110,10 @@ class StreamedPages:
             self.writes.append(self._writer.submit(self._put_pack, frames))
 
     def _put_pack(self, frames: Frames) -> None:
-        pack_id, data, pack_index = build_pack(frames)
+        pack_id, parts, pack_index = build_pack_parts(frames)
         again = pack_id in self._index.condemned
-        if self._blobs.put(pack_key(pack_id), data, if_absent=not again):
-            self.bytes_new += len(data)
+        if self._blobs.put_parts(pack_key(pack_id), parts, if_absent=not again):
+            self.bytes_new += sum(memoryview(p).nbytes for p in parts)
             self.written_packs.add(pack_id)
         self._index.add_pack(pack_index)
         self.new_packs.append(pack_id)
