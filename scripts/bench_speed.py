@@ -20,8 +20,12 @@ process each time:
                of its non-zero pages), then a second leave-running checkpoint: its wall time
                against the full one's, its new bytes against the bytes changed
 
+  --also K=V   (repeatable) one more daemon with setting K = V (TOML value, e.g.
+               stream_pages=false), dumped and restored through gRPC in the same rounds:
+               one more row per setting, side by side with the default daemon's
+
 Usage (root): .venv/bin/python scripts/bench_speed.py [--sizes 1024,4096]
-              [--kinds mixed,random] [--dir DIR]
+              [--kinds mixed,random] [--dir DIR] [--also stream_pages=false]
 Prints one Markdown table of raw figures and one of ratios against issue #13's targets.
 """
 
@@ -124,15 +128,21 @@ class Sampler:
 
 
 @contextlib.contextmanager
-def daemon_at(root: Path) -> Iterator[tuple[Path, int, list[Path]]]:
-    """A daemon with a store and state of its own under ``root``: (socket, pid, its staging
-    directories: the state directory's and its own under /dev/shm/ckptd)."""
+def daemon_at(root: Path, setting: str = "") -> Iterator[tuple[Path, int, list[Path]]]:
+    """A daemon with a store and state of its own under ``root``, ``setting`` (``K=V``) in its
+    configuration: (socket, pid, its staging directories: the state directory's and its own
+    under /dev/shm/ckptd)."""
     root.mkdir(parents=True)
     sock, state = root / "ckptd.sock", root / "state"
+    config: list[str] = []
+    if setting:
+        key, value = setting.split("=", 1)
+        (root / "ckptd.toml").write_text(f"{key.strip()} = {value.strip()}\n")
+        config = ["--config", str(root / "ckptd.toml")]
     with (root / "ckptd.log").open("w") as log:
         daemon = subprocess.Popen(
             [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(root / "store"),
-             "--state-dir", str(state), "--log-level", "WARNING"], stderr=log)
+             "--state-dir", str(state), "--log-level", "WARNING", *config], stderr=log)
     try:
         while not sock.exists():
             if daemon.poll() is not None:
@@ -242,6 +252,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1024,4096")
     ap.add_argument("--kinds", default="mixed,random")
     ap.add_argument("--dir", default="", help="work directory (default: a temp dir in /var/tmp)")
+    ap.add_argument("--also", action="append", default=[], metavar="K=V",
+                    help="one more daemon with this setting, side by side (repeatable)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -259,6 +271,11 @@ def main() -> int:
                 rows = {"raw": raw(mib, kind, work),
                         "grpc": via_grpc(mib, kind, work, stub, pid, staging),
                         "cli": via_cli(mib, kind, work, sock)}
+            for n, setting in enumerate(args.also):
+                with daemon_at(work / f"d-{mib}-{kind}-{n}", setting) as (sock, pid, staging):
+                    stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
+                        grpc.insecure_channel(f"unix:{sock}"))
+                    rows[f"grpc {setting}"] = via_grpc(mib, kind, work, stub, pid, staging)
             if kind == "mixed":
                 with daemon_at(work / f"i-{mib}") as (sock, pid, staging):
                     stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
@@ -285,6 +302,18 @@ def report(results: dict[tuple[int, str], dict[str, Row]]) -> None:
               f"{c.dump_s:.2f} | {c.restore_s:.2f} | {mb(g.extra['dump_rss'])}/"
               f"{mb(g.extra['restore_rss'])} | {mb(g.extra['dump_staging'])}/"
               f"{mb(g.extra['restore_staging'])} |")
+    others = [(key, mk) for mk, r in results.items() for key in r if key.startswith("grpc ")]
+    if others:
+        print("\nThe same through gRPC with one setting changed (a daemon of its own):\n")
+        print("| size | kind | setting | dump | frozen | restore | stored MiB | peak RSS MiB "
+              "dump/restore | peak staging MiB dump/restore |")
+        print("|---" * 10 + "|")
+        for key, (mib, kind) in others:
+            o = results[(mib, kind)][key]
+            print(f"| {mib} MiB | {kind} | {key[5:]} | {o.dump_s:.2f} | {o.frozen_s:.2f} | "
+                  f"{o.restore_s:.2f} | {mb(o.stored)} | {mb(o.extra['dump_rss'])}/"
+                  f"{mb(o.extra['restore_rss'])} | {mb(o.extra['dump_staging'])}/"
+                  f"{mb(o.extra['restore_staging'])} |")
     print("\n| size | kind | dump / (dump+sync) (<=1.0) | dump / raw (<=1.5, goal 1.0) "
           "| frozen / raw (<=1.0) | stored / zstd -1 (<=1.0) | restore / raw (<=1.0) "
           "| incr / full (<=0.3) | incr bytes / changed (<=1.2) |")

@@ -40,12 +40,14 @@ class DaemonConfig:
     """RAM-backed directory where CRIU writes a dump before it is ingested, when it fits
     (else ``state_dir/staging``); each daemon uses its own subdirectory. Empty: always on
     disk."""
-    stream_pages: bool = False
+    stream_pages: bool = True
     """CRIU sends a dump's pages to the daemon as it dumps (its page-server protocol), and they
     go into the store at once: the staging holds only the other images, and the memory the
-    pages take is bounded (about 450 MiB measured) whatever the dump's size. The tree stays frozen
-    until every page has been hashed and compressed (slower than CRIU writing to RAM where
-    ingest is slower than CRIU: see docs/design/streaming.md)."""
+    pages take is bounded (under 512 MiB) whatever the dump's size. Where ingest is slower
+    than CRIU writing to RAM, the tree stays frozen until the pages beyond the receiver's pool
+    are stored (docs/design/streaming.md has the figures). ``false``: CRIU writes the whole
+    image to the staging first (RAM when it fits), ingested after the tree is thawed: a shorter
+    freeze where RAM allows, for as much staging as the image."""
     compress_level: int = 1
     """zstd level of page frames (1: as fast as ``zstd -1``)."""
     compress_workers: int = 0
