@@ -31,7 +31,7 @@ from .support import (
 
 pytestmark = pytest.mark.integration
 
-STEPS = 40
+STEPS = 80  # 4 s at INTERVAL: three dumps fit in that window even on a loaded machine
 INTERVAL = 50
 
 
