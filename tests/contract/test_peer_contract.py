@@ -20,7 +20,7 @@ from integration.certs import make_ca, make_node_cert
 
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.storage import LocalBlobStore
-from ckptd.core.ports import PeerLink
+from ckptd.core.ports import PageFrame, PeerLink
 from ckptd.core.receive import Receiver
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.core.store.pagehash import PAGE_SIZE, PageHasher
@@ -122,11 +122,12 @@ def refs_of(data: bytes, seed: int) -> list[bytes]:
 
 
 def send_missing(session: object, name: str, data: bytes, missing: list[int]) -> int:
-    batches = (
-        (name, i, 1, zstandard.ZstdCompressor().compress(data[i * PAGE_SIZE:(i + 1) * PAGE_SIZE]))
+    frames = (
+        PageFrame(zstandard.ZstdCompressor().compress(data[i * PAGE_SIZE:(i + 1) * PAGE_SIZE]),
+                  1, ((name, i, 0, 1),))
         for i in missing
     )
-    return int(session.send(batches))  # type: ignore[attr-defined]
+    return int(session.send(frames))  # type: ignore[attr-defined]
 
 
 def transfer(peer: Peer, record: CheckpointRecord, files: dict[str, bytes]) -> list[int]:

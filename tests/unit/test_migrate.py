@@ -4,7 +4,6 @@ dump, the preview and the local restore: every step's undo, and the bytes that t
 from __future__ import annotations
 
 import random
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,8 +102,7 @@ def world(tmp_path: Path) -> tuple[Node, Node, LoopbackPeerConnector, MigrateRec
     connector.add("b:7443", b.receiver)
     recipe = MigrateRecipe(
         preview=a.preview, dump=a.dump, restore_here=a.restore, pages=a.store,
-        connector=connector, clock=clock, executor=ThreadPoolExecutor(2),
-        is_pages_file=is_pages_image,
+        connector=connector, clock=clock,
     )
     return a, b, connector, recipe
 
@@ -176,8 +174,7 @@ def test_a_shared_store_sends_nothing(tmp_path: Path) -> None:
                                      restore=b.restore, clock=clock, node="node-b"))
     recipe = MigrateRecipe(
         preview=a.preview, dump=a.dump, restore_here=a.restore, pages=a.store,
-        connector=connector, clock=clock, executor=ThreadPoolExecutor(1),
-        is_pages_file=is_pages_image,
+        connector=connector, clock=clock,
     )
     out = recipe.run(USER, MigrateRequest(pid=4321, to="b:7443"), lambda _p: None)
     assert out.shared_store and out.pages_sent == 0 and out.bytes_sent == 0

@@ -22,6 +22,7 @@ import grpc
 from ckptd._gen.ckptd.v1 import peer_pb2 as pb
 from ckptd._gen.ckptd.v1 import peer_pb2_grpc as pb_grpc
 from ckptd.core.groups import GroupMembers
+from ckptd.core.ports import PageFrame, PlaceRun
 from ckptd.core.receive import Receiver
 from ckptd.domain import Caller, CheckpointRecord, CompatReport, PeerProbe, RemoteRestore
 from ckptd.domain.model import ROOT
@@ -87,6 +88,35 @@ def record_from(data: bytes) -> CheckpointRecord:
         raise InvalidTarget(f"the sender's checkpoint record is malformed: {exc}") from exc
 
 
+RUN = struct.Struct("<4I")
+
+
+def frame_message(session: str, frame: PageFrame) -> pb.PageBatch:
+    """A frame on the wire: its data as it is, its runs as four uint32 each."""
+    names: dict[str, int] = {}
+    runs = b"".join(
+        RUN.pack(names.setdefault(name, len(names)), dst, src, count)
+        for name, dst, src, count in frame.runs
+    )
+    return pb.PageBatch(session=session, count=frame.pages, data=frame.data, raw=frame.raw,
+                        names=list(names), runs=runs)
+
+
+def frame_from(batch: pb.PageBatch) -> PageFrame:
+    """The frame a message carries; one without runs (consecutive pages of one image) too."""
+    if not batch.runs:
+        return PageFrame(batch.data, batch.count, ((batch.name, batch.first, 0, batch.count),),
+                         raw=batch.raw)
+    if len(batch.runs) % RUN.size:
+        raise InvalidTarget(f"a frame's runs take {len(batch.runs)} bytes")
+    runs: list[PlaceRun] = []
+    for name_at, dst, src, count in RUN.iter_unpack(batch.runs):
+        if name_at >= len(batch.names):
+            raise InvalidTarget(f"a frame's run names image {name_at} of {len(batch.names)}")
+        runs.append((batch.names[name_at], dst, src, count))
+    return PageFrame(batch.data, batch.count, tuple(runs), raw=batch.raw)
+
+
 # ---- server -------------------------------------------------------------------------------
 
 
@@ -129,7 +159,10 @@ class PeerServicer(GroupRpcs, pb_grpc.PeerServicer):
         if not request.pages:
             self._call(
                 context,
-                lambda: self._receiver.offer_file(request.session, request.name, request.data),
+                lambda: self._receiver.offer_file(
+                    request.session, request.name, request.data,
+                    request.size if request.compressed else None,
+                ),
             )
             return pb.OfferResponse()
         missing = self._call(
@@ -144,10 +177,7 @@ class PeerServicer(GroupRpcs, pb_grpc.PeerServicer):
         def receive_all() -> int:
             pages = 0
             for batch in request_iterator:
-                self._receiver.receive(
-                    batch.session, batch.name, batch.first, batch.count, batch.zstd
-                )
-                pages += batch.count
+                pages += self._receiver.receive(batch.session, frame_from(batch))
             return pages
 
         return pb.SendResponse(pages=self._call(context, receive_all))
@@ -259,16 +289,15 @@ class GrpcPeerSession:
             timeout=CALL_TIMEOUT_S))
         return list(struct.unpack(f"<{len(r.missing) // 4}I", r.missing))
 
-    def offer_file(self, name: str, data: bytes) -> None:
+    def offer_file(self, name: str, data: bytes, size: int | None = None) -> None:
         self._link._rpc(lambda: self._stub.Offer(
-            pb.OfferRequest(session=self.session, name=name, size=len(data), data=data),
+            pb.OfferRequest(session=self.session, name=name,
+                            size=len(data) if size is None else size, data=data,
+                            compressed=size is not None),
             timeout=CALL_TIMEOUT_S))
 
-    def send(self, batches: Iterator[tuple[str, int, int, bytes]]) -> int:
-        messages = (
-            pb.PageBatch(session=self.session, name=n, first=f, count=c, zstd=z)
-            for n, f, c, z in batches
-        )
+    def send(self, frames: Iterator[PageFrame]) -> int:
+        messages = (frame_message(self.session, frame) for frame in frames)
         r = self._link._rpc(lambda: self._stub.Send(messages, timeout=FINISH_TIMEOUT_S))
         return int(r.pages)
 
