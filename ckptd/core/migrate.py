@@ -26,6 +26,7 @@ damaged on the way fails ``send``, and the job runs here again.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -53,6 +54,8 @@ from ckptd.domain import (
     RestoreRequest,
 )
 from ckptd.errors import CkptdError, Incompatible, InvalidTarget, PeerError
+
+log = logging.getLogger(__name__)
 
 OFFER_PAGES = 1 << 20
 """Page references per offer message (16 MiB): any image size fits the message limit."""
@@ -83,6 +86,8 @@ class MigrateContext:
     pages_sent: int = 0
     bytes_sent: int = 0
     transfer_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per step, for the log."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -105,13 +110,15 @@ class MigrateRecipe:
         self._pages = pages
         self._connector = connector
         self._clock = clock
-        self.steps: tuple[Step[MigrateContext], ...] = (
-            Step("connect", self._connect, self._disconnect, "connecting to the target daemon"),
-            Step("probe", self._probe, None, "asking the target whether it can restore"),
-            Step("dump", self._dump_here, self._restore_back, "checkpointing the tree here"),
-            Step("open", self._open, self._abort, "opening the transfer"),
-            Step("send", self._send, None, "sending the pages the target lacks"),
-            Step("finish", self._finish, None, "the target commits and restores"),
+        self.steps: tuple[Step[MigrateContext], ...] = tuple(
+            Step(name, self._timed(name, do), undo, describe) for name, do, undo, describe in (
+                ("connect", self._connect, self._disconnect, "connecting to the target daemon"),
+                ("probe", self._probe, None, "asking the target whether it can restore"),
+                ("dump", self._dump_here, self._restore_back, "checkpointing the tree here"),
+                ("open", self._open, self._abort, "opening the transfer"),
+                ("send", self._send, None, "sending the pages the target lacks"),
+                ("finish", self._finish, None, "the target commits and restores"),
+            )
         )
 
     def run(
@@ -155,6 +162,12 @@ class MigrateRecipe:
             downtime_s=self._clock.monotonic() - ctx.started,
             transfer_s=ctx.transfer_s,
             shared_store=ctx.probe.store_id == self._pages.store_id,
+        )
+        log.info(
+            "migrated %s to %s: down %.2fs (%s); %d of %d pages, %d bytes sent",
+            outcome.checkpoint_id, request.to, outcome.downtime_s,
+            ", ".join(f"{k} {v:.2f}s" for k, v in ctx.timings.items()),
+            outcome.pages_sent, outcome.pages_total, outcome.bytes_sent,
         )
         if self._events is not None:
             self._events.publish(
@@ -267,6 +280,18 @@ class MigrateRecipe:
             raise
 
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _timed(
+        self, name: str, do: Callable[[MigrateContext], None]
+    ) -> Callable[[MigrateContext], None]:
+        def timed(ctx: MigrateContext) -> None:
+            started = self._clock.monotonic()
+            try:
+                do(ctx)
+            finally:
+                ctx.timings[name] = self._clock.monotonic() - started
+
+        return timed
 
     def _dump_request(self, ctx: MigrateContext) -> DumpRequest:
         return DumpRequest(

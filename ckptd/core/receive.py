@@ -287,6 +287,7 @@ class Receiver:
         staged: tuple[CheckpointRecord, Path] | None = None
         try:
             images = s.images
+            assembling = self._clock.monotonic()
             if images is not None:
                 self._assemble(s, images)
                 staged = (s.record, images)
@@ -297,6 +298,8 @@ class Receiver:
             if staged is not None:
                 s.images = None  # the background commit owns the staging now
                 self._commit_later(s.record)
+            log.info("restored migrated checkpoint %s: assembled in %.2fs, restored in %.2fs",
+                     s.record.id, started - assembling, self._clock.monotonic() - started)
             return RemoteRestore(
                 checkpoint_id=outcome.checkpoint_id,
                 pid=outcome.pid,

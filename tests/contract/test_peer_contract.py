@@ -264,3 +264,40 @@ def test_a_record_whose_id_is_not_a_checkpoint_id_is_refused(peer: Peer, bad_id:
     with pytest.raises(InvalidTarget, match="bad checkpoint id"):
         peer.link.open(record, False)
     assert peer.target.store.list() == []
+
+
+def test_one_frame_fills_places_in_two_images_raw_or_zstd(peer: Peer) -> None:
+    """A frame's runs place its pages in several images (a page in two places too); a raw
+    frame is taken as it is; runs outside what was offered are refused."""
+    record = a_record()
+    one, two = pages_image(10, 8), pages_image(6, 9)
+    session = peer.link.open(record, False)
+    missing = {name: session.offer_pages(name, len(data), b"".join(
+        refs_of(data, session.page_seed))) for name, data in
+        (("pages-1.img", one), ("pages-2.img", two))}
+    with pytest.raises(InvalidTarget, match="out of range"):
+        session.send(iter([PageFrame(one[:PAGE_SIZE], 1, (("pages-1.img", 10, 0, 1),),
+                                     raw=True)]))
+    session.abort()
+    # pages 1..4 of one, raw; page 1 of two has the content of page 1 of one: placed twice
+    two = two[:PAGE_SIZE] + one[PAGE_SIZE:2 * PAGE_SIZE] + two[2 * PAGE_SIZE:]
+    record = a_record()
+    session = peer.link.open(record, False)
+    missing = {name: session.offer_pages(name, len(data), b"".join(
+        refs_of(data, session.page_seed))) for name, data in
+        (("pages-1.img", one), ("pages-2.img", two))}
+    raw = PageFrame(one[PAGE_SIZE:5 * PAGE_SIZE], 4,
+                    (("pages-1.img", 1, 0, 4), ("pages-2.img", 1, 0, 1)), raw=True)
+    rest = [(n, i) for n, idx in missing.items() for i in idx
+            if not (n == "pages-1.img" and 1 <= i <= 4) and not (n == "pages-2.img" and i == 1)]
+    data = {"pages-1.img": one, "pages-2.img": two}
+    packed = zstandard.ZstdCompressor().compress(b"".join(
+        data[n][i * PAGE_SIZE:(i + 1) * PAGE_SIZE] for n, i in rest))
+    zframe = PageFrame(packed, len(rest), tuple((n, i, k, 1) for k, (n, i) in enumerate(rest)))
+    assert session.send(iter([raw, zframe])) == 5 + len(rest)
+    session.offer_file("core-1.img", zstandard.ZstdCompressor().compress(b"core" * 9), 36)
+    session.finish("")
+    assert peer.target.receiver.wait_commits(30)
+    with peer.target.store.checkout(record.id) as images:
+        assert {p.name: p.read_bytes() for p in images.iterdir()} == {
+            "pages-1.img": one, "pages-2.img": two, "core-1.img": b"core" * 9}
