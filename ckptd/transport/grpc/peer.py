@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.keepalive_time_ms", 30_000),
 )
+SEND_STREAMS = 2
+"""Concurrent Send calls of one transfer."""
+SEND_AHEAD = 4
+"""Frames queued per call (up to 16 MiB each)."""
 CONNECT_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 120.0
 FINISH_TIMEOUT_S = 1800.0
@@ -297,9 +302,34 @@ class GrpcPeerSession:
             timeout=CALL_TIMEOUT_S))
 
     def send(self, frames: Iterator[PageFrame]) -> int:
-        messages = (frame_message(self.session, frame) for frame in frames)
-        r = self._link._rpc(lambda: self._stub.Send(messages, timeout=FINISH_TIMEOUT_S))
-        return int(r.pages)
+        """The frames over SEND_STREAMS concurrent Send calls, dealt in turn: the target
+        verifies and writes the frames of one on its own thread while the others arrive. The
+        frames are read (and encoded) on this thread: an error reading them is raised as it
+        is, after the calls are cancelled; the first failed call ends the sending."""
+        queues: list[queue.Queue[pb.PageBatch | None]] = [
+            queue.Queue(maxsize=SEND_AHEAD) for _ in range(SEND_STREAMS)
+        ]
+        calls = [self._stub.Send.future(_drain(q), timeout=FINISH_TIMEOUT_S) for q in queues]
+        try:
+            for i, frame in enumerate(frames):
+                if not _put(queues[i % SEND_STREAMS], frame_message(self.session, frame), calls):
+                    break
+            else:
+                for q in queues:
+                    _put(q, None, calls)
+        except BaseException:
+            for call in calls:
+                call.cancel()
+            raise
+        if _failed(calls):  # the others wait for frames that will never come
+            failed = [call for call in calls if call.done() and (
+                call.cancelled() or call.exception() is not None)]
+            for call in calls:
+                if call not in failed:
+                    call.cancel()
+            for call in failed:
+                self._link._rpc(call.result)
+        return sum(int(self._link._rpc(call.result).pages) for call in calls)
 
     def finish(self, output_path: str) -> RemoteRestore:
         r = self._link._rpc(
@@ -320,6 +350,30 @@ class GrpcPeerSession:
         except grpc.RpcError as exc:
             log.warning("abort of session %s on %s failed: %s", self.session,
                         self._link.address, exc.details() if hasattr(exc, "details") else exc)
+
+
+def _drain(q: queue.Queue[pb.PageBatch | None]) -> Iterator[pb.PageBatch]:
+    while (message := q.get()) is not None:
+        yield message
+
+
+def _put(q: queue.Queue[pb.PageBatch | None], item: pb.PageBatch | None,
+         calls: list[Any]) -> bool:
+    """Queue ``item`` for its call; False (not queued) once any call has failed."""
+    while not _failed(calls):
+        try:
+            q.put(item, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _failed(calls: list[Any]) -> bool:
+    """Whether a call has ended with an error (a Send call ends well only after its last
+    frame, which is queued last)."""
+    return any(call.done() and (call.cancelled() or call.exception() is not None)
+               for call in calls)
 
 
 _LINK_BROKEN = {
