@@ -26,7 +26,7 @@ from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import get_blob_stored
 from ckptd.core.store.pagehash import HASH_SIZE, ZERO_REF, PageHasher
 from ckptd.core.store.reader import CheckpointReader, FrameKey
-from ckptd.errors import CorruptCheckpoint
+from ckptd.errors import CorruptCheckpoint, PeerError
 
 
 class FrameExport(CheckpointReader):
@@ -105,7 +105,7 @@ class FrameExport(CheckpointReader):
             mask = masks[name] = bytearray(self._pages.get(name, 0))
             for i in indices:
                 if not 0 <= i < len(mask):
-                    raise CorruptCheckpoint(
+                    raise PeerError(
                         f"the target asked for page {i} of {name}, which has {len(mask)}",
                         checkpoint_id=self._id,
                     )
