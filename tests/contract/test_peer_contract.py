@@ -301,3 +301,20 @@ def test_one_frame_fills_places_in_two_images_raw_or_zstd(peer: Peer) -> None:
     with peer.target.store.checkout(record.id) as images:
         assert {p.name: p.read_bytes() for p in images.iterdir()} == {
             "pages-1.img": one, "pages-2.img": two, "core-1.img": b"core" * 9}
+
+
+def test_a_damaged_frame_among_many_ends_the_sending(peer: Peer) -> None:
+    """Frames after the damaged one are not waited for (the gRPC client sends on several
+    streams: the failed one cancels the others) and nothing is listed."""
+    record = a_record()
+    data = pages_image(40, 10)
+    session = peer.link.open(record, False)
+    missing = session.offer_pages("pages-1.img", len(data), b"".join(
+        refs_of(data, session.page_seed)))
+    frames = [PageFrame(data[i * PAGE_SIZE:(i + 1) * PAGE_SIZE], 1, (("pages-1.img", i, 0, 1),),
+                        raw=True) for i in missing]
+    frames[5] = PageFrame(bytes(PAGE_SIZE - 1) + b"x", 1, frames[5].runs, raw=True)
+    with pytest.raises(CorruptCheckpoint, match="does not match its hash"):
+        session.send(iter(frames))
+    session.abort()
+    assert peer.target.store.list() == [] and peer.target.restored == []
