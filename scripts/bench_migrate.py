@@ -4,7 +4,8 @@
 Two ckptd daemons on loopback (each its own store, mutual TLS from scripts/make-peer-certs.sh)
 move `counter --mem-mib N` (N MiB of incompressible memory, one page rewritten per step)
 A -> B, let it run a few seconds, then B -> A. Reported per migration: bytes sent, wall time
-of `ckptctl migrate`, and the job's downtime (from its freeze to running on the target).
+of `ckptctl migrate`, and the job's downtime (from its freeze to running on the target), then
+where the downtime went, per step (from the source daemon's log).
 
 Baseline, the same job by hand: `criu dump` -> `tar | zstd -1 -T0 | zstd -d | tar -x` into a
 second directory (the pipe stands for the network) -> `criu restore`: every migration moves
@@ -89,7 +90,7 @@ def daemon(work: Path, name: str, pki: Path) -> tuple[subprocess.Popen[bytes], P
     )
     proc = subprocess.Popen(
         [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(root / "store"),
-         "--config", str(conf), "--log-level", "WARNING", "--criu", CRIU],
+         "--config", str(conf), "--log-level", "INFO", "--criu", CRIU],
         stderr=(root / "ckptd.log").open("w"),
     )
     while not sock.exists():
@@ -156,6 +157,10 @@ def main() -> int:
     print(f"\npages sent: 1st {first['pages_sent']} of {first['pages_total']}, "
           f"2nd {second['pages_sent']} of {second['pages_total']}; CRIU frozen: "
           f"{first['frozen_s']:.2f} s / {second['frozen_s']:.2f} s")
+    for name in ("a", "b"):  # where each migration's downtime went (the source's log)
+        for line in (work / name / "ckptd.log").read_text().splitlines():
+            if '"ckptd.core.migrate"' in line and "migrated" in line:
+                print(f"{name}: {json.loads(line)['msg']}")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

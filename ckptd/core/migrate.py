@@ -9,32 +9,38 @@ Order, and what undoes each step if a later one fails:
     dump        checkpoint here, commit, kill the tree                  restore it HERE
     open        a transfer session on the target                        abort it there
     send        every image: pages offered as hashes in the target's    (open's undo)
-                hash space, only the pages it lacks sent (zstd); none
-                at all when both daemons share one store
+                hash space, only the pages it lacks sent, in this
+                store's frames as they are (zstd or raw) when all of a
+                frame's pages are wanted; none at all when both
+                daemons share one store
     finish      the target commits and restores the tree                -
 
 Invariants: the tree is killed only once its checkpoint is durable here; whatever fails after
 that, the tree runs again here (restored from that checkpoint), except when the target may have
 restored it already (the link broke during ``finish``): then nothing is restored twice, and the
-error says where to look. The checkpoint stays in this node's store either way.
+error says where to look. The checkpoint stays in this node's store either way. Every page the
+target restores was verified there against the hash offered for its place, which this node
+computed from content verified against its own store (``ckptd.core.store.export``): a frame
+damaged on the way fails ``send``, and the job runs here again.
 """
 
 from __future__ import annotations
 
-import mmap
-from collections import deque
+import logging
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import zstandard
 
 from ckptd.core.events import EventBus
-from ckptd.core.ports import Clock, PageExchange, PeerConnector, PeerLink, PeerSession
+from ckptd.core.ports import (
+    Clock,
+    PageExchange,
+    PageFrame,
+    PeerConnector,
+    PeerLink,
+    PeerSession,
+)
 from ckptd.core.recipe import ProgressSink, Step, run_steps
-from ckptd.core.store import pagepath
-from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_REF, PageHasher
+from ckptd.core.store.pagehash import HASH_SIZE
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -49,11 +55,12 @@ from ckptd.domain import (
 )
 from ckptd.errors import CkptdError, Incompatible, InvalidTarget, PeerError
 
+log = logging.getLogger(__name__)
+
 OFFER_PAGES = 1 << 20
 """Page references per offer message (16 MiB): any image size fits the message limit."""
-BATCH_PAGES = 256
-"""Pages per message: 1 MiB before compression."""
-PREFETCH = 8
+RUN_BYTES = 16
+"""What a frame's place run costs on the wire (four 32-bit numbers)."""
 
 Dumper = Callable[[Caller, DumpRequest, ProgressSink], CheckpointRecord]
 Previewer = Callable[[Caller, DumpRequest], CheckpointRecord]
@@ -79,6 +86,8 @@ class MigrateContext:
     pages_sent: int = 0
     bytes_sent: int = 0
     transfer_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per step, for the log."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -92,9 +101,6 @@ class MigrateRecipe:
         pages: PageExchange,
         connector: PeerConnector,
         clock: Clock,
-        executor: Executor,
-        is_pages_file: Callable[[str], bool],
-        level: int = 1,
         events: EventBus | None = None,
     ) -> None:
         self._events = events
@@ -104,16 +110,15 @@ class MigrateRecipe:
         self._pages = pages
         self._connector = connector
         self._clock = clock
-        self._executor = executor
-        self._is_pages_file = is_pages_file
-        self._level = level
-        self.steps: tuple[Step[MigrateContext], ...] = (
-            Step("connect", self._connect, self._disconnect, "connecting to the target daemon"),
-            Step("probe", self._probe, None, "asking the target whether it can restore"),
-            Step("dump", self._dump_here, self._restore_back, "checkpointing the tree here"),
-            Step("open", self._open, self._abort, "opening the transfer"),
-            Step("send", self._send, None, "sending the pages the target lacks"),
-            Step("finish", self._finish, None, "the target commits and restores"),
+        self.steps: tuple[Step[MigrateContext], ...] = tuple(
+            Step(name, self._timed(name, do), undo, describe) for name, do, undo, describe in (
+                ("connect", self._connect, self._disconnect, "connecting to the target daemon"),
+                ("probe", self._probe, None, "asking the target whether it can restore"),
+                ("dump", self._dump_here, self._restore_back, "checkpointing the tree here"),
+                ("open", self._open, self._abort, "opening the transfer"),
+                ("send", self._send, None, "sending the pages the target lacks"),
+                ("finish", self._finish, None, "the target commits and restores"),
+            )
         )
 
     def run(
@@ -157,6 +162,12 @@ class MigrateRecipe:
             downtime_s=self._clock.monotonic() - ctx.started,
             transfer_s=ctx.transfer_s,
             shared_store=ctx.probe.store_id == self._pages.store_id,
+        )
+        log.info(
+            "migrated %s to %s: down %.2fs (%s); %d of %d pages, %d bytes sent",
+            outcome.checkpoint_id, request.to, outcome.downtime_s,
+            ", ".join(f"{k} {v:.2f}s" for k, v in ctx.timings.items()),
+            outcome.pages_sent, outcome.pages_total, outcome.bytes_sent,
         )
         if self._events is not None:
             self._events.publish(
@@ -239,26 +250,23 @@ class MigrateRecipe:
             return  # one store: the target reads the checkpoint where this node wrote it
         started = self._clock.monotonic()
         session = ctx.session
-        hasher = PageHasher.from_seed(session.page_seed)
-        with self._pages.checkout(ctx.record.id) as images:
-            wanted: list[tuple[Path, list[int]]] = []
-            for path in sorted(images.iterdir()):
-                size = path.stat().st_size
-                if self._is_pages_file(path.name) and size % PAGE_SIZE == 0:
-                    refs = _page_refs(path, size, hasher)
-                    ctx.pages_total += sum(1 for r in refs if r != ZERO_REF)
-                    missing = []
-                    for first in range(0, max(len(refs), 1), OFFER_PAGES):
-                        chunk = b"".join(refs[first : first + OFFER_PAGES])
-                        missing += session.offer_pages(path.name, size, chunk, first)
-                        ctx.bytes_sent += len(chunk)
-                    if missing:
-                        wanted.append((path, missing))
-                else:
-                    data = path.read_bytes()
-                    session.offer_file(path.name, data)
-                    ctx.bytes_sent += len(data)
-            counted = _Counting(self._batches(wanted))
+        with self._pages.export(ctx.record.id, session.page_seed) as export:
+            wanted: dict[str, list[int]] = {}
+            for image in export.images:
+                if image.refs is None:
+                    session.offer_file(image.name, image.data, image.size)
+                    ctx.bytes_sent += len(image.data)
+                    continue
+                ctx.pages_total += image.pages
+                missing: list[int] = []
+                count = len(image.refs) // HASH_SIZE
+                for first in range(0, max(count, 1), OFFER_PAGES):
+                    chunk = image.refs[first * HASH_SIZE : (first + OFFER_PAGES) * HASH_SIZE]
+                    missing += session.offer_pages(image.name, image.size, chunk, first)
+                    ctx.bytes_sent += len(chunk)
+                if missing:
+                    wanted[image.name] = missing
+            counted = _Counting(export.frames(wanted))
             ctx.pages_sent = session.send(iter(counted))
             ctx.bytes_sent += counted.bytes
         ctx.transfer_s = self._clock.monotonic() - started
@@ -273,74 +281,34 @@ class MigrateRecipe:
 
     # ---- helpers ----------------------------------------------------------------------------
 
+    def _timed(
+        self, name: str, do: Callable[[MigrateContext], None]
+    ) -> Callable[[MigrateContext], None]:
+        def timed(ctx: MigrateContext) -> None:
+            started = self._clock.monotonic()
+            try:
+                do(ctx)
+            finally:
+                ctx.timings[name] = self._clock.monotonic() - started
+
+        return timed
+
     def _dump_request(self, ctx: MigrateContext) -> DumpRequest:
         return DumpRequest(
             pid=ctx.request.pid, leave_running=False, name=ctx.request.name,
             labels=dict(ctx.request.labels),
         )
 
-    def _batches(
-        self, wanted: list[tuple[Path, list[int]]]
-    ) -> Iterator[tuple[str, int, int, bytes]]:
-        """``(image, first, count, zstd)`` for every run of missing pages, compressed a few
-        batches ahead on the executor."""
-        ahead: deque[tuple[str, int, int, Future[bytes]]] = deque()
-        level = self._level
-        for path, missing in wanted:
-            with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                for first, count in _runs(missing, BATCH_PAGES):
-                    chunk = mm[first * PAGE_SIZE : (first + count) * PAGE_SIZE]
-                    ahead.append(
-                        (path.name, first, count, self._executor.submit(_compress, chunk, level))
-                    )
-                    while len(ahead) >= PREFETCH:
-                        name, f, c, fut = ahead.popleft()
-                        yield name, f, c, fut.result()
-                while ahead:
-                    name, f, c, fut = ahead.popleft()
-                    yield name, f, c, fut.result()
-
 
 class _Counting:
-    """Counts the compressed bytes of the batches that go through it."""
+    """Counts the bytes of the frames that go through it (data, places, image names)."""
 
-    def __init__(self, batches: Iterator[tuple[str, int, int, bytes]]) -> None:
-        self._batches = batches
+    def __init__(self, frames: Iterator[PageFrame]) -> None:
+        self._frames = frames
         self.bytes = 0
 
-    def __iter__(self) -> Iterator[tuple[str, int, int, bytes]]:
-        for batch in self._batches:
-            self.bytes += len(batch[3]) + len(batch[0]) + 8
-            yield batch
-
-
-def _compress(data: bytes, level: int) -> bytes:
-    return bytes(zstandard.ZstdCompressor(level=level).compress(data))
-
-
-def _page_refs(path: Path, size: int, hasher: PageHasher) -> list[bytes]:
-    """Every page's reference in ``hasher``'s hash space (ZERO_REF for zero pages): one
-    native call for the whole image (``pagepath``)."""
-    if size == 0:
-        return []
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = memoryview(mm)[:size]
-        try:
-            refs = pagepath.hash_pages(view, hasher.seed, zero_ref=True)
-        finally:
-            view.release()
-    return [refs[i : i + HASH_SIZE] for i in range(0, len(refs), HASH_SIZE)]
-
-
-def _runs(indices: list[int], limit: int) -> Iterator[tuple[int, int]]:
-    """(first, count) of runs of consecutive ``indices`` (sorted), at most ``limit`` long."""
-    first = count = 0
-    for i in indices:
-        if count and i == first + count and count < limit:
-            count += 1
-            continue
-        if count:
-            yield first, count
-        first, count = i, 1
-    if count:
-        yield first, count
+    def __iter__(self) -> Iterator[PageFrame]:
+        for frame in self._frames:
+            names = {run[0] for run in frame.runs}
+            self.bytes += len(frame.data) + RUN_BYTES * len(frame.runs) + sum(map(len, names))
+            yield frame

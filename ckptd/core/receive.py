@@ -3,17 +3,22 @@
 A session is: ``open`` (this node checks it can restore the record, before anything is sent;
 an empty image directory is staged in the store under a lease), ``offer`` each image (pages
 images as page references in this store's hash space: the answer is which pages it lacks;
-other images whole), ``receive`` the missing pages (each one verified against the reference
-it was offered with, then written in place), ``finish`` (the rest of every pages image is
-filled from this store, the tree is restored by the restore recipe from those verified images,
-then the checkpoint is committed like a local dump, in the background: the job does not wait
-for the ingest). ``abort``, a failure, or ``session_ttl_s`` of silence drop the staging.
+other images whole, maybe as a zstd frame), ``receive`` the missing pages in frames (``PageFrame``:
+the sender's stored frames as they are, zstd or raw, with the places of their pages; each page
+verified against the reference offered for each of its places, then written there; a frame
+whose pages are all new to this store is kept as it is for the commit, ``FrameKeeper``),
+``finish`` (the rest of every pages image is filled from this store, the tree is restored by
+the restore recipe from those verified images, then the checkpoint is committed like a local
+dump, in the background: the job does not wait for the ingest, and kept frames go into packs
+without being compressed again). ``abort``, a failure, or ``session_ttl_s`` of silence drop
+the staging.
 
 Invariants: nothing is listed before the commit completes (a failed one keeps nothing here;
-the sender keeps the checkpoint either way); a page is written only if it hashes
+the sender keeps the checkpoint either way); a page is written (or kept) only if it hashes
 to the reference offered for its place, so a checkpoint assembled here restores exactly what
-was dumped there; when the record's id is already in this store (a shared store) nothing is
-sent and ``finish`` only restores it.
+was dumped there — a damaged frame fails the transfer, and the sender restores the job at
+home; when the record's id is already in this store (a shared store) nothing is sent and
+``finish`` only restores it.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pathlib import Path
 import zstandard
 
 from ckptd.core.compat import refuse_unless_compatible
-from ckptd.core.ports import CheckpointStore, Clock, PageExchange
+from ckptd.core.ports import CheckpointStore, Clock, FrameKeeper, PageExchange, PageFrame
 from ckptd.core.store import pagepath
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.domain import (
@@ -53,8 +58,8 @@ from ckptd.errors import (
 log = logging.getLogger(__name__)
 
 _IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-MAX_BATCH_PAGES = 4096
-"""Largest page batch accepted in one message (16 MiB decompressed)."""
+MAX_FRAME_PAGES = 4096
+"""Largest frame accepted in one message (16 MiB decompressed)."""
 
 Restorer = Callable[[RestoreRequest, "tuple[CheckpointRecord, Path] | None"], RestoreOutcome]
 """Restore a request; with (record, images): from those staged images."""
@@ -73,6 +78,7 @@ class _Session:
     offered: dict[str, int] = field(default_factory=dict)
     missing: dict[str, set[int]] = field(default_factory=dict)
     received: dict[str, set[int]] = field(default_factory=dict)
+    keeper: FrameKeeper | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -139,7 +145,9 @@ class Receiver:
                 with self._mutex:
                     self._sessions.pop(session_id, None)
                 raise
-            self._sessions[session_id].images = images
+            session = self._sessions[session_id]
+            session.images = images
+            session.keeper = self._pages.frame_keeper(record.id, record.uid)
         return session_id, self._sessions[session_id].hasher.seed
 
     # ---- the images -------------------------------------------------------------------------
@@ -188,63 +196,84 @@ class Receiver:
             s.missing[name].update(missing)
         return missing
 
-    def offer_file(self, session_id: str, name: str, data: bytes) -> None:
+    def offer_file(
+        self, session_id: str, name: str, data: bytes, size: int | None = None
+    ) -> None:
+        """Image ``name`` whole: ``data``, or with ``size`` a zstd frame of its ``size``
+        bytes."""
         s = self._session(session_id)
         images = s.images
         if images is None:
             return
         _check_name(name, s.record.id)
+        if size is not None:
+            data = _decompress(data, size, f"image {name}", s.record.id)
         (images / name).write_bytes(data)
 
-    def receive(self, session_id: str, name: str, first: int, count: int, zdata: bytes) -> None:
-        """Pages ``first .. first+count-1`` of image ``name``; each must hash to the reference
-        offered for its place (else CorruptCheckpoint, and nothing of the batch is kept)."""
+    def receive(self, session_id: str, frame: PageFrame) -> int:
+        """The pages of ``frame`` at their places (``frame.runs``); each must hash to the
+        reference offered for each of its places (else CorruptCheckpoint, and nothing of the
+        frame is written or kept). A frame whose every page was verified is offered to the
+        store's keeper as it is. Returns the places filled."""
         s = self._session(session_id)
         images = s.images
         if images is None:
-            return
-        refs = s.refs.get(name)
-        if refs is None:
-            raise InvalidTarget(f"image {name} was not offered", checkpoint_id=s.record.id)
-        if (count <= 0 or count > MAX_BATCH_PAGES or first < 0
-                or (first + count) * HASH_SIZE > len(refs)):
+            return 0
+        cid = s.record.id
+        if not frame.runs or not 0 < frame.pages <= MAX_FRAME_PAGES:
             raise InvalidTarget(
-                f"image {name}: pages {first}..{first + count - 1} out of range",
-                checkpoint_id=s.record.id,
+                f"a frame of {frame.pages} pages with {len(frame.runs)} places",
+                checkpoint_id=cid,
             )
-        try:
-            data = zstandard.ZstdDecompressor().decompress(
-                zdata, max_output_size=count * PAGE_SIZE
-            )
-        except zstandard.ZstdError as exc:
-            raise CorruptCheckpoint(
-                f"image {name}: a page batch does not decompress: {exc}",
-                checkpoint_id=s.record.id,
-            ) from exc
-        if len(data) != count * PAGE_SIZE:
-            raise CorruptCheckpoint(
-                f"image {name}: batch of {count} pages holds {len(data)} bytes",
-                checkpoint_id=s.record.id,
-            )
+        for name, dst, src, count in frame.runs:
+            refs = s.refs.get(name)
+            if refs is None:
+                raise InvalidTarget(f"image {name} was not offered", checkpoint_id=cid)
+            if (count <= 0 or min(dst, src) < 0 or src + count > frame.pages
+                    or (dst + count) * HASH_SIZE > len(refs)):
+                raise InvalidTarget(
+                    f"image {name}: pages {dst}..{dst + count - 1} (frame pages {src}.."
+                    f"{src + count - 1} of {frame.pages}) out of range", checkpoint_id=cid,
+                )
+        if frame.raw:
+            data = frame.data
+            if len(data) != frame.pages * PAGE_SIZE:
+                raise CorruptCheckpoint(
+                    f"a raw frame of {frame.pages} pages holds {len(data)} bytes",
+                    checkpoint_id=cid,
+                )
+        else:
+            data = _decompress(frame.data, frame.pages * PAGE_SIZE, "a frame", cid)
         view = memoryview(data)
-        wants = bytes(refs[first * HASH_SIZE : (first + count) * HASH_SIZE])
-        bad = [i for i in range(count) if wants[i * HASH_SIZE : (i + 1) * HASH_SIZE] == ZERO_REF]
-        bad.append(pagepath.verify_pages(data, wants, s.hasher.seed))  # one native call
-        bad = [i for i in bad if i >= 0]
-        if bad:
-            raise CorruptCheckpoint(
-                f"image {name}: page {first + min(bad)} does not match its hash",
-                checkpoint_id=s.record.id,
-            )
-        fd = os.open(images / name, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            done = 0
-            while done < len(data):
-                done += os.pwrite(fd, view[done:], first * PAGE_SIZE + done)
-        finally:
-            os.close(fd)
+        hashes = bytearray(frame.pages * HASH_SIZE)
+        covered = bytearray(frame.pages)
+        writes: dict[str, list[tuple[int, int, int]]] = {}
+        for name, dst, src, count in frame.runs:
+            wants = bytes(s.refs[name][dst * HASH_SIZE : (dst + count) * HASH_SIZE])
+            bad = [i for i in (_zero_ref_at(wants), pagepath.verify_pages(  # one native call
+                view[src * PAGE_SIZE : (src + count) * PAGE_SIZE], wants, s.hasher.seed))
+                if i >= 0]
+            if bad:
+                raise CorruptCheckpoint(
+                    f"image {name}: page {dst + min(bad)} does not match its hash",
+                    checkpoint_id=cid,
+                )
+            hashes[src * HASH_SIZE : (src + count) * HASH_SIZE] = wants
+            covered[src : src + count] = b"\x01" * count
+            writes.setdefault(name, []).append((dst, src, count))
+        for name, runs in writes.items():
+            fd = os.open(images / name, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                pagepath.write_runs(fd, data, runs)
+            finally:
+                os.close(fd)
         with s.lock:
-            s.received[name].update(range(first, first + count))
+            for name, dst, _src, count in frame.runs:
+                s.received[name].update(range(dst, dst + count))
+        if s.keeper is not None and covered.count(0) == 0:
+            s.keeper.keep(frame, [bytes(hashes[i : i + HASH_SIZE])
+                                  for i in range(0, len(hashes), HASH_SIZE)])
+        return frame.places
 
     # ---- the end ----------------------------------------------------------------------------
 
@@ -258,6 +287,7 @@ class Receiver:
         staged: tuple[CheckpointRecord, Path] | None = None
         try:
             images = s.images
+            assembling = self._clock.monotonic()
             if images is not None:
                 self._assemble(s, images)
                 staged = (s.record, images)
@@ -268,6 +298,8 @@ class Receiver:
             if staged is not None:
                 s.images = None  # the background commit owns the staging now
                 self._commit_later(s.record)
+            log.info("restored migrated checkpoint %s: assembled in %.2fs, restored in %.2fs",
+                     s.record.id, started - assembling, self._clock.monotonic() - started)
             return RemoteRestore(
                 checkpoint_id=outcome.checkpoint_id,
                 pid=outcome.pid,
@@ -363,6 +395,35 @@ def _check_record(record: CheckpointRecord) -> None:
     """A record from another daemon names files here by its id: only a well-formed one."""
     if not is_checkpoint_id(record.id):
         raise InvalidTarget(f"bad checkpoint id {record.id[:80]!r} from the sender")
+
+
+def _decompress(zdata: bytes, size: int, what: str, checkpoint_id: str) -> bytes:
+    """``zdata`` decompressed: exactly ``size`` bytes, or CorruptCheckpoint."""
+    try:
+        declared = zstandard.frame_content_size(zdata)
+        if declared not in (-1, size):
+            raise zstandard.ZstdError(f"its header declares {declared} bytes")
+        data: bytes = zstandard.ZstdDecompressor().decompress(zdata, max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise CorruptCheckpoint(
+            f"{what} does not decompress to {size} bytes: {exc}", checkpoint_id=checkpoint_id
+        ) from exc
+    if len(data) != size:
+        raise CorruptCheckpoint(
+            f"{what} holds {len(data)} bytes, expected {size}", checkpoint_id=checkpoint_id
+        )
+    return data
+
+
+def _zero_ref_at(refs: bytes) -> int:
+    """Index of the first ZERO_REF among ``refs`` (16 bytes each), -1 if none: a zero
+    page's place, never asked for (no content can be verified against it)."""
+    at = refs.find(ZERO_REF)
+    while at >= 0:
+        if at % HASH_SIZE == 0:
+            return at // HASH_SIZE
+        at = refs.find(ZERO_REF, at + 1)
+    return -1
 
 
 def _check_name(name: str, checkpoint_id: str) -> None:

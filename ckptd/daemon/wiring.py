@@ -6,7 +6,6 @@ import hashlib
 import logging
 import os
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,9 +192,6 @@ def wire(config: DaemonConfig) -> Wired:
         pages=store,
         connector=GrpcPeerConnector(tls),
         clock=clock,
-        executor=ThreadPoolExecutor(max_workers=2, thread_name_prefix="send"),
-        is_pages_file=chunked,
-        level=config.compress_level,
         events=service.events,
     )
     policies = PolicyService(

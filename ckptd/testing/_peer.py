@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ckptd.core.ports import PageFrame
 from ckptd.core.receive import Receiver
 from ckptd.domain import CheckpointRecord, PeerProbe, RemoteRestore
 from ckptd.errors import PeerError
@@ -27,15 +28,11 @@ class LoopbackPeerSession:
     def offer_pages(self, name: str, size: int, refs: bytes, first: int = 0) -> list[int]:
         return self._receiver.offer_pages(self.session, name, size, refs, first)
 
-    def offer_file(self, name: str, data: bytes) -> None:
-        self._receiver.offer_file(self.session, name, data)
+    def offer_file(self, name: str, data: bytes, size: int | None = None) -> None:
+        self._receiver.offer_file(self.session, name, data, size)
 
-    def send(self, batches: Iterator[tuple[str, int, int, bytes]]) -> int:
-        pages = 0
-        for name, first, count, zdata in batches:
-            self._receiver.receive(self.session, name, first, count, zdata)
-            pages += count
-        return pages
+    def send(self, frames: Iterator[PageFrame]) -> int:
+        return sum(self._receiver.receive(self.session, frame) for frame in frames)
 
     def finish(self, output_path: str) -> RemoteRestore:
         done = self._receiver.finish(self.session, output_path)

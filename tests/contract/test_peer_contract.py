@@ -20,7 +20,7 @@ from integration.certs import make_ca, make_node_cert
 
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.storage import LocalBlobStore
-from ckptd.core.ports import PeerLink
+from ckptd.core.ports import PageFrame, PeerLink
 from ckptd.core.receive import Receiver
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.core.store.pagehash import PAGE_SIZE, PageHasher
@@ -122,11 +122,12 @@ def refs_of(data: bytes, seed: int) -> list[bytes]:
 
 
 def send_missing(session: object, name: str, data: bytes, missing: list[int]) -> int:
-    batches = (
-        (name, i, 1, zstandard.ZstdCompressor().compress(data[i * PAGE_SIZE:(i + 1) * PAGE_SIZE]))
+    frames = (
+        PageFrame(zstandard.ZstdCompressor().compress(data[i * PAGE_SIZE:(i + 1) * PAGE_SIZE]),
+                  1, ((name, i, 0, 1),))
         for i in missing
     )
-    return int(session.send(batches))  # type: ignore[attr-defined]
+    return int(session.send(frames))  # type: ignore[attr-defined]
 
 
 def transfer(peer: Peer, record: CheckpointRecord, files: dict[str, bytes]) -> list[int]:
@@ -263,3 +264,57 @@ def test_a_record_whose_id_is_not_a_checkpoint_id_is_refused(peer: Peer, bad_id:
     with pytest.raises(InvalidTarget, match="bad checkpoint id"):
         peer.link.open(record, False)
     assert peer.target.store.list() == []
+
+
+def test_one_frame_fills_places_in_two_images_raw_or_zstd(peer: Peer) -> None:
+    """A frame's runs place its pages in several images (a page in two places too); a raw
+    frame is taken as it is; runs outside what was offered are refused."""
+    record = a_record()
+    one, two = pages_image(10, 8), pages_image(6, 9)
+    session = peer.link.open(record, False)
+    missing = {name: session.offer_pages(name, len(data), b"".join(
+        refs_of(data, session.page_seed))) for name, data in
+        (("pages-1.img", one), ("pages-2.img", two))}
+    with pytest.raises(InvalidTarget, match="out of range"):
+        session.send(iter([PageFrame(one[:PAGE_SIZE], 1, (("pages-1.img", 10, 0, 1),),
+                                     raw=True)]))
+    session.abort()
+    # pages 1..4 of one, raw; page 1 of two has the content of page 1 of one: placed twice
+    two = two[:PAGE_SIZE] + one[PAGE_SIZE:2 * PAGE_SIZE] + two[2 * PAGE_SIZE:]
+    record = a_record()
+    session = peer.link.open(record, False)
+    missing = {name: session.offer_pages(name, len(data), b"".join(
+        refs_of(data, session.page_seed))) for name, data in
+        (("pages-1.img", one), ("pages-2.img", two))}
+    raw = PageFrame(one[PAGE_SIZE:5 * PAGE_SIZE], 4,
+                    (("pages-1.img", 1, 0, 4), ("pages-2.img", 1, 0, 1)), raw=True)
+    rest = [(n, i) for n, idx in missing.items() for i in idx
+            if not (n == "pages-1.img" and 1 <= i <= 4) and not (n == "pages-2.img" and i == 1)]
+    data = {"pages-1.img": one, "pages-2.img": two}
+    packed = zstandard.ZstdCompressor().compress(b"".join(
+        data[n][i * PAGE_SIZE:(i + 1) * PAGE_SIZE] for n, i in rest))
+    zframe = PageFrame(packed, len(rest), tuple((n, i, k, 1) for k, (n, i) in enumerate(rest)))
+    assert session.send(iter([raw, zframe])) == 5 + len(rest)
+    session.offer_file("core-1.img", zstandard.ZstdCompressor().compress(b"core" * 9), 36)
+    session.finish("")
+    assert peer.target.receiver.wait_commits(30)
+    with peer.target.store.checkout(record.id) as images:
+        assert {p.name: p.read_bytes() for p in images.iterdir()} == {
+            "pages-1.img": one, "pages-2.img": two, "core-1.img": b"core" * 9}
+
+
+def test_a_damaged_frame_among_many_ends_the_sending(peer: Peer) -> None:
+    """Frames after the damaged one are not waited for (the gRPC client sends on several
+    streams: the failed one cancels the others) and nothing is listed."""
+    record = a_record()
+    data = pages_image(40, 10)
+    session = peer.link.open(record, False)
+    missing = session.offer_pages("pages-1.img", len(data), b"".join(
+        refs_of(data, session.page_seed)))
+    frames = [PageFrame(data[i * PAGE_SIZE:(i + 1) * PAGE_SIZE], 1, (("pages-1.img", i, 0, 1),),
+                        raw=True) for i in missing]
+    frames[5] = PageFrame(bytes(PAGE_SIZE - 1) + b"x", 1, frames[5].runs, raw=True)
+    with pytest.raises(CorruptCheckpoint, match="does not match its hash"):
+        session.send(iter(frames))
+    session.abort()
+    assert peer.target.store.list() == [] and peer.target.restored == []

@@ -4,7 +4,7 @@ dump, the preview and the local restore: every step's undo, and the bytes that t
 from __future__ import annotations
 
 import random
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,22 +13,26 @@ import pytest
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.storage import LocalBlobStore
 from ckptd.core.migrate import MigrateRecipe
+from ckptd.core.ports import PageFrame
 from ckptd.core.receive import Receiver
 from ckptd.core.recipe import ProgressSink
+from ckptd.core.store import packs as packs_module
 from ckptd.core.store.cas import ContentStore, StagingPolicy
+from ckptd.core.store.index import pack_key
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
     CompatReport,
     DumpRequest,
+    MigrateOutcome,
     MigrateRequest,
     ProcessFact,
     RestoreOutcome,
     RestoreRequest,
     new_checkpoint_id,
 )
-from ckptd.errors import Incompatible, PeerError
-from ckptd.testing import FakeClock, LoopbackPeerConnector
+from ckptd.errors import CorruptCheckpoint, Incompatible, PeerError
+from ckptd.testing import FakeClock, LoopbackPeerConnector, LoopbackPeerSession
 
 PAGE = 4096
 USER = Caller(uid=1000)
@@ -103,8 +107,7 @@ def world(tmp_path: Path) -> tuple[Node, Node, LoopbackPeerConnector, MigrateRec
     connector.add("b:7443", b.receiver)
     recipe = MigrateRecipe(
         preview=a.preview, dump=a.dump, restore_here=a.restore, pages=a.store,
-        connector=connector, clock=clock, executor=ThreadPoolExecutor(2),
-        is_pages_file=is_pages_image,
+        connector=connector, clock=clock,
     )
     return a, b, connector, recipe
 
@@ -176,8 +179,7 @@ def test_a_shared_store_sends_nothing(tmp_path: Path) -> None:
                                      restore=b.restore, clock=clock, node="node-b"))
     recipe = MigrateRecipe(
         preview=a.preview, dump=a.dump, restore_here=a.restore, pages=a.store,
-        connector=connector, clock=clock, executor=ThreadPoolExecutor(1),
-        is_pages_file=is_pages_image,
+        connector=connector, clock=clock,
     )
     out = recipe.run(USER, MigrateRequest(pid=4321, to="b:7443"), lambda _p: None)
     assert out.shared_store and out.pages_sent == 0 and out.bytes_sent == 0
@@ -194,3 +196,131 @@ def test_big_images_are_offered_in_slices(world, monkeypatch) -> None:  # type: 
     assert b.receiver is not None and b.receiver.wait_commits(30)
     with a.store.checkout(out.checkpoint_id) as here, b.store.checkout(out.checkpoint_id) as there:
         assert (here / "pages-1.img").read_bytes() == (there / "pages-1.img").read_bytes()
+
+
+# ---- frames as they are ---------------------------------------------------------------------
+
+
+def stored_frames(st: ContentStore, objects: Path) -> list[bytes]:
+    """Every frame of the store's packs, as stored."""
+    blobs = LocalBlobStore(objects)
+    st.index.refresh(blobs)
+    return [
+        blobs.get(pack_key(pack_id), f.offset, f.offset + f.length)
+        for pack_id, pack in st.index.packs.items() for f in pack.frames
+    ]
+
+
+@pytest.fixture
+def wire(monkeypatch: pytest.MonkeyPatch) -> list[list[PageFrame]]:
+    """The frames of each ``send``, as they go on the wire."""
+    sends: list[list[PageFrame]] = []
+    original = LoopbackPeerSession.send
+
+    def spy(self: LoopbackPeerSession, frames: Iterator[PageFrame]) -> int:
+        sends.append([])
+
+        def tap() -> Iterator[PageFrame]:
+            for frame in frames:
+                sends[-1].append(frame)
+                yield frame
+
+        return original(self, tap())
+
+    monkeypatch.setattr(LoopbackPeerSession, "send", spy)
+    return sends
+
+
+def text_pages(n: int) -> bytearray:
+    return bytearray(b"".join(
+        bytes(PAGE) if i % 4 == 0 else (f"line {i} of a log ".encode() * 300)[:PAGE]
+        for i in range(n)))
+
+
+@pytest.mark.parametrize("kind", ["random", "text"])
+def test_the_first_move_sends_the_stored_frames_as_they_are_and_the_target_keeps_them(
+    world, wire, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    a, b, _connector, recipe = world
+    if kind == "text":
+        a.memory = text_pages(64)
+    compressed: list[int] = []
+    compress = packs_module.pagepath.compress_frame
+
+    def counting(data: bytes | memoryview, level: int) -> bytes | memoryview:
+        compressed.append(len(data))
+        return compress(data, level)
+
+    monkeypatch.setattr(packs_module.pagepath, "compress_frame", counting)
+    out = run(recipe)
+    assert isinstance(out, MigrateOutcome) and out.pages_sent == 48
+    assert b.receiver is not None and b.receiver.wait_commits(30)
+    here = stored_frames(a.store, tmp_path / "a" / "objects")
+    assert len(compressed) == len(here), "frames compressed by the dump here, never again"
+    frames = wire[0]
+    assert frames and all(f.data in here for f in frames), "no frame was made again"
+    assert all(f.raw == (kind == "random") for f in frames)
+    assert all(f.raw == (len(f.data) == f.pages * PAGE) for f in frames)
+    there = stored_frames(b.store, tmp_path / "b" / "objects")
+    assert sorted(there) == sorted(here), "the target stored the same frames, not recompressed"
+    with a.store.checkout(out.checkpoint_id) as mine, \
+            b.store.checkout(out.checkpoint_id) as theirs:
+        for name in ("pages-1.img", "core-1.img"):
+            assert (mine / name).read_bytes() == (theirs / name).read_bytes()
+
+
+def test_a_frame_damaged_on_the_wire_aborts_and_the_job_runs_here_again(
+    world, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    a, b, _connector, recipe = world
+    original = LoopbackPeerSession.send
+
+    def damaging(self: LoopbackPeerSession, frames: Iterator[PageFrame]) -> int:
+        def flip() -> Iterator[PageFrame]:
+            for i, frame in enumerate(frames):
+                data = bytearray(frame.data)
+                if i == 0:
+                    data[len(data) // 2] ^= 0x40
+                yield PageFrame(bytes(data), frame.pages, frame.runs, frame.raw)
+
+        return original(self, flip())
+
+    monkeypatch.setattr(LoopbackPeerSession, "send", damaging)
+    with pytest.raises(CorruptCheckpoint, match="restored on this node as pid 4321") as info:
+        run(recipe)
+    assert "does not match its hash" in str(info.value)
+    assert [r.checkpoint_id for r in a.restored] == [a.dumps[0].id]
+    assert b.restored == [] and b.store.list() == []
+
+
+def test_the_second_move_sends_only_the_changed_pages(
+    world, wire, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    a, b, _connector, recipe = world
+    first = run(recipe)
+    a.memory[5 * PAGE : 5 * PAGE + 4] = b"new!"
+    a.memory[9 * PAGE : 9 * PAGE + 4] = b"new!"
+    second = run(recipe)
+    assert isinstance(first, MigrateOutcome) and isinstance(second, MigrateOutcome)
+    assert second.pages_sent == 2 and second.pages_total == 48
+    assert sum(f.pages for f in wire[1]) == 2
+    assert second.bytes_sent < 2 * PAGE + 48 * 16 + 1024
+    assert b.receiver is not None and b.receiver.wait_commits(30)
+    with a.store.checkout(second.checkpoint_id) as mine, \
+            b.store.checkout(second.checkpoint_id) as theirs:
+        assert (theirs / "pages-1.img").read_bytes() == bytes(a.memory)
+        assert (mine / "pages-1.img").read_bytes() == bytes(a.memory)
+
+
+def test_a_frame_the_target_has_in_part_travels_as_a_frame_of_the_wanted_pages(
+    world, wire  # type: ignore[no-untyped-def]
+) -> None:
+    a, b, _connector, recipe = world
+    b.memory = bytearray(a.memory[: 32 * PAGE])  # the target holds the first half already
+    b.dump(USER, DumpRequest(pid=1), lambda _p: None)
+    out = run(recipe)
+    assert isinstance(out, MigrateOutcome) and out.pages_sent == 24
+    assert [f.pages for f in wire[0]] == [24], "one new frame of just the wanted pages"
+    assert b.receiver is not None and b.receiver.wait_commits(30)
+    with b.store.checkout(out.checkpoint_id) as theirs:
+        assert (theirs / "pages-1.img").read_bytes() == bytes(a.memory)

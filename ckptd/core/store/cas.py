@@ -32,8 +32,10 @@ from pathlib import Path
 from ckptd.core.ports import BlobStore, Clock, PageSink
 from ckptd.core.store import pagelist, pagepath
 from ckptd.core.store.condemned import Condemned, load_condemned
+from ckptd.core.store.export import FrameExport
 from ckptd.core.store.index import SLOT_SHIFT, PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
+from ckptd.core.store.keep import KeptFrames, KeptPacks
 from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import (
     CONFIG_KEY,
@@ -130,6 +132,7 @@ class ContentStore:
         self._staged: dict[str, Path] = {}
         self._stream_pages = stream_pages
         self._streams: dict[str, StreamedPages] = {}
+        self._kept: dict[str, KeptFrames] = {}
         self._mutex = threading.Lock()
         self.rw = RWLock()
         self.index = PageIndex()
@@ -194,11 +197,27 @@ class ContentStore:
             self._streams[checkpoint_id] = sink
         return sink
 
+    def frame_keeper(self, checkpoint_id: str, uid: int) -> KeptFrames | None:
+        """Frames a migration's receiver verified, kept as they are for this begun
+        checkpoint's commit (``keep``): its pages are not compressed again."""
+        root = self._staging_root(checkpoint_id)
+        try:
+            keeper = KeptFrames(root, self.index, self.hasher(uid).seed)
+        except OSError:
+            return None  # the commit compresses them from the staged images
+        with self._mutex:
+            old = self._kept.pop(checkpoint_id, None)
+            self._kept[checkpoint_id] = keeper
+        if old is not None:
+            old.close()
+        return keeper
+
     def commit(self, record: CheckpointRecord) -> CheckpointRecord:
         root = self._staging_root(record.id)
         hasher = self.hasher(record.uid)
         with self._mutex:
             streamed = self._streams.get(record.id)
+            kept = self._kept.pop(record.id, None)
         if streamed is not None and streamed.seed != hasher.seed:
             raise StoreError(f"checkpoint {record.id}: pages streamed for another uid than "
                              f"uid {record.uid}", checkpoint_id=record.id)
@@ -206,6 +225,11 @@ class ContentStore:
             condemned = self.refresh_condemned()
             if streamed is not None:
                 streamed.finish()
+            kept_packs = KeptPacks()
+            if kept is not None:  # received frames, verified in this uid's space: as they are
+                if kept.seed == hasher.seed:
+                    kept_packs = kept.write_packs(self._blobs, self.index)
+                kept.close()
             for attempt in range(3):
                 if streamed is not None and attempt:  # its pages were not kept: cannot redo
                     raise StoreError(
@@ -225,6 +249,7 @@ class ContentStore:
                     condemned_blobs=frozenset(condemned.blobs),
                     streamed=streamed,
                 )
+                result.written_packs |= kept_packs.written
                 packs, stored = self._packs_and_footprint(result.refs, result.blobs)
                 gone = {p for p in packs if not self._blobs.exists(pack_key(p))}
                 # another node's GC may have condemned what this dump reuses since it began:
@@ -246,7 +271,7 @@ class ContentStore:
                 record,
                 bytes=stored,
                 bytes_logical=result.bytes_logical,
-                bytes_new=result.bytes_new,
+                bytes_new=result.bytes_new + kept_packs.bytes_new,
                 duration_s=self._clock.time() - record.created,  # until durable
             )
             manifest = Manifest(
@@ -330,6 +355,9 @@ class ContentStore:
         with self._mutex:
             root = self._staged.pop(checkpoint_id, None)
             self._streams.pop(checkpoint_id, None)  # its packs: unreferenced, for GC
+            kept = self._kept.pop(checkpoint_id, None)
+        if kept is not None:
+            kept.close()
         roots = [root] if root else [p / checkpoint_id for p in self._staging_roots()]
         for r in roots:
             shutil.rmtree(r, ignore_errors=True)
@@ -431,6 +459,19 @@ class ContentStore:
 
     def page_seed(self, uid: int) -> int:
         return self.hasher(uid).seed
+
+    @contextlib.contextmanager
+    def export(self, checkpoint_id: str, seed: int) -> Iterator[FrameExport]:
+        """The checkpoint for another store's hash space (``FrameExport``): frames as stored,
+        nothing materialized; GC waits until it closes."""
+        manifest = self.manifest(checkpoint_id, fresh=True)
+        with self.rw.shared():
+            if any(p not in self.index.packs for p in manifest.packs):
+                self.index.refresh(self._blobs)
+            yield FrameExport(
+                self._blobs, self.index, manifest, self.hasher(manifest.uid), self._executor,
+                seed=seed, level=self._level,
+            )
 
     def lacks(self, uid: int, refs: Sequence[bytes]) -> builtins.list[int]:
         del uid  # references are already in the uid's hash space

@@ -50,6 +50,13 @@ def put_blob(
 
 def get_blob(blobs: BlobStore, hasher: PageHasher, blob_hash: str, checkpoint_id: str) -> bytes:
     """A blob's content, verified against its hash."""
+    return get_blob_stored(blobs, hasher, blob_hash, checkpoint_id)[1]
+
+
+def get_blob_stored(
+    blobs: BlobStore, hasher: PageHasher, blob_hash: str, checkpoint_id: str
+) -> tuple[bytes, bytes]:
+    """A blob as stored (a zstd frame) and its content, verified against its hash."""
     key = blob_key(blob_hash)
     try:
         packed = blobs.get(key)
@@ -72,4 +79,4 @@ def get_blob(blobs: BlobStore, hasher: PageHasher, blob_hash: str, checkpoint_id
             f"checkpoint {checkpoint_id}: object {key} does not match its hash",
             checkpoint_id=checkpoint_id,
         )
-    return data
+    return packed, data

@@ -123,16 +123,25 @@ class PageSource:
         return "; ".join(lost) or "a pack is missing"
 
     def _load_frame(self, pack_id: str, frame_no: int) -> bytes:
-        pack = self._index.packs[pack_id]
-        frame = pack.frames[frame_no]
+        return self._load_frame_stored(pack_id, frame_no)[1]
+
+    def _fetch_frame(self, pack_id: str, frame_no: int) -> bytes:
+        """A frame's bytes as its pack stores them (zstd, or raw pages), unverified."""
+        frame = self._index.packs[pack_id].frames[frame_no]
         try:
-            raw = self._blobs.get(pack_key(pack_id), frame.offset, frame.offset + frame.length)
+            return self._blobs.get(pack_key(pack_id), frame.offset, frame.offset + frame.length)
         except BlobNotFound as exc:
             raise CorruptCheckpoint(
                 f"checkpoint {self._id}: pack {pack_id} is missing", checkpoint_id=self._id
             ) from exc
+
+    def _load_frame_stored(self, pack_id: str, frame_no: int) -> tuple[bytes, bytes]:
+        """A frame as stored, and its pages, every one verified against its hash (the same
+        object when the frame is stored raw)."""
+        raw = self._fetch_frame(pack_id, frame_no)
+        hashes = self._index.packs[pack_id].frames[frame_no].hashes
         try:
-            return read_frame_data(pack_id, frame_no, raw, frame.hashes, self._hasher)
+            return raw, read_frame_data(pack_id, frame_no, raw, hashes, self._hasher)
         except CorruptCheckpoint as exc:
             raise CorruptCheckpoint(
                 f"checkpoint {self._id}: {exc.message}", checkpoint_id=self._id

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import grpc
 from ckptd._gen.ckptd.v1 import peer_pb2 as pb
 from ckptd._gen.ckptd.v1 import peer_pb2_grpc as pb_grpc
 from ckptd.core.groups import GroupMembers
+from ckptd.core.ports import PageFrame, PlaceRun
 from ckptd.core.receive import Receiver
 from ckptd.domain import Caller, CheckpointRecord, CompatReport, PeerProbe, RemoteRestore
 from ckptd.domain.model import ROOT
@@ -39,6 +41,10 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.keepalive_time_ms", 30_000),
 )
+SEND_STREAMS = 2
+"""Concurrent Send calls of one transfer."""
+SEND_AHEAD = 4
+"""Frames queued per call (up to 16 MiB each)."""
 CONNECT_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 120.0
 FINISH_TIMEOUT_S = 1800.0
@@ -87,6 +93,35 @@ def record_from(data: bytes) -> CheckpointRecord:
         raise InvalidTarget(f"the sender's checkpoint record is malformed: {exc}") from exc
 
 
+RUN = struct.Struct("<4I")
+
+
+def frame_message(session: str, frame: PageFrame) -> pb.PageBatch:
+    """A frame on the wire: its data as it is, its runs as four uint32 each."""
+    names: dict[str, int] = {}
+    runs = b"".join(
+        RUN.pack(names.setdefault(name, len(names)), dst, src, count)
+        for name, dst, src, count in frame.runs
+    )
+    return pb.PageBatch(session=session, count=frame.pages, data=frame.data, raw=frame.raw,
+                        names=list(names), runs=runs)
+
+
+def frame_from(batch: pb.PageBatch) -> PageFrame:
+    """The frame a message carries; one without runs (consecutive pages of one image) too."""
+    if not batch.runs:
+        return PageFrame(batch.data, batch.count, ((batch.name, batch.first, 0, batch.count),),
+                         raw=batch.raw)
+    if len(batch.runs) % RUN.size:
+        raise InvalidTarget(f"a frame's runs take {len(batch.runs)} bytes")
+    runs: list[PlaceRun] = []
+    for name_at, dst, src, count in RUN.iter_unpack(batch.runs):
+        if name_at >= len(batch.names):
+            raise InvalidTarget(f"a frame's run names image {name_at} of {len(batch.names)}")
+        runs.append((batch.names[name_at], dst, src, count))
+    return PageFrame(batch.data, batch.count, tuple(runs), raw=batch.raw)
+
+
 # ---- server -------------------------------------------------------------------------------
 
 
@@ -129,7 +164,10 @@ class PeerServicer(GroupRpcs, pb_grpc.PeerServicer):
         if not request.pages:
             self._call(
                 context,
-                lambda: self._receiver.offer_file(request.session, request.name, request.data),
+                lambda: self._receiver.offer_file(
+                    request.session, request.name, request.data,
+                    request.size if request.compressed else None,
+                ),
             )
             return pb.OfferResponse()
         missing = self._call(
@@ -144,10 +182,7 @@ class PeerServicer(GroupRpcs, pb_grpc.PeerServicer):
         def receive_all() -> int:
             pages = 0
             for batch in request_iterator:
-                self._receiver.receive(
-                    batch.session, batch.name, batch.first, batch.count, batch.zstd
-                )
-                pages += batch.count
+                pages += self._receiver.receive(batch.session, frame_from(batch))
             return pages
 
         return pb.SendResponse(pages=self._call(context, receive_all))
@@ -259,18 +294,42 @@ class GrpcPeerSession:
             timeout=CALL_TIMEOUT_S))
         return list(struct.unpack(f"<{len(r.missing) // 4}I", r.missing))
 
-    def offer_file(self, name: str, data: bytes) -> None:
+    def offer_file(self, name: str, data: bytes, size: int | None = None) -> None:
         self._link._rpc(lambda: self._stub.Offer(
-            pb.OfferRequest(session=self.session, name=name, size=len(data), data=data),
+            pb.OfferRequest(session=self.session, name=name,
+                            size=len(data) if size is None else size, data=data,
+                            compressed=size is not None),
             timeout=CALL_TIMEOUT_S))
 
-    def send(self, batches: Iterator[tuple[str, int, int, bytes]]) -> int:
-        messages = (
-            pb.PageBatch(session=self.session, name=n, first=f, count=c, zstd=z)
-            for n, f, c, z in batches
-        )
-        r = self._link._rpc(lambda: self._stub.Send(messages, timeout=FINISH_TIMEOUT_S))
-        return int(r.pages)
+    def send(self, frames: Iterator[PageFrame]) -> int:
+        """The frames over SEND_STREAMS concurrent Send calls, dealt in turn: the target
+        verifies and writes the frames of one on its own thread while the others arrive. The
+        frames are read (and encoded) on this thread: an error reading them is raised as it
+        is, after the calls are cancelled; the first failed call ends the sending."""
+        queues: list[queue.Queue[pb.PageBatch | None]] = [
+            queue.Queue(maxsize=SEND_AHEAD) for _ in range(SEND_STREAMS)
+        ]
+        calls = [self._stub.Send.future(_drain(q), timeout=FINISH_TIMEOUT_S) for q in queues]
+        try:
+            for i, frame in enumerate(frames):
+                if not _put(queues[i % SEND_STREAMS], frame_message(self.session, frame), calls):
+                    break
+            else:
+                for q in queues:
+                    _put(q, None, calls)
+        except BaseException:
+            for call in calls:
+                call.cancel()
+            raise
+        if _failed(calls):  # the others wait for frames that will never come
+            failed = [call for call in calls if call.done() and (
+                call.cancelled() or call.exception() is not None)]
+            for call in calls:
+                if call not in failed:
+                    call.cancel()
+            for call in failed:
+                self._link._rpc(call.result)
+        return sum(int(self._link._rpc(call.result).pages) for call in calls)
 
     def finish(self, output_path: str) -> RemoteRestore:
         r = self._link._rpc(
@@ -291,6 +350,30 @@ class GrpcPeerSession:
         except grpc.RpcError as exc:
             log.warning("abort of session %s on %s failed: %s", self.session,
                         self._link.address, exc.details() if hasattr(exc, "details") else exc)
+
+
+def _drain(q: queue.Queue[pb.PageBatch | None]) -> Iterator[pb.PageBatch]:
+    while (message := q.get()) is not None:
+        yield message
+
+
+def _put(q: queue.Queue[pb.PageBatch | None], item: pb.PageBatch | None,
+         calls: list[Any]) -> bool:
+    """Queue ``item`` for its call; False (not queued) once any call has failed."""
+    while not _failed(calls):
+        try:
+            q.put(item, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _failed(calls: list[Any]) -> bool:
+    """Whether a call has ended with an error (a Send call ends well only after its last
+    frame, which is queued last)."""
+    return any(call.done() and (call.cancelled() or call.exception() is not None)
+               for call in calls)
 
 
 _LINK_BROKEN = {

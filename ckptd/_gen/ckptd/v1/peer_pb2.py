@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as ckptd_dot_v1_dot_ckptd__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63kptd/v1/peer.proto\x12\x08\x63kptd.v1\x1a\x14\x63kptd/v1/ckptd.proto\"#\n\x0cProbeRequest\x12\x13\n\x0brecord_json\x18\x01 \x01(\x0c\"k\n\rProbeResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08store_id\x18\x02 \x01(\t\x12\x10\n\x08\x62locking\x18\x03 \x03(\t\x12\x10\n\x08warnings\x18\x04 \x03(\t\x12\x16\n\x0ehas_checkpoint\x18\x05 \x01(\x08\";\n\x0bOpenRequest\x12\x13\n\x0brecord_json\x18\x01 \x01(\x0c\x12\x17\n\x0fignore_warnings\x18\x02 \x01(\x08\"2\n\x0cOpenResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\tpage_seed\x18\x02 \x01(\x04\"u\n\x0cOfferRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04refs\x18\x04 \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\r\n\x05pages\x18\x06 \x01(\x08\x12\r\n\x05\x66irst\x18\x07 \x01(\r\" \n\rOfferResponse\x12\x0f\n\x07missing\x18\x01 \x01(\x0c\"V\n\tPageBatch\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x66irst\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x0c\n\x04zstd\x18\x05 \x01(\x0c\"\x1d\n\x0cSendResponse\x12\r\n\x05pages\x18\x01 \x01(\x04\"5\n\rFinishRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x13\n\x0boutput_path\x18\x02 \x01(\t\"j\n\x0e\x46inishResponse\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x11\n\trestore_s\x18\x05 \x01(\x01\"\x1f\n\x0c\x41\x62ortRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x0f\n\rAbortResponse2\xa1\x06\n\x04Peer\x12\x38\n\x05Probe\x12\x16.ckptd.v1.ProbeRequest\x1a\x17.ckptd.v1.ProbeResponse\x12\x35\n\x04Open\x12\x15.ckptd.v1.OpenRequest\x1a\x16.ckptd.v1.OpenResponse\x12\x38\n\x05Offer\x12\x16.ckptd.v1.OfferRequest\x1a\x17.ckptd.v1.OfferResponse\x12\x35\n\x04Send\x12\x13.ckptd.v1.PageBatch\x1a\x16.ckptd.v1.SendResponse(\x01\x12;\n\x06\x46inish\x12\x17.ckptd.v1.FinishRequest\x1a\x18.ckptd.v1.FinishResponse\x12\x38\n\x05\x41\x62ort\x12\x16.ckptd.v1.AbortRequest\x1a\x17.ckptd.v1.AbortResponse\x12M\n\x0cGroupPrepare\x12\x1d.ckptd.v1.GroupPrepareRequest\x1a\x1e.ckptd.v1.GroupPrepareResponse\x12\x62\n\x13GroupPrepareRestore\x12$.ckptd.v1.GroupPrepareRestoreRequest\x1a%.ckptd.v1.GroupPrepareRestoreResponse\x12J\n\x0bGroupCommit\x12\x1c.ckptd.v1.GroupCommitRequest\x1a\x1d.ckptd.v1.GroupCommitResponse\x12G\n\nGroupAbort\x12\x1b.ckptd.v1.GroupAbortRequest\x1a\x1c.ckptd.v1.GroupAbortResponse\x12/\n\x0bRecordGroup\x12\x0f.ckptd.v1.Group\x1a\x0f.ckptd.v1.Group\x12G\n\nListGroups\x12\x1b.ckptd.v1.ListGroupsRequest\x1a\x1c.ckptd.v1.ListGroupsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63kptd/v1/peer.proto\x12\x08\x63kptd.v1\x1a\x14\x63kptd/v1/ckptd.proto\"#\n\x0cProbeRequest\x12\x13\n\x0brecord_json\x18\x01 \x01(\x0c\"k\n\rProbeResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08store_id\x18\x02 \x01(\t\x12\x10\n\x08\x62locking\x18\x03 \x03(\t\x12\x10\n\x08warnings\x18\x04 \x03(\t\x12\x16\n\x0ehas_checkpoint\x18\x05 \x01(\x08\";\n\x0bOpenRequest\x12\x13\n\x0brecord_json\x18\x01 \x01(\x0c\x12\x17\n\x0fignore_warnings\x18\x02 \x01(\x08\"2\n\x0cOpenResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\tpage_seed\x18\x02 \x01(\x04\"\x89\x01\n\x0cOfferRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04refs\x18\x04 \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\r\n\x05pages\x18\x06 \x01(\x08\x12\r\n\x05\x66irst\x18\x07 \x01(\r\x12\x12\n\ncompressed\x18\x08 \x01(\x08\" \n\rOfferResponse\x12\x0f\n\x07missing\x18\x01 \x01(\x0c\"\x80\x01\n\tPageBatch\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x66irst\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0b\n\x03raw\x18\x06 \x01(\x08\x12\r\n\x05names\x18\x07 \x03(\t\x12\x0c\n\x04runs\x18\x08 \x01(\x0c\"\x1d\n\x0cSendResponse\x12\r\n\x05pages\x18\x01 \x01(\x04\"5\n\rFinishRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x13\n\x0boutput_path\x18\x02 \x01(\t\"j\n\x0e\x46inishResponse\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x11\n\trestore_s\x18\x05 \x01(\x01\"\x1f\n\x0c\x41\x62ortRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x0f\n\rAbortResponse2\xa1\x06\n\x04Peer\x12\x38\n\x05Probe\x12\x16.ckptd.v1.ProbeRequest\x1a\x17.ckptd.v1.ProbeResponse\x12\x35\n\x04Open\x12\x15.ckptd.v1.OpenRequest\x1a\x16.ckptd.v1.OpenResponse\x12\x38\n\x05Offer\x12\x16.ckptd.v1.OfferRequest\x1a\x17.ckptd.v1.OfferResponse\x12\x35\n\x04Send\x12\x13.ckptd.v1.PageBatch\x1a\x16.ckptd.v1.SendResponse(\x01\x12;\n\x06\x46inish\x12\x17.ckptd.v1.FinishRequest\x1a\x18.ckptd.v1.FinishResponse\x12\x38\n\x05\x41\x62ort\x12\x16.ckptd.v1.AbortRequest\x1a\x17.ckptd.v1.AbortResponse\x12M\n\x0cGroupPrepare\x12\x1d.ckptd.v1.GroupPrepareRequest\x1a\x1e.ckptd.v1.GroupPrepareResponse\x12\x62\n\x13GroupPrepareRestore\x12$.ckptd.v1.GroupPrepareRestoreRequest\x1a%.ckptd.v1.GroupPrepareRestoreResponse\x12J\n\x0bGroupCommit\x12\x1c.ckptd.v1.GroupCommitRequest\x1a\x1d.ckptd.v1.GroupCommitResponse\x12G\n\nGroupAbort\x12\x1b.ckptd.v1.GroupAbortRequest\x1a\x1c.ckptd.v1.GroupAbortResponse\x12/\n\x0bRecordGroup\x12\x0f.ckptd.v1.Group\x1a\x0f.ckptd.v1.Group\x12G\n\nListGroups\x12\x1b.ckptd.v1.ListGroupsRequest\x1a\x1c.ckptd.v1.ListGroupsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,22 +41,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENREQUEST']._serialized_end=260
   _globals['_OPENRESPONSE']._serialized_start=262
   _globals['_OPENRESPONSE']._serialized_end=312
-  _globals['_OFFERREQUEST']._serialized_start=314
-  _globals['_OFFERREQUEST']._serialized_end=431
-  _globals['_OFFERRESPONSE']._serialized_start=433
-  _globals['_OFFERRESPONSE']._serialized_end=465
-  _globals['_PAGEBATCH']._serialized_start=467
-  _globals['_PAGEBATCH']._serialized_end=553
-  _globals['_SENDRESPONSE']._serialized_start=555
-  _globals['_SENDRESPONSE']._serialized_end=584
-  _globals['_FINISHREQUEST']._serialized_start=586
-  _globals['_FINISHREQUEST']._serialized_end=639
-  _globals['_FINISHRESPONSE']._serialized_start=641
-  _globals['_FINISHRESPONSE']._serialized_end=747
-  _globals['_ABORTREQUEST']._serialized_start=749
-  _globals['_ABORTREQUEST']._serialized_end=780
-  _globals['_ABORTRESPONSE']._serialized_start=782
-  _globals['_ABORTRESPONSE']._serialized_end=797
-  _globals['_PEER']._serialized_start=800
-  _globals['_PEER']._serialized_end=1601
+  _globals['_OFFERREQUEST']._serialized_start=315
+  _globals['_OFFERREQUEST']._serialized_end=452
+  _globals['_OFFERRESPONSE']._serialized_start=454
+  _globals['_OFFERRESPONSE']._serialized_end=486
+  _globals['_PAGEBATCH']._serialized_start=489
+  _globals['_PAGEBATCH']._serialized_end=617
+  _globals['_SENDRESPONSE']._serialized_start=619
+  _globals['_SENDRESPONSE']._serialized_end=648
+  _globals['_FINISHREQUEST']._serialized_start=650
+  _globals['_FINISHREQUEST']._serialized_end=703
+  _globals['_FINISHRESPONSE']._serialized_start=705
+  _globals['_FINISHRESPONSE']._serialized_end=811
+  _globals['_ABORTREQUEST']._serialized_start=813
+  _globals['_ABORTREQUEST']._serialized_end=844
+  _globals['_ABORTRESPONSE']._serialized_start=846
+  _globals['_ABORTRESPONSE']._serialized_end=861
+  _globals['_PEER']._serialized_start=864
+  _globals['_PEER']._serialized_end=1665
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,8 @@ client without a certificate signed by the configured CA is refused by the TLS h
 A migration is: Probe (can you restore this? nothing touched), Open (a transfer session;
 the target tells the page-hash seed of its store for the checkpoint's uid), Offer each image
 (pages images as page hashes; the target answers which pages it lacks; other images whole),
-Send the missing pages, Finish (the target commits the checkpoint to its store and restores
+Send the missing pages (the source store's frames as they are, with the places of their
+pages; every page verified against the hash offered for each place), Finish (the target commits the checkpoint to its store and restores
 it). Abort drops a session; sessions idle too long are dropped by the target.
 """
 
@@ -139,6 +140,7 @@ class OfferRequest(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     PAGES_FIELD_NUMBER: _builtins.int
     FIRST_FIELD_NUMBER: _builtins.int
+    COMPRESSED_FIELD_NUMBER: _builtins.int
     session: _builtins.str
     name: _builtins.str
     """image file name"""
@@ -151,6 +153,8 @@ class OfferRequest(_message.Message):
     """true: refs; false: data"""
     first: _builtins.int
     """pages images: index of the first page in refs (slices, in order)"""
+    compressed: _builtins.bool
+    """other images: data is a zstd frame of the `size` bytes"""
     def __init__(
         self,
         *,
@@ -161,10 +165,11 @@ class OfferRequest(_message.Message):
         data: _builtins.bytes = ...,
         pages: _builtins.bool = ...,
         first: _builtins.int = ...,
+        compressed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "first", b"first", "name", b"name", "pages", b"pages", "refs", b"refs", "session", b"session", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compressed", b"compressed", "data", b"data", "first", b"first", "name", b"name", "pages", b"pages", "refs", b"refs", "session", b"session", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -198,15 +203,27 @@ class PageBatch(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     FIRST_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
-    ZSTD_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    RAW_FIELD_NUMBER: _builtins.int
+    NAMES_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
     session: _builtins.str
     name: _builtins.str
+    """without runs: the image the pages go to"""
     first: _builtins.int
-    """index of the first page in the image"""
+    """without runs: the index in it of the first page"""
     count: _builtins.int
-    """consecutive pages"""
-    zstd: _builtins.bytes
-    """their content, zstd-compressed"""
+    """pages in data"""
+    data: _builtins.bytes
+    """a zstd frame of the pages, or (raw) the pages as they are"""
+    raw: _builtins.bool
+    """data is count * 4096 bytes of pages, not compressed"""
+    runs: _builtins.bytes
+    """where the pages go: little-endian uint32 x 4 per run (index in"""
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the images runs refer to"""
+
     def __init__(
         self,
         *,
@@ -214,11 +231,14 @@ class PageBatch(_message.Message):
         name: _builtins.str = ...,
         first: _builtins.int = ...,
         count: _builtins.int = ...,
-        zstd: _builtins.bytes = ...,
+        data: _builtins.bytes = ...,
+        raw: _builtins.bool = ...,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+        runs: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first", b"first", "name", b"name", "session", b"session", "zstd", b"zstd"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "data", b"data", "first", b"first", "name", b"name", "names", b"names", "raw", b"raw", "runs", b"runs", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
