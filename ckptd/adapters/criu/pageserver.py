@@ -60,10 +60,11 @@ IMG_COMMON_MAGIC = 0x54564319
 PAGEMAP_MAGIC = 0x56084025
 
 DEFAULT_CHUNK = 4 << 20
-DEFAULT_BUFFERS = 32
-"""With DEFAULT_CHUNK, 128 MiB: with ``StreamedPages``'s own (about 230 MiB for incompressible
-pages) and the daemon's other work, under the 512 MiB a dump may take (measured:
-docs/design/streaming.md). More buys a shorter freeze for dumps larger than the pool."""
+DEFAULT_BUFFERS = 64
+"""With DEFAULT_CHUNK, 256 MiB: a dump whose pages fit in it never waits for ingest (CRIU runs
+at its own speed, frozen as briefly as raw); with ``StreamedPages``'s own (at most about
+164 MiB: 9 frames of 4 MiB, two packs of up to 64 MiB of pages) it stays under the 512 MiB a
+dump may take (measured: docs/design/streaming.md)."""
 
 
 class PageServerError(Exception):

@@ -5,9 +5,10 @@ become ZERO_REF, known pages references, new pages are copied (the chunk is the 
 be reused) into ``PackBuilder`` frames. Memory is bounded by waiting: at most ``max_frames``
 frames compressing, at most ``max_packs`` packs being written, so CRIU is slowed (its socket
 fills) rather than ckptd's memory growing. Held at most, roughly: (max_frames + 1) frames of
-4 MiB, plus for each pack being filled or written (1 + max_packs) its compressed frames (up to
-2 * pack_bytes) and once more while assembled: with the defaults 36 + 2 * 128 MiB for
-incompressible pages, less for real ones; plus the receiver's pool (32 MiB by default).
+4 MiB, plus for each pack being filled or written (1 + max_packs) its frames (up to
+2 * pack_bytes of pages; a pack is written from its frames, never joined): with the defaults
+36 + 2 * 64 MiB for incompressible pages, less for real ones; plus the receiver's pool
+(256 MiB by default).
 
 ``refs`` and ``sizes`` then give each pages image's page list, to be stored with the other
 (small) images as for a staged dump; nothing is visible before the manifest.
