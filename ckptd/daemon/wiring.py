@@ -156,7 +156,7 @@ def wire(config: DaemonConfig) -> Wired:
         criu=criu,
         processes=processes,
         store=store,
-        stdio=LocalStdioProvider(),
+        stdio=LocalStdioProvider(config.open_timeout_s),
         clock=clock,
         config=core,
         gpu=gpu,
