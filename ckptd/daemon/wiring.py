@@ -205,6 +205,7 @@ def wire(config: DaemonConfig) -> Wired:
         processes=processes,
         clock=clock,
         events=service.events,
+        daemon_pid=os.getpid(),
     )
     return Wired(
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,

@@ -125,9 +125,9 @@ def count(value: int, field: str = "keep", *, limit: int = MAX_KEEP) -> int:
 
 def parse_count(text: str, field: str = "keep", *, limit: int = MAX_KEEP) -> int:
     """A count typed on a command line: digits only, 1..``limit``."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 12 or int(text) == 0:
+    if not (text.isascii() and text.isdigit()) or len(text) > 12 or not 0 < int(text) <= limit:
         raise _bad(field, text, f"give a whole number from 1 to {limit}")
-    return count(int(text), field, limit=limit)
+    return int(text)
 
 
 def duration(value: float, field: str = "period", *, minimum: float = 0.0,

@@ -338,7 +338,8 @@ def test_dump_bad_label_is_a_usage_error(
 ) -> None:
     code, _, err = run(capsys, daemon, "dump", "42", "--label", "novalue")
     assert code == 2
-    assert "usage:" in err
+    assert_one_error_line(err)  # issue 14: a usage error is one line, not argparse's block
+    assert "--help'" in err
     assert "expected KEY=VALUE" in err
 
 
@@ -399,7 +400,8 @@ def test_restore_needs_exactly_one_target(
     code, out, err = run(capsys, daemon, "restore", *args)
     assert code == 2
     assert out == ""
-    assert "usage:" in err
+    assert_one_error_line(err)  # issue 14: a usage error is one line, not argparse's block
+    assert "--help'" in err
     assert daemon.servicer.requests == []
 
 
@@ -453,7 +455,8 @@ def test_list_json(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
 def test_list_bad_pid_is_a_usage_error(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
     code, _, err = run(capsys, daemon, "list", "--pid", "x")
     assert code == 2
-    assert "usage:" in err
+    assert_one_error_line(err)  # issue 14: a usage error is one line, not argparse's block
+    assert "--help'" in err
 
 
 def test_show_json_has_every_field(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
@@ -678,7 +681,8 @@ def test_usage_errors_return_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["frobnicate"]) == 2
     assert cli.main(["show"]) == 2
     assert cli.main(["list", "--timeout", "-1"]) == 2
-    assert "usage:" in capsys.readouterr().err
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 4 and all(ln.startswith("ckptctl: ") for ln in lines), lines
     assert cli.main(["--help"]) == 0
     assert "dump" in capsys.readouterr().out
 
@@ -737,7 +741,7 @@ def test_timeout_defaults() -> None:
     assert cli._resolve_timeout(parser.parse_args(["list"])) == 30.0
     assert cli._resolve_timeout(parser.parse_args(["check"])) == 30.0
     assert cli._resolve_timeout(parser.parse_args(["--timeout", "5", "dump", "1"])) == 5.0
-    assert cli._resolve_timeout(parser.parse_args(["show", "x", "--timeout", "2.5"])) == 2.5
+    assert cli._resolve_timeout(parser.parse_args(["show", CK_ID, "--timeout", "2.5"])) == 2.5
 
 
 # --------------------------------------------------------------------------------------------
@@ -908,7 +912,8 @@ def test_check_restore_lists_the_files_a_restore_puts_back(
 
 def test_check_restore_needs_an_id(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
     code, _, err = run(capsys, daemon, "check-restore")
-    assert code == 2 and "usage:" in err
+    assert code == 2
+    assert_one_error_line(err)
 
 
 def test_check_restore_refusal_is_one_line(
