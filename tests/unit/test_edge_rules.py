@@ -200,9 +200,9 @@ def test_a_user_is_limited_and_root_never_is() -> None:
             with limits.call(ROOT), limits.call(ROOT), limits.call(ROOT), limits.call(ROOT):
                 pass  # root is never refused
     assert limits.calls() == {}
-    with limits.operation(user, "dump"):
-        with pytest.raises(TooManyRequests, match="max_operations_per_uid"), \
-                limits.operation(user, "dump"):
-            pass
+    with limits.operation(user, "dump"), pytest.raises(
+        TooManyRequests, match="max_operations_per_uid"
+    ), limits.operation(user, "dump"):
+        pass
     with limits.operation(user, "dump"):
         pass  # released

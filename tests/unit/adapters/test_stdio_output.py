@@ -126,7 +126,7 @@ def test_an_open_that_hangs_fails_the_request_within_the_timeout(
     monkeypatch.setattr(os, "open", stuck)
     started = time.monotonic()
     try:
-        with pytest.raises(InvalidTarget, match="longer than 0.3s"), LocalStdioProvider(
+        with pytest.raises(InvalidTarget, match=r"longer than 0\.3s"), LocalStdioProvider(
             open_timeout_s=0.3
         ).replacements(PIPE_OUT, tmp_path / "hung.out", (0, 0), chosen_by_caller=True):
             pass
