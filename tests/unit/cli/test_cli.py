@@ -650,6 +650,30 @@ def test_deadline_exceeded(capsys: pytest.CaptureFixture[str], daemon: Daemon) -
     assert "did not answer within 0.2s" in err
 
 
+def test_a_dump_past_the_client_timeout_says_the_daemon_may_still_complete_it(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    """Issue 14: not `Stream removed (Deadline Exceeded)`: the dump goes on in the daemon
+    (and, in stop mode, stops the job); say so, and how to check."""
+    daemon.servicer.delay_s = 1.0
+    code, _, err = run(capsys, daemon, "dump", "42", "--timeout", "0.2")
+    assert code == 1
+    assert_one_error_line(err)
+    assert "may still complete (and then stop the job)" in err
+    assert "`ckptctl list --pid 42`" in err
+    assert "Deadline" not in err and "Stream removed" not in err
+
+
+def test_a_restore_past_the_client_timeout_says_how_to_check(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    daemon.servicer.delay_s = 1.0
+    code, _, err = run(capsys, daemon, "restore", CK_ID, "--timeout", "0.2")
+    assert code == 1
+    assert_one_error_line(err)
+    assert "the restore goes on in the daemon and may still complete" in err
+
+
 def test_keyboard_interrupt(
     capsys: pytest.CaptureFixture[str], daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
