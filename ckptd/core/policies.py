@@ -240,6 +240,11 @@ class PolicyService:
         for p in targets:
             self._check_owner(caller, p)
         missing = [n for n in names if n not in {p.name for p in targets}]
+        if names and not targets:  # nothing to do: a bad request, not a failed drain
+            raise CheckpointNotFound(
+                f"no running protected job named {', '.join(repr(n) for n in missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''} here",
+                hint="see them with `ckptctl policy show`")
         errors = [f"{n}: no running protected job of that name here" for n in missing]
         drained: builtins.list[Policy] = []
         if targets:
