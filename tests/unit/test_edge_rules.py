@@ -206,3 +206,23 @@ def test_a_user_is_limited_and_root_never_is() -> None:
         pass
     with limits.operation(user, "dump"):
         pass  # released
+
+
+# ---- the daemon's own settings ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--peer-listen", "0.0.0.0:99999"], "port 99999 is out of range"),
+        (["--metrics-listen", "localhost"], "HOST:PORT"),
+    ],
+)
+def test_a_bad_listen_address_is_a_bad_configuration(
+    flags: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ckptd.daemon.main import main
+
+    assert main(["--store", "/nonexistent-ckptd-store", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
