@@ -4,11 +4,14 @@
 
     CkptdError                      one line: what went wrong; what to do (``hint``)
     ├── InvalidTarget               the request names something that cannot be acted on
+    │   ├── BadRequest              a field breaks the edge's rules (``transport.validate``)
     │   ├── ProcessNotFound         no such process
     │   └── TargetRefused           pid 1, the daemon or its ancestor, a kernel thread, a zombie
     ├── CheckpointNotFound          no such checkpoint id (or none for that pid / name)
     ├── PermissionDenied            the caller's uid may not act on that process / checkpoint
     ├── Busy                        another operation holds that process right now
+    ├── TooManyRequests             the caller's uid is over a per-caller limit (connections,
+    │                               calls, operations): retry later
     ├── PreconditionFailed          this node cannot do it now
     │   ├── PidInUse                restore: a pid of the tree is taken (running or zombie)
     │   ├── CriuUnavailable         CRIU missing, too old, or failing ``criu check``
@@ -63,6 +66,15 @@ class InvalidTarget(CkptdError):
     """The request names a target that cannot be acted on."""
 
 
+class BadRequest(InvalidTarget):
+    """A request field breaks the rules every input is checked against at the edge
+    (``ckptd.transport.validate``). ``field`` names it (``name``, ``keep``, ``--output``...)."""
+
+    def __init__(self, message: str, *, field: str = "", **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.field = field
+
+
 class ProcessNotFound(InvalidTarget):
     default_hint = "check the pid with `ps -p <pid>`"
 
@@ -88,6 +100,13 @@ class PermissionDenied(CkptdError):
 
 class Busy(CkptdError):
     default_hint = "wait for the running operation to finish, then retry"
+
+
+class TooManyRequests(CkptdError):
+    """The caller's uid is over one of its limits (``max_*_per_uid`` in the daemon's config):
+    refused at once, nothing done; other callers (root's above all) are not held up."""
+
+    default_hint = "wait for your running requests to end, then retry"
 
 
 class PreconditionFailed(CkptdError):

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from ckptd.core.events import EventBus
 from ckptd.core.ports import Clock, PolicyRepo, ProcessTable
+from ckptd.core.targets import check_process_target
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -60,7 +61,10 @@ class PolicyService:
         clock: Clock,
         events: EventBus,
         drain_workers: int = 8,
+        daemon_pid: int = 0,
     ) -> None:
+        self._daemon_pid = daemon_pid
+        """The daemon's own pid: never a job (0: unknown, only pid 1 is refused)."""
         self._dump = dump
         self._restore = restore
         self._repo = repo
@@ -98,6 +102,7 @@ class PolicyService:
         if status is not None:
             if status.state is PidState.FREE:
                 raise InvalidTarget(f"no process with pid {policy.pid}", pid=policy.pid)
+            check_process_target(self._processes, policy.pid, status, self._daemon_pid)
             if not caller.is_root and status.uid != caller.uid:
                 raise PermissionDenied(
                     f"pid {policy.pid} belongs to uid {status.uid}, the caller is uid "
@@ -235,6 +240,11 @@ class PolicyService:
         for p in targets:
             self._check_owner(caller, p)
         missing = [n for n in names if n not in {p.name for p in targets}]
+        if names and not targets:  # nothing to do: a bad request, not a failed drain
+            raise CheckpointNotFound(
+                f"no running protected job named {', '.join(repr(n) for n in missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''} here",
+                hint="see them with `ckptctl policy show`")
         errors = [f"{n}: no running protected job of that name here" for n in missing]
         drained: builtins.list[Policy] = []
         if targets:

@@ -16,29 +16,12 @@ def check_dump_target(
     if pid <= 0:
         raise InvalidTarget(f"invalid pid {pid}", hint="give a positive process id", pid=pid)
     status = processes.status(pid)
-    if status.state is PidState.FREE:
-        raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
-    if pid == 1:
-        raise TargetRefused(
-            "pid 1 (init) cannot be checkpointed", hint="name the job's own process", pid=pid
-        )
-    if status.kernel_thread:
-        raise TargetRefused(
-            f"pid {pid} ({status.comm}) is a kernel thread and cannot be checkpointed",
-            hint="name a user-space process",
-            pid=pid,
-        )
+    check_process_target(processes, pid, status, daemon_pid)
     if status.state is PidState.ZOMBIE:
         raise TargetRefused(
             f"pid {pid} ({status.comm}) is a zombie: it has exited and waits for its parent "
             f"{status.ppid} to reap it",
             hint="there is nothing left to checkpoint",
-            pid=pid,
-        )
-    if pid == daemon_pid or pid in processes.ancestors(daemon_pid):
-        raise TargetRefused(
-            f"pid {pid} is the ckptd daemon or one of its ancestors",
-            hint="ckptd cannot checkpoint itself; name the job's own process",
             pid=pid,
         )
     if status.session == 0:
@@ -54,6 +37,7 @@ def check_dump_target(
         raise PermissionDenied(
             f"pid {pid} belongs to uid {status.uid}, the caller is uid {caller.uid}", pid=pid
         )
+    check_not_traced(status)
     tree = processes.tree(pid)
     if not tree:
         raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
@@ -68,6 +52,45 @@ def check_dump_target(
                 )
     check_no_io_uring(processes, pid, tree)
     return tree
+
+
+def check_process_target(
+    processes: ProcessTable, pid: int, status: PidStatus, daemon_pid: int
+) -> None:
+    """What no dump, policy or drain may ever name: no process, a thread instead of a
+    process, pid 1, a kernel thread, the daemon or one of its ancestors."""
+    if status.state is PidState.FREE:
+        raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+    if status.tgid and status.tgid != pid:
+        raise InvalidTarget(
+            f"pid {pid} is a thread of process {status.tgid} ({status.comm}), not a process",
+            hint=f"name the process: {status.tgid}", pid=pid,
+        )
+    if pid == 1:
+        raise TargetRefused(
+            "pid 1 (init) cannot be checkpointed", hint="name the job's own process", pid=pid
+        )
+    if status.kernel_thread:
+        raise TargetRefused(
+            f"pid {pid} ({status.comm}) is a kernel thread and cannot be checkpointed",
+            hint="name a user-space process",
+            pid=pid,
+        )
+    if pid == daemon_pid or pid in processes.ancestors(daemon_pid):
+        raise TargetRefused(
+            f"pid {pid} is the ckptd daemon or one of its ancestors",
+            hint="ckptd cannot checkpoint itself; name the job's own process",
+            pid=pid,
+        )
+
+
+def check_not_traced(status: PidStatus) -> None:
+    """A process under another tracer (strace, gdb) cannot be seized by CRIU: say who."""
+    if status.tracer:
+        raise TargetRefused(
+            f"pid {status.pid} is being traced by PID {status.tracer} (strace/gdb?)",
+            hint="detach the tracer and retry", pid=status.pid,
+        )
 
 
 IO_URING_WAY_OUT = (

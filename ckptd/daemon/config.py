@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptd.adapters.storage.url import local_path
+from ckptd.errors import BadRequest
+from ckptd.transport import validate
 
 DEFAULT_CRIU_PATHS = ("/usr/local/sbin/criu", "/usr/sbin/criu", "/usr/bin/criu")
 DEFAULT_ENTER_PRELOADS = (
@@ -75,6 +77,28 @@ class DaemonConfig:
     file_capture_oversize: str = "refuse"
     """A file over ``file_capture_limit``: ``refuse`` the dump, or ``skip`` its capture."""
     max_workers: int = 16
+    """Threads serving calls on the local API (and, apart, on the peer listener)."""
+    max_connections_per_uid: int = 64
+    """Connections to the local socket one uid other than root may hold at once; more are
+    closed as they come (root's never are)."""
+    max_connections: int = 512
+    """Connections of all uids but root together."""
+    max_calls_per_uid: int = 8
+    """Calls in progress one uid other than root may have (a stream such as ``ckptctl events
+    --follow`` counts until it ends); more are refused at once (RESOURCE_EXHAUSTED)."""
+    max_user_calls: int = 12
+    """Calls in progress of all uids but root together: below ``max_workers``, so that
+    ``max_workers - max_user_calls`` workers always serve root."""
+    max_operations_per_uid: int = 2
+    """Dumps, restores and migrations one uid other than root may run at once."""
+    max_streams_per_connection: int = 16
+    """HTTP/2 streams (calls queued or running) per connection: with the connection limit,
+    it bounds the work a uid may queue."""
+    max_queued_calls: int = 1024
+    """Calls the server holds at once, queued or running (beyond: RESOURCE_EXHAUSTED)."""
+    open_timeout_s: float = 10.0
+    """How long opening a file for a caller (``restore --output``) may take (a slow or hung
+    file system) before the request fails; such opens never hold a worker longer."""
     shutdown_grace_s: float = 60.0
     log_level: str = "INFO"
     node: str = ""
@@ -164,6 +188,7 @@ def load(args: argparse.Namespace) -> DaemonConfig:
     }
     config = replace(config, **overrides)
     _check_jobs_cgroup(config.jobs_cgroup)
+    _check_limits(config)
     if args.store is not None and args.state_dir is None and not _in_file(args, "state_dir"):
         local = local_path(config.store)
         state = DEFAULT_URL_STATE_DIR if local is None else local / "state"
@@ -176,6 +201,28 @@ def _check_jobs_cgroup(path: str) -> None:
     if path and (not path.startswith("/") or not parts or ".." in parts or "." in parts):
         raise ValueError(f"jobs_cgroup {path!r} must be a cgroup path below the root, such as "
                          "/ckptd-jobs (or empty)")
+
+
+def _check_limits(config: DaemonConfig) -> None:
+    """Listen addresses and limits make sense (ValueError naming the setting otherwise)."""
+    for key in ("peer_listen", "metrics_listen"):
+        value = getattr(config, key)
+        if value:
+            try:
+                validate.address(value, key, listen=True)
+            except BadRequest as exc:
+                raise ValueError(str(exc)) from exc
+    for key in ("max_workers", "max_connections_per_uid", "max_connections",
+                "max_calls_per_uid", "max_user_calls", "max_operations_per_uid",
+                "max_streams_per_connection", "max_queued_calls"):
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} {value!r} must be a whole number of at least 1")
+    if config.max_user_calls >= config.max_workers:
+        raise ValueError(f"max_user_calls ({config.max_user_calls}) must be below max_workers "
+                         f"({config.max_workers}): some workers must stay free for root")
+    if not 0 < config.open_timeout_s <= 3600:
+        raise ValueError(f"open_timeout_s {config.open_timeout_s!r} must be in (0, 3600]")
 
 
 def _in_file(args: argparse.Namespace, key: str) -> bool:

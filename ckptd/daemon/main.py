@@ -16,6 +16,7 @@ import grp
 import hashlib
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -37,8 +38,9 @@ from ckptd.daemon.probe import gpu_summary
 from ckptd.daemon.wiring import Wired, tls_files, wire
 from ckptd.domain.model import ROOT
 from ckptd.errors import CkptdError
+from ckptd.transport.grpc.limits import CallLimits, LimitInterceptor, Limits
 from ckptd.transport.grpc.peer import CHANNEL_OPTIONS, serve_peer
-from ckptd.transport.grpc.peercred import PeerCredProxy
+from ckptd.transport.grpc.peercred import ConnectionLimits, PeerCredProxy
 from ckptd.transport.grpc.servicer import CheckpointerServicer
 
 log = logging.getLogger("ckptd")
@@ -175,12 +177,18 @@ class Daemon:
                     stale.unlink()
         inner = private / "grpc.sock"
 
+        limits = CallLimits(Limits(per_uid=cfg.max_calls_per_uid,
+                                   operations_per_uid=cfg.max_operations_per_uid,
+                                   shared=cfg.max_user_calls))
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="rpc"),
+            interceptors=(LimitInterceptor(limits, peers),),
+            options=(("grpc.max_concurrent_streams", cfg.max_streams_per_connection),),
+            maximum_concurrent_rpcs=cfg.max_queued_calls,
         )
         ckptd_pb2_grpc.add_CheckpointerServicer_to_server(  # type: ignore[no-untyped-call]
             CheckpointerServicer(wired.service, peers, wired.migrate, wired.policies,
-                                 wired.groups, wired.receiver.node),
+                                 wired.groups, wired.receiver.node, limits),
             server,
         )
         health_servicer = health.HealthServicer()
@@ -190,7 +198,10 @@ class Daemon:
         )
         server.add_insecure_port(f"unix:{inner}")
         server.start()
-        proxy = PeerCredProxy(cfg.socket, inner, peers, cfg.socket_mode, _group_id(cfg))
+        _raise_fd_limit(3 * (cfg.max_connections + cfg.max_connections_per_uid) + 1024)
+        proxy = PeerCredProxy(cfg.socket, inner, peers, cfg.socket_mode, _group_id(cfg),
+                              ConnectionLimits(per_uid=cfg.max_connections_per_uid,
+                                               total=cfg.max_connections))
         proxy.start()
         for name in ("", SERVICE_NAME):
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -267,6 +278,19 @@ def _resume_drained(wired: Wired) -> None:
         log.info("resumed drained job from %s as pid %d", outcome.checkpoint_id, outcome.pid)
     for error in errors:
         log.error("could not resume a drained job: %s", error)
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Let the daemon hold ``needed`` fds (3 per relayed connection: both relay sides and
+    the gRPC server's), within the hard limit; the limits on connections keep it there."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the fd limit to %d (%s); a connection flood may reach "
+                        "it", want, exc)
 
 
 def _group_id(cfg: DaemonConfig) -> int:

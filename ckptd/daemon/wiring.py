@@ -155,7 +155,7 @@ def wire(config: DaemonConfig) -> Wired:
         criu=criu,
         processes=processes,
         store=store,
-        stdio=LocalStdioProvider(),
+        stdio=LocalStdioProvider(config.open_timeout_s),
         clock=clock,
         config=core,
         gpu=gpu,
@@ -201,6 +201,7 @@ def wire(config: DaemonConfig) -> Wired:
         processes=processes,
         clock=clock,
         events=service.events,
+        daemon_pid=os.getpid(),
     )
     return Wired(
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,

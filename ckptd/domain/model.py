@@ -58,6 +58,11 @@ class PidStatus:
     kernel_thread: bool = False
     traced: bool = False
     """Under ptrace (CRIU holds it while it dumps or restores)."""
+    tracer: int = 0
+    """The pid of its tracer (TracerPid; 0: none or unknown)."""
+    tgid: int = 0
+    """Its thread group (Tgid): its process's pid; another value than ``pid`` means ``pid``
+    names a thread of process ``tgid``. 0: unknown."""
     session: int = -1
     """Session id as this pid namespace sees it; 0 when the session leader is outside the
     namespace (a launcher that never called setsid), -1 when unknown."""

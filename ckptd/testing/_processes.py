@@ -63,6 +63,10 @@ class FakeProcess:
     """It holds an io_uring instance (``io_uring_holders``)."""
     own_root: bool = False
     """Its root directory is not the daemon's (``own_root``: a container's)."""
+    tracer: int = 0
+    """The pid tracing it (strace, gdb; 0: none)."""
+    tgid: int = 0
+    """Its process when it is a thread (0: itself)."""
 
     def fact(self) -> ProcessFact:
         """This process as ``ProcessTable.tree`` reports it."""
@@ -87,6 +91,9 @@ class FakeProcess:
             comm=self.comm,
             uid=self.uid,
             kernel_thread=self.kernel_thread,
+            traced=self.tracer != 0,
+            tracer=self.tracer,
+            tgid=self.tgid or self.pid,
             session=self.session,
             start_time=self.start_time,
             ns_pids=(self.pid, self.ns_pid) if self.ns_pid else (self.pid,),

@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
+from ckptd.adapters.criu.causes import explain
 from ckptd.adapters.criu.containers import (
     Container,
     ContainerError,
@@ -448,6 +449,12 @@ class CriuSwrk:
                 f"CRIU {what} aborted: {hook_error}", errno=errno, log_tail=tail,
                 log_path=str(log_path), pid=pid, hint=f"see {log_path}",
             ) from hook_error
+        cause = explain(what, f"{detail}\n{tail}", pid)
+        if cause is not None:  # a cause the user can act on, CRIU's words kept in the tail
+            raise CriuFailed(
+                cause.message, errno=errno, log_tail=tail, log_path=str(log_path), pid=pid,
+                hint=f"{cause.hint} (CRIU's log: {log_path})",
+            )
         raise CriuFailed(
             f"CRIU {what} failed: {detail}", errno=errno, log_tail=tail,
             log_path=str(log_path), pid=pid, hint=f"see {log_path}",

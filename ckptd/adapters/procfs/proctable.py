@@ -34,6 +34,15 @@ def owner_uid(status: str) -> int:
     return 0
 
 
+def _status_int(status: str, key: str) -> int:
+    """The number of ``key`` (``"Tgid:"``) in /proc/PID/status; 0 when absent."""
+    for line in status.splitlines():
+        if line.startswith(key):
+            parts = line.split()
+            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    return 0
+
+
 def _ns_pids(status: str) -> tuple[int, ...]:
     for line in status.splitlines():
         if line.startswith("NSpid:"):
@@ -65,12 +74,10 @@ class ProcFsTable:
         except (FileNotFoundError, ProcessLookupError):
             return PidStatus(pid, PidState.FREE)
         uid = owner_uid(status_text)
-        traced = any(
-            line.startswith("TracerPid:") and line.split()[1] != "0"
-            for line in status_text.splitlines()
-        )
+        tracer, tgid = _status_int(status_text, "TracerPid:"), _status_int(status_text, "Tgid:")
         return PidStatus(
-            pid, state, ppid=ppid, comm=fields[1], uid=uid, traced=traced, session=session,
+            pid, state, ppid=ppid, comm=fields[1], uid=uid, traced=tracer != 0, tracer=tracer,
+            tgid=tgid, session=session,
             start_time=start_time, ns_pids=_ns_pids(status_text),
             kernel_thread=bool(flags & PF_KTHREAD),  # reliable; pid 2 may be anything in a pid ns
         )

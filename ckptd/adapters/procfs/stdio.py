@@ -12,19 +12,36 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import os
+import stat
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from ckptd.core.ports import InheritFd
 from ckptd.domain import StdioFact, StdioKind
-from ckptd.errors import ProcessNotFound, StoreError
+from ckptd.errors import InvalidTarget, PermissionDenied, ProcessNotFound, StoreError
+
+OPEN_TIMEOUT_S = 10.0
 
 
 class LocalStdioProvider:
+    """Opens the restore's output file for the restored tree.
+
+    A path the caller chose is opened as the job's owner (``setfsuid``), never creating a
+    directory, non-blocking (a FIFO without a reader is refused at once, ENXIO) and in a
+    thread of its own bounded by ``open_timeout_s`` (a hung file system fails the request,
+    not the worker). It must be a regular file, a character device or a FIFO with a reader;
+    O_NONBLOCK is cleared once open, so the restored tree sees an ordinary blocking file."""
+
+    def __init__(self, open_timeout_s: float = OPEN_TIMEOUT_S) -> None:
+        self._open_timeout_s = open_timeout_s
+
     @contextlib.contextmanager
     def replacements(
         self, stdio: Sequence[StdioFact], output_path: Path, owner: tuple[int, int] = (0, 0),
@@ -37,19 +54,19 @@ class LocalStdioProvider:
         def output() -> int:
             nonlocal output_fd
             if output_fd is None:
-                try:
-                    if chosen_by_caller and owner[0] != 0:
-                        with _as_user(*owner):  # the user's rights, never root's
-                            output_fd = _open_output(output_path)
-                    else:
-                        output_fd = _open_output(output_path)
+                if chosen_by_caller:
+                    output_fd = open_chosen(output_path, owner, self._open_timeout_s)
+                else:
+                    try:
+                        output_path.parent.mkdir(parents=True, exist_ok=True)
+                        output_fd = _open_bounded(output_path, None, self._open_timeout_s)
                         if owner[0] != 0:
                             os.fchown(output_fd, *owner)
-                except OSError as exc:
-                    raise StoreError(
-                        f"cannot open the restore's output file {output_path}: {exc}",
-                        hint="choose another --output path",
-                    ) from exc
+                    except OSError as exc:
+                        raise StoreError(
+                            f"cannot open the restore's output file {output_path}: {exc}",
+                            hint="choose an --output path",
+                        ) from exc
                 ours.append(output_fd)
             return output_fd
 
@@ -107,9 +124,85 @@ class LocalStdioProvider:
                     os.close(fd)
 
 
-def _open_output(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+_OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK
+                 | os.O_NOCTTY)
+
+
+def open_chosen(path: Path, owner: tuple[int, int], timeout_s: float) -> int:
+    """The output file a caller chose, opened as ``owner`` (root's rights only for root's
+    jobs); InvalidTarget / PermissionDenied naming the path and the cause otherwise."""
+    try:
+        fd = _open_bounded(path, owner if owner[0] != 0 else None, timeout_s)
+    except TimeoutError as exc:
+        raise InvalidTarget(
+            f"--output {path}: opening it took longer than {timeout_s:g}s (a hung or slow "
+            "file system?)", hint="choose a path on a local file system") from exc
+    except OSError as exc:
+        why = {
+            errno.ENOENT: f"its directory {path.parent} does not exist (ckptd creates no "
+                          "directories for a caller)",
+            errno.ENXIO: "it is a FIFO with no reader (or a socket)",
+            errno.EISDIR: "it is a directory",
+            errno.ENOTDIR: "a component of its directory is not a directory",
+            errno.ELOOP: "too many symbolic links",
+            errno.EROFS: "its file system is read-only",
+        }.get(exc.errno or 0, exc.strerror or str(exc))
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise PermissionDenied(
+                f"--output {path}: the job's owner (uid {owner[0]}) may not write there",
+                hint="choose a path its owner may write") from exc
+        raise InvalidTarget(f"--output {path}: {why}",
+                            hint="choose another --output path") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+            raise InvalidTarget(f"--output {path}: not a regular file",
+                                hint="choose a file's path")
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_bounded(path: Path, owner: tuple[int, int] | None, timeout_s: float) -> int:
+    """``os.open(path, _OUTPUT_FLAGS)`` (as ``owner`` when given) in a thread of its own:
+    TimeoutError after ``timeout_s`` (the thread, stuck in the kernel, closes what it opens
+    late); the open's OSError otherwise."""
+    done = threading.Event()
+    lock = threading.Lock()
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            if owner is not None:
+                with _as_user(*owner):  # the user's rights, never root's
+                    fd = os.open(path, _OUTPUT_FLAGS, 0o644)
+            else:
+                fd = os.open(path, _OUTPUT_FLAGS, 0o644)
+        except OSError as exc:
+            got["error"] = exc
+        else:
+            with lock:
+                if got.get("abandoned"):
+                    os.close(fd)
+                else:
+                    got["fd"] = fd
+        done.set()
+
+    threading.Thread(target=run, name="open-output", daemon=True).start()
+    if not done.wait(timeout_s):
+        with lock:
+            if "fd" not in got:
+                got["abandoned"] = True
+                raise TimeoutError(f"open {path}")
+    if "error" in got:
+        raise got["error"]
+    fd_: int = got["fd"]
+    if owner is None:  # not the caller's path: undo O_NONBLOCK as well
+        fcntl.fcntl(fd_, fcntl.F_SETFL, fcntl.fcntl(fd_, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd_
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)

@@ -12,7 +12,8 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
-from ckptd.domain import parse_duration
+from ckptd.transport import validate
+from ckptd.transport.cli import args as types
 from ckptd.transport.cli import convert, render
 from ckptd.transport.cli.output import (
     EXIT_FAILURE,
@@ -26,13 +27,6 @@ from ckptd.transport.cli.output import (
 )
 
 Command = Callable[[str, Callable[[Any, argparse.Namespace], int], str], argparse.ArgumentParser]
-
-
-def duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def policy_to_dict(p: pb.Policy) -> dict[str, Any]:
@@ -100,9 +94,9 @@ def cmd_policy_set(ctx: Any, args: argparse.Namespace) -> int:
     if args.target.isascii() and args.target.isdigit():
         if not args.name:
             args.subparser.error("a pid needs --name NAME (the name its checkpoints get)")
-        pid, name = int(args.target), args.name
+        pid, name = validate.parse_pid(args.target), args.name
     else:
-        pid, name = args.pid or 0, args.target
+        pid, name = args.pid or 0, validate.name(args.target, required=True)
     policy = pb.Policy(name=name, pid=pid, every_s=args.every or 0.0, keep=args.keep or 0,
                        on_term=bool(args.on_term))
     result = policy_to_dict(ctx.client.SetPolicy(pb.SetPolicyRequest(policy=policy),
@@ -224,32 +218,34 @@ def add_commands(
 
     pset = action("set", cmd_policy_set, "set the policy of a job (by name, or a pid + --name)")
     pset.add_argument("target", metavar="NAME|PID")
-    pset.add_argument("--name", metavar="NAME", help="with a pid: the job's name")
-    pset.add_argument("--pid", type=int, help="with a name: the job's root process")
-    pset.add_argument("--every", metavar="DURATION", type=duration,
+    pset.add_argument("--name", metavar="NAME", type=types.name,
+                      help="with a pid: the job's name")
+    pset.add_argument("--pid", type=types.pid, help="with a name: the job's root process")
+    pset.add_argument("--every", metavar="DURATION", type=types.every,
                       help="take a leave-running (incremental) checkpoint this often: 15m, 1h")
-    pset.add_argument("--keep", metavar="N", type=int, help="keep the newest N checkpoints")
+    pset.add_argument("--keep", metavar="N", type=types.keep,
+                      help="keep the newest N checkpoints")
     pset.add_argument("--on-term", action="store_true",
                       help="protect it: checkpoint it on drain, spot notice and termination")
     pshow = action("show", cmd_policy_show, "show policies (yours; every one for root)")
-    pshow.add_argument("name", nargs="?")
+    pshow.add_argument("name", nargs="?", type=types.name)
     pclear = action("clear", cmd_policy_clear, "remove the policy of a job")
-    pclear.add_argument("name")
+    pclear.add_argument("name", type=types.name)
 
     drain = command("drain", cmd_drain,
                     "checkpoint and stop every protected job on this node (maintenance)")
-    drain.add_argument("--name", action="append", metavar="NAME",
+    drain.add_argument("--name", action="append", metavar="NAME", type=types.name,
                        help="only this job (repeatable; a user may drain their own jobs)")
     resume = command("resume", cmd_resume, "restore jobs a drain or spot notice stopped")
-    resume.add_argument("name", nargs="?")
+    resume.add_argument("name", nargs="?", type=types.name)
     resume.add_argument("--all", action="store_true", help="every drained job")
 
     events = command("events", cmd_events,
                      "what the daemon did: checkpoints, restores, policies, notices")
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new ones")
-    events.add_argument("--last", type=int, default=20, metavar="N",
+    events.add_argument("--last", type=types.backlog, default=20, metavar="N",
                         help="start with the last N events (default 20)")
-    events.add_argument("--kind", action="append", metavar="KIND",
+    events.add_argument("--kind", action="append", metavar="KIND", type=types.kind,
                         help="only this kind, e.g. checkpoint or policy.fired (repeatable)")
 
 

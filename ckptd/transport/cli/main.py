@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
@@ -31,6 +31,8 @@ import grpc
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc
+from ckptd.errors import BadRequest
+from ckptd.transport.cli import args as types
 from ckptd.transport.cli import convert, jobs, render, run
 from ckptd.transport.cli.completion import bash_completion
 from ckptd.transport.cli.output import (
@@ -54,7 +56,6 @@ from ckptd.transport.grpc.status import ERROR_KIND_KEY
 DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
 SOCKET_ENV = "CKPTD_SOCKET"
 DEFAULT_TIMEOUT_S = 30.0
-MAX_PID = 2**31 - 1  # DumpRequest.pid / RestoreRequest.pid are int32
 
 _EXIT_BY_CODE: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: EXIT_USAGE,
@@ -65,8 +66,6 @@ _EXIT_BY_CODE: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: EXIT_BUSY,
     grpc.StatusCode.ABORTED: EXIT_BUSY,
 }
-
-_DIGITS = re.compile(r"[0-9]+")
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -156,45 +155,6 @@ class Context:
 # Argument types.
 
 
-def _parse_pid(text: str) -> int:
-    """A pid argument: a positive int32, else a :class:`CliError` with exit code 2."""
-    if not _DIGITS.fullmatch(text) or not 0 < int(text) <= MAX_PID:
-        raise CliError(f"invalid pid {text!r}: a pid is a positive integer", EXIT_USAGE)
-    return int(text)
-
-
-def _pid_type(text: str) -> int:
-    try:
-        return _parse_pid(text)
-    except CliError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
-
-
-def _label_type(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"invalid label {text!r}: expected KEY=VALUE")
-    return key.strip(), value
-
-
-def _timeout_type(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"invalid timeout {text!r}: expected a positive number of seconds"
-        )
-    return value
-
-
-def _positive_int(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return int(text)
-
-
 # --------------------------------------------------------------------------------------------
 # Commands. Each takes the context and the parsed arguments and returns the exit code.
 
@@ -207,7 +167,7 @@ def cmd_dump(ctx: Context, args: argparse.Namespace) -> int:
             args.subparser.error("give a pid, or --name NAME of a job ckptd protects")
         return jobs.dump_by_name(ctx, args.name, leave_running=args.leave_running,
                                  keep=args.keep or 0)
-    pid = _parse_pid(args.pid) if args.pid is not None else 0
+    pid: int = args.pid or 0
     labels = dict(args.label or [])
     if args.keep and not args.name:
         args.subparser.error("--keep needs --name (retention is per name)")
@@ -245,8 +205,8 @@ def cmd_restore(ctx: Context, args: argparse.Namespace) -> int:
     if target is None:
         request = pb.RestoreRequest(name=args.name, output_path=output)
         what = f"the latest checkpoint named {args.name!r}"
-    elif target.isascii() and target.isdigit():
-        request = pb.RestoreRequest(pid=_parse_pid(target), output_path=output)
+    elif target.isdigit():
+        request = pb.RestoreRequest(pid=int(target), output_path=output)
         what = f"the latest checkpoint of pid {target}"
     else:
         request = pb.RestoreRequest(checkpoint_id=target, output_path=output)
@@ -265,7 +225,7 @@ def cmd_restore(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(ctx: Context, args: argparse.Namespace) -> int:
-    pid = _parse_pid(args.pid)
+    pid: int = args.pid
     request = pb.MigrateRequest(
         pid=pid,
         to=args.to,
@@ -389,7 +349,7 @@ def _add_global_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=_timeout_type,
+        type=types.timeout,
         default=argparse.SUPPRESS,
         help=f"give up after SECONDS (default: none for dump and restore, "
         f"{DEFAULT_TIMEOUT_S:g} for the others)",
@@ -397,7 +357,7 @@ def _add_global_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = types.Parser(
         prog=PROG,
         description="Checkpoint and restore processes with ckptd.",
         epilog=f"Run '{PROG} COMMAND --help' for a command's options.",
@@ -413,13 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     dump = command("dump", cmd_dump, "checkpoint a process tree")
     dump.add_argument(
-        "pid", nargs="?",
+        "pid", nargs="?", type=types.pid,
         help="the root process of the tree to checkpoint, or a container's init (its job "
         "is checkpointed); leave it out with --name NAME: the job of that name that ckptd "
         "protects, e.g. from a Kubernetes preStop hook",
     )
     dump.add_argument(
-        "--cgroup", metavar="PATH",
+        "--cgroup", metavar="PATH", type=types.cgroup,
         help="instead of a pid: the container whose cgroup (v2 path, as /proc/PID/cgroup's "
         "0:: line says) this is; the job under its init is checkpointed",
     )
@@ -435,18 +395,19 @@ def build_parser() -> argparse.ArgumentParser:
         "connections back closed, the application sees a reset (default: such a tree is "
         "refused; connections inside the tree are always restored established)",
     )
-    dump.add_argument("--name", metavar="NAME", help="a name to find the checkpoint by")
+    dump.add_argument("--name", metavar="NAME", type=types.name,
+                      help="a name to find the checkpoint by")
     dump.add_argument(
         "--label",
         metavar="K=V",
         action="append",
-        type=_label_type,
+        type=types.label,
         help="attach a label (repeatable)",
     )
     dump.add_argument(
         "--keep",
         metavar="N",
-        type=_positive_int,
+        type=types.keep,
         help="with --name: then keep only the N newest checkpoints of that name",
     )
 
@@ -455,18 +416,19 @@ def build_parser() -> argparse.ArgumentParser:
         "move a running process tree to another node's ckptd (checkpoint here, send what it "
         "lacks, restore there; restored here again if that fails)",
     )
-    migrate.add_argument("pid", help="the root process of the tree to move")
+    migrate.add_argument("pid", type=types.pid, help="the root process of the tree to move")
     migrate.add_argument(
-        "--to", metavar="HOST:PORT", required=True,
+        "--to", metavar="HOST:PORT", required=True, type=types.address,
         help="the target daemon's peer listener (its peer_listen setting)",
     )
-    migrate.add_argument("--name", metavar="NAME", help="a name for the checkpoint")
+    migrate.add_argument("--name", metavar="NAME", type=types.name,
+                         help="a name for the checkpoint")
     migrate.add_argument(
-        "--label", metavar="K=V", action="append", type=_label_type,
+        "--label", metavar="K=V", action="append", type=types.label,
         help="attach a label (repeatable)",
     )
     migrate.add_argument(
-        "--output", metavar="PATH",
+        "--output", metavar="PATH", type=types.output,
         help="on the target: where stdout/stderr go when they cannot be restored",
     )
     migrate.add_argument(
@@ -482,14 +444,17 @@ def build_parser() -> argparse.ArgumentParser:
         "target",
         nargs="?",
         metavar="CHECKPOINT-ID|PID",
+        type=types.restore_target,
         help="a checkpoint id, or a pid (all digits) for its latest checkpoint",
     )
     restore.add_argument(
-        "--name", metavar="NAME", help="restore the latest checkpoint with this name"
+        "--name", metavar="NAME", type=types.name,
+        help="restore the latest checkpoint with this name"
     )
     restore.add_argument(
         "--output",
         metavar="PATH",
+        type=types.output,
         help="where the restored tree's stdout/stderr go when they cannot be restored "
         "(default: a file ckptd chooses)",
     )
@@ -497,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-map",
         metavar="OLD=NEW",
         action="append",
-        type=_label_type,
+        type=types.gpu_pair,
         help="restore the checkpoint's GPU OLD (UUID) onto this node's GPU NEW (repeat for "
         "every checkpointed GPU; default: the same GPUs, else free ones of the same model)",
     )
@@ -509,28 +474,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     list_ = command("list", cmd_list, "list checkpoints")
-    list_.add_argument("--pid", metavar="PID", type=_pid_type, help="only this pid's")
-    list_.add_argument("--name", metavar="NAME", help="only those with this name")
+    list_.add_argument("--pid", metavar="PID", type=types.pid, help="only this pid's")
+    list_.add_argument("--name", metavar="NAME", type=types.name,
+                       help="only those with this name")
 
     show = command("show", cmd_show, "show a checkpoint in detail")
-    show.add_argument("id", metavar="CHECKPOINT-ID")
+    show.add_argument("id", metavar="CHECKPOINT-ID", type=types.checkpoint_id)
 
     check_restore = command(
         "check-restore",
         cmd_check_restore,
         "say whether this node can restore a checkpoint (exit 0 when compatible, else 1)",
     )
-    check_restore.add_argument("id", metavar="CHECKPOINT-ID")
+    check_restore.add_argument("id", metavar="CHECKPOINT-ID", type=types.checkpoint_id)
 
     delete = command("delete", cmd_delete, "delete a checkpoint")
-    delete.add_argument("id", metavar="CHECKPOINT-ID")
+    delete.add_argument("id", metavar="CHECKPOINT-ID", type=types.checkpoint_id)
 
     command("check", cmd_check, "report what this node can checkpoint (CRIU, kernel, GPUs)")
 
     verify = command(
         "verify", cmd_verify, "read back a checkpoint (or the whole store) and check every byte"
     )
-    verify.add_argument("id", nargs="?", metavar="CHECKPOINT-ID", help="default: everything")
+    verify.add_argument("id", nargs="?", metavar="CHECKPOINT-ID", type=types.checkpoint_id,
+                        help="default: everything")
 
     gc = command(
         "gc",
@@ -541,10 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument(
         "--keep-last",
         metavar="N",
-        type=_positive_int,
+        type=types.keep_last,
         help="first delete all but the N newest checkpoints of each name",
     )
-    gc.add_argument("--name", metavar="NAME", help="apply --keep-last to this name only")
+    gc.add_argument("--name", metavar="NAME", type=types.name,
+                    help="apply --keep-last to this name only")
 
     completion = commands.add_parser(
         "completion",
@@ -573,7 +541,32 @@ def _resolve_timeout(args: argparse.Namespace) -> float | None:
     return None if args.command in _COMMANDS_TIMEOUT_NONE else DEFAULT_TIMEOUT_S
 
 
-def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None) -> int:
+_STILL_RUNNING = {"dump", "restore", "migrate", "drain", "resume"}
+"""Commands whose operation goes on in the daemon when the client stops waiting."""
+
+
+def _timed_out(args: argparse.Namespace, timeout: float) -> str:
+    """What a client deadline means for ``args``'s command: its operation may go on."""
+    command = args.command
+    if command not in _STILL_RUNNING:
+        return f"ckptd did not answer within {timeout:g}s; retry with a larger --timeout"
+    waited = f"no answer from ckptd within --timeout {timeout:g}s"
+    if command == "dump":
+        pid = getattr(args, "pid", None)
+        what = f"the dump of pid {pid}" if pid else "the dump"
+        then = "" if args.leave_running else " (and then stop the job)"
+        check = f"`{PROG} list --pid {pid}`" if pid else f"`{PROG} list`"
+        return (f"{waited}: {what} goes on in the daemon and may still complete{then}; "
+                f"check with {check} or `{PROG} events --kind checkpoint`")
+    if command == "migrate":
+        return (f"{waited}: the migration of pid {args.pid} goes on in the daemon and may "
+                f"still complete; check with `{PROG} events` before retrying")
+    return (f"{waited}: the {command} goes on in the daemon and may still complete; check "
+            f"with `{PROG} events` (and `{PROG} list`) before retrying")
+
+
+def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
+               args: argparse.Namespace | None = None, late: bool = False) -> int:
     code_fn = getattr(err, "code", None)
     details_fn = getattr(err, "details", None)
     code = code_fn() if callable(code_fn) else None
@@ -596,6 +589,9 @@ def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None) -> int:
                 f"cannot reach ckptd at {socket}: is the daemon running? "
                 "(start it with 'ckptd' or 'systemctl start ckptd')"
             )
+    elif timeout is not None and args is not None and (
+            (code == grpc.StatusCode.DEADLINE_EXCEEDED and not from_daemon) or late):
+        _err(_timed_out(args, timeout))  # "Stream removed", "Deadline Exceeded": the client's
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED and details in ("", "Deadline Exceeded"):
         _err(f"ckptd did not answer within {timeout:g}s; retry with a larger --timeout")
     elif details:
@@ -621,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     socket = _resolve_socket(args)
     timeout = _resolve_timeout(args)
     handler: Handler = args.handler
+    started = time.monotonic()
     try:
         with grpc.insecure_channel("unix:" + socket) as channel:
             ctx = Context(
@@ -633,7 +630,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # a subparser's usage error found after parsing
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except grpc.RpcError as err:
-        return _rpc_error(err, socket, timeout)
+        late = timeout is not None and time.monotonic() - started >= timeout
+        return _rpc_error(err, socket, timeout, args, late)
+    except BadRequest as exc:  # a rule checked after parsing (the same as argparse's types)
+        _err(exc.message)
+        return EXIT_USAGE
     except CliError as err:
         _err(err.message)
         return err.exit_code

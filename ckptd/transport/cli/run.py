@@ -42,8 +42,9 @@ from typing import Any
 import grpc
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+from ckptd.transport.cli import args as types
 from ckptd.transport.cli import no_io_uring
-from ckptd.transport.cli.jobs import Command, duration
+from ckptd.transport.cli.jobs import Command
 from ckptd.transport.cli.output import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, err, stream_result
 
 EXIT_TERMINATED = 143
@@ -306,12 +307,13 @@ def add_command(command: Command) -> None:
     run = command("run", cmd_run,
                   "run a command under ckptd's protection: checkpointed on SIGTERM, drain and "
                   "spot notices (and every --every)")
-    run.add_argument("--name", metavar="NAME",
+    run.add_argument("--name", metavar="NAME", type=types.name,
                      help="the job's name (its checkpoints get it; default COMMAND-PID)")
-    run.add_argument("--every", metavar="DURATION", type=duration,
+    run.add_argument("--every", metavar="DURATION", type=types.every,
                      help="also take a leave-running checkpoint this often: 15m, 1h")
-    run.add_argument("--keep", metavar="N", type=int, help="keep the newest N checkpoints")
-    run.add_argument("--grace", metavar="SECONDS", type=float, default=25.0,
+    run.add_argument("--keep", metavar="N", type=types.keep,
+                     help="keep the newest N checkpoints")
+    run.add_argument("--grace", metavar="SECONDS", type=types.grace, default=25.0,
                      help="how long the checkpoint on SIGTERM may take (default 25, inside "
                      "Kubernetes' default 30 s grace period)")
     run.add_argument("--allow-io-uring", action="store_true",

@@ -1,10 +1,13 @@
-"""Domain values <-> ckptd.v1 protobuf messages. No logic beyond the mapping."""
+"""Domain values <-> ckptd.v1 protobuf messages. No logic beyond the mapping, and the edge's
+rules (``ckptd.transport.validate``) on every value a request brings: a request converted here
+holds only values the core may trust (BadRequest otherwise, naming the field)."""
 
 from __future__ import annotations
 
 from google.protobuf import struct_pb2
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+from ckptd.core.policies import MIN_EVERY_S
 from ckptd.domain import (
     CheckpointRecord,
     CompatReport,
@@ -28,17 +31,23 @@ from ckptd.domain import (
     StdioFact,
     VerifyReport,
 )
+from ckptd.errors import BadRequest
+from ckptd.transport import validate as v
 
 
 def dump_request(msg: pb.DumpRequest) -> DumpRequest:
+    if msg.cgroup and msg.pid:
+        raise BadRequest("give a pid or a cgroup, not both", field="pid")
+    keep = v.count(msg.keep, "keep")
+    name = v.name(msg.name, required=bool(keep))
     return DumpRequest(
-        pid=msg.pid,
+        pid=v.pid(msg.pid, required=not msg.cgroup),
         leave_running=msg.leave_running,
-        name=msg.name,
-        labels=dict(msg.labels),
-        keep=msg.keep,
+        name=name,
+        labels=v.labels(msg.labels),
+        keep=keep,
         tcp_close=msg.tcp_close,
-        cgroup=msg.cgroup,
+        cgroup=v.cgroup(msg.cgroup),
     )
 
 
@@ -61,12 +70,14 @@ def gc_response(r: GcReport) -> pb.GcResponse:
 
 def restore_request(msg: pb.RestoreRequest) -> RestoreRequest:
     which = msg.WhichOneof("target")
+    if which is None:
+        raise BadRequest("give a checkpoint id, a pid or a name to restore", field="target")
     return RestoreRequest(
-        checkpoint_id=msg.checkpoint_id if which == "checkpoint_id" else "",
-        pid=msg.pid if which == "pid" else 0,
-        name=msg.name if which == "name" else "",
-        output_path=msg.output_path,
-        gpu_map=dict(msg.gpu_map),
+        checkpoint_id=v.checkpoint_id(msg.checkpoint_id) if which == "checkpoint_id" else "",
+        pid=v.pid(msg.pid) if which == "pid" else 0,
+        name=v.name(msg.name, required=True) if which == "name" else "",
+        output_path=v.path(msg.output_path),
+        gpu_map=v.gpu_map(msg.gpu_map),
         ignore_warnings=msg.ignore_warnings,
         into_callers_container=msg.into_callers_container,
     )
@@ -197,11 +208,11 @@ def check_response(n: NodeReport, daemon_version: str) -> pb.CheckResponse:
 
 def migrate_request(msg: pb.MigrateRequest) -> MigrateRequest:
     return MigrateRequest(
-        pid=msg.pid,
-        to=msg.to,
-        name=msg.name,
-        labels=dict(msg.labels),
-        output_path=msg.output_path,
+        pid=v.pid(msg.pid),
+        to=v.address(msg.to, "--to address"),
+        name=v.name(msg.name),
+        labels=v.labels(msg.labels),
+        output_path=v.path(msg.output_path),
         ignore_warnings=msg.ignore_warnings,
     )
 
@@ -242,8 +253,10 @@ def policy(p: Policy) -> pb.Policy:
 
 
 def policy_from(msg: pb.Policy) -> Policy:
-    return Policy(name=msg.name, pid=msg.pid, every_s=msg.every_s, keep=msg.keep,
-                  on_term=msg.on_term)
+    return Policy(name=v.name(msg.name, "job name", required=True),
+                  pid=v.pid(msg.pid, required=False),
+                  every_s=v.duration(msg.every_s, "--every period", minimum=MIN_EVERY_S),
+                  keep=v.count(msg.keep, "keep"), on_term=msg.on_term)
 
 
 def group(g: GroupRecord) -> pb.Group:

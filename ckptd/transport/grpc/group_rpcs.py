@@ -13,6 +13,7 @@ from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.core.groups import GroupMembers
 from ckptd.domain import Caller, CheckpointRecord, DumpRequest, RestoreOutcome
 from ckptd.errors import PermissionDenied
+from ckptd.transport import validate as v
 from ckptd.transport.grpc import convert
 
 T = TypeVar("T")
@@ -34,18 +35,22 @@ class GroupRpcs:
     def GroupPrepare(self, request: pb.GroupPrepareRequest, context: grpc.ServicerContext
                      ) -> Any:
         groups = self._group_members(context)
-        # the peers of the member's TCP connections are the other members, dumped with it
-        dump = DumpRequest(pid=request.pid, leave_running=request.leave_running,
-                           name=request.name, labels={"group": request.group_id},
-                           tcp_peers_dumped=True)
-        ck = self._unary(context, lambda c: groups.prepare(
-            c, request.group_id, dump, request.timeout_s or 60.0))
+
+        def prepare(caller: Caller) -> str:
+            group_id = v.group_id(request.group_id)
+            # the peers of the member's TCP connections are the other members, dumped with it
+            dump = DumpRequest(pid=v.pid(request.pid), leave_running=request.leave_running,
+                               name=v.name(request.name), labels={"group": group_id},
+                               tcp_peers_dumped=True)
+            return groups.prepare(caller, group_id, dump, _timeout(request.timeout_s))
+
+        ck = self._unary(context, prepare)
         return pb.GroupPrepareResponse(checkpoint_id=ck, node=self._node)
 
     def GroupCommit(self, request: pb.GroupCommitRequest, context: grpc.ServicerContext
                     ) -> Any:
         groups = self._group_members(context)
-        results = self._unary(context, lambda c: groups.commit(c, request.group_id))
+        results = self._unary(context, lambda c: groups.commit(c, v.group_id(request.group_id)))
         return pb.GroupCommitResponse(
             checkpoints=[convert.checkpoint(r) for r in results
                          if isinstance(r, CheckpointRecord)],
@@ -57,13 +62,14 @@ class GroupRpcs:
                             context: grpc.ServicerContext) -> Any:
         groups = self._group_members(context)
         pid = self._unary(context, lambda c: groups.prepare_restore(
-            c, request.group_id, request.checkpoint_id, request.timeout_s or 60.0))
+            c, v.group_id(request.group_id), v.checkpoint_id(request.checkpoint_id),
+            _timeout(request.timeout_s)))
         return pb.GroupPrepareRestoreResponse(pid=pid, node=self._node)
 
     def GroupAbort(self, request: pb.GroupAbortRequest, context: grpc.ServicerContext) -> Any:
         groups = self._group_members(context)
         return pb.GroupAbortResponse(
-            resumed=self._unary(context, lambda c: groups.abort(c, request.group_id)))
+            resumed=self._unary(context, lambda c: groups.abort(c, v.group_id(request.group_id))))
 
     def RecordGroup(self, request: pb.Group, context: grpc.ServicerContext) -> Any:
         groups = self._group_members(context)
@@ -85,3 +91,8 @@ class GroupRpcs:
                                                 if groups.owned_by(g, c)])
         return pb.ListGroupsResponse(groups=[convert.group(g) for g in found])
 
+
+
+def _timeout(seconds: float) -> float:
+    """A group member's wait for the decision: 60 s when not given, at most an hour."""
+    return v.duration(seconds, "group timeout", maximum=3600.0) or 60.0

@@ -9,6 +9,13 @@ caller*: ``<peer_dir>/<uid>-<pid>-<n>``. gRPC reports that path as the peer, and
 Invariants: only root can bind in ``peer_dir`` or connect to the inner socket (both in 0700
 directories), so a peer path there always comes from this proxy; a peer that is not from
 ``peer_dir`` is refused (no identity, no access).
+
+Bounded whatever the callers do: ONE thread relays every connection (non-blocking sockets
+under ``selectors``), each direction holds at most ``CHUNK`` bytes in flight (a side is not
+read while the other has not taken what it sent), and a uid other than root holds at most
+``ConnectionLimits.per_uid`` connections, all of them together ``ConnectionLimits.total``
+(root's are never refused), so threads stay constant and fds stay under
+``2 * (total + root's)`` under a flood of idle connections.
 """
 
 from __future__ import annotations
@@ -18,9 +25,14 @@ import itertools
 import logging
 import os
 import re
+import selectors
 import socket
 import struct
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ckptd.domain import Caller
@@ -43,13 +55,30 @@ def caller_from_peer(peer: str, peer_dir: Path) -> Caller | None:
     return Caller(uid=int(match[1]), pid=int(match[2]))
 
 
+CHUNK = 256 * 1024
+"""Largest read from one side; also the most bytes held for the other side."""
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Connections the relay holds at once: ``per_uid`` for each uid but root, ``total`` for
+    all of them together; root is never refused (its own tools, the node's admin)."""
+
+    per_uid: int = 64
+    total: int = 512
+
+
 class PeerCredProxy:
-    def __init__(self, public: Path, inner: Path, peer_dir: Path, mode: int, gid: int) -> None:
+    def __init__(self, public: Path, inner: Path, peer_dir: Path, mode: int, gid: int,
+                 limits: ConnectionLimits | None = None) -> None:
         self._public = public
         self._inner = inner
         self._peer_dir = peer_dir
+        self._limits = limits or ConnectionLimits()
         self._counter = itertools.count(1)
         self._closing = threading.Event()
+        self._by_uid: Counter[int] = Counter()
+        self._refused_logged = 0.0
         with contextlib.suppress(FileNotFoundError):
             public.unlink()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -61,7 +90,12 @@ class PeerCredProxy:
         os.chown(public, 0, gid)
         os.chmod(public, mode)
         self._listener.listen(128)
-        self._thread = threading.Thread(target=self._accept_loop, name="peercred", daemon=True)
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._loop, name="peercred", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -69,71 +103,202 @@ class PeerCredProxy:
     def stop(self) -> None:
         """Stop accepting; connections already open go on until their RPCs end."""
         self._closing.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
+        if self._thread.is_alive():  # else the loop has closed the pipe already
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
         with contextlib.suppress(FileNotFoundError):
             self._public.unlink()
-        self._thread.join(timeout=5)
 
-    def _accept_loop(self) -> None:
-        while not self._closing.is_set():
+    def connections(self) -> dict[int, int]:
+        """Connections held now, by uid (a copy; for tests and metrics)."""
+        return dict(self._by_uid)
+
+    # ---- the loop (the only thread) ------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._closing.is_set():
+                for key, events in self._selector.select(timeout=1.0):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.data is not None:
+                        key.data.ready(key.fileobj, events)
+        except Exception:
+            log.exception("the caller relay stopped")
+        finally:
+            self._close_listener()
+
+    def _close_listener(self) -> None:
+        """Stop accepting; relay what is open (daemon threads: the process ends them)."""
+        for fileobj in (self._listener, self._wake_r):
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fileobj)
+        self._listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        with contextlib.suppress(FileNotFoundError):
+            self._public.unlink()
+        if any(k.data is not None for k in self._selector.get_map().values()):
+            threading.Thread(target=self._drain, name="peercred-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        while any(k.data is not None for k in self._selector.get_map().values()):
+            for key, events in self._selector.select(timeout=1.0):
+                if key.data is not None:
+                    key.data.ready(key.fileobj, events)
+
+    def _accept(self) -> None:
+        while True:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:
-                if self._closing.is_set():
-                    return
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: refuse this one, keep serving
+                self._refused(f"cannot accept a connection: {exc}")
+                time.sleep(0.01)
+                return
             try:
                 self._relay(conn)
             except OSError as exc:
                 log.warning("cannot serve a connection: %s", exc)
                 conn.close()
 
+    def _refused(self, why: str) -> None:
+        now = time.monotonic()
+        if now - self._refused_logged > 10.0:  # a flood logs one line per 10 s
+            self._refused_logged = now
+            log.warning("connection refused: %s", why)
+
+    def _admit(self, uid: int) -> str:
+        """Why a connection of ``uid`` is refused now ("" when it is not)."""
+        if uid == 0:
+            return ""
+        if self._by_uid[uid] >= self._limits.per_uid:
+            return (f"uid {uid} holds {self._by_uid[uid]} connections already "
+                    f"(max_connections_per_uid {self._limits.per_uid})")
+        others = sum(n for u, n in self._by_uid.items() if u != 0)
+        if others >= self._limits.total:
+            return f"{others} connections from users already (max_connections)"
+        return ""
+
     def _relay(self, conn: socket.socket) -> None:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _gid = struct.unpack("3i", creds)
+        why = self._admit(uid)
+        if why:
+            self._refused(why)
+            conn.close()
+            return
         bound = self._peer_dir / f"{uid}-{pid}-{next(self._counter)}"
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.bind(str(bound))
+            upstream.settimeout(2.0)  # the inner server accepts at once; never wait longer
             upstream.connect(str(self._inner))
         except OSError:
             upstream.close()
             with contextlib.suppress(FileNotFoundError):
                 bound.unlink()
             raise
-        pair = _Pair(conn, upstream, bound)
-        for src, dst in ((conn, upstream), (upstream, conn)):
-            threading.Thread(
-                target=pair.pump, args=(src, dst), name=f"relay-{uid}-{pid}", daemon=True
-            ).start()
+        self._by_uid[uid] += 1
+        _Pair(self._selector, conn, upstream, bound, lambda: self._release(uid))
+
+    def _release(self, uid: int) -> None:
+        self._by_uid[uid] -= 1
+        if self._by_uid[uid] <= 0:
+            del self._by_uid[uid]
 
 
 class _Pair:
-    """Two sockets relayed both ways; closed (and the bound path removed) when both end."""
+    """Two non-blocking sockets relayed both ways by the selector's thread: bytes read from
+    one side wait in ``_pending[other]`` (at most CHUNK) and that side is not read again until
+    they are sent; a side's end of file is passed on (shutdown) once its bytes are sent.
+    Closed, its bound path removed and ``done`` called, when both sides have ended."""
 
-    def __init__(self, a: socket.socket, b: socket.socket, bound: Path) -> None:
-        self._a, self._b, self._bound = a, b, bound
-        self._open = 2
-        self._lock = threading.Lock()
+    def __init__(self, selector: selectors.BaseSelector, a: socket.socket, b: socket.socket,
+                 bound: Path, done: Callable[[], None]) -> None:
+        self._sel = selector
+        self._bound = bound
+        self._done = done
+        self._other = {a: b, b: a}
+        self._pending: dict[socket.socket, bytes] = {a: b"", b: b""}
+        self._eof: set[socket.socket] = set()
+        self._closed = False
+        for s in (a, b):
+            s.setblocking(False)
+            selector.register(s, selectors.EVENT_READ, self)
 
-    def pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _want(self, s: socket.socket) -> None:
+        """Register what ``s`` waits for now: reading while its peer's buffer is empty and
+        it has not ended; writing while bytes wait for it."""
+        events = 0
+        if s not in self._eof and not self._pending[self._other[s]]:
+            events |= selectors.EVENT_READ
+        if self._pending[s]:
+            events |= selectors.EVENT_WRITE
+        key = self._sel.get_map().get(s)
+        if events and key is None:
+            self._sel.register(s, events, self)
+        elif events and key is not None and key.events != events:
+            self._sel.modify(s, events, self)
+        elif not events and key is not None:
+            self._sel.unregister(s)
+
+    def ready(self, fileobj: object, events: int) -> None:
+        s = fileobj
+        assert isinstance(s, socket.socket)
         try:
-            while True:
-                data = src.recv(262144)
-                if not data:
-                    break
-                dst.sendall(data)
+            if events & selectors.EVENT_WRITE:
+                self._flush(s)
+            if events & selectors.EVENT_READ and not self._closed:
+                self._read(s)
         except OSError:
-            pass
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-        with self._lock:
-            self._open -= 1
-            last = self._open == 0
-        if last:
-            self._a.close()
-            self._b.close()
-            with contextlib.suppress(FileNotFoundError):
-                self._bound.unlink()
+            self._close()
+            return
+        if self._closed:
+            return
+        if len(self._eof) == 2 and not any(self._pending.values()):
+            self._close()
+            return
+        for side in self._other:
+            self._want(side)
+
+    def _read(self, src: socket.socket) -> None:
+        dst = self._other[src]
+        try:
+            data = src.recv(CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            self._eof.add(src)
+            if not self._pending[dst]:
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+            return
+        self._pending[dst] = data
+        self._flush(dst)
+
+    def _flush(self, dst: socket.socket) -> None:
+        data = self._pending[dst]
+        if data:
+            try:
+                sent = dst.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            self._pending[dst] = data[sent:]
+        if not self._pending[dst] and self._other[dst] in self._eof:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for s in self._other:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(s)
+            s.close()
+        with contextlib.suppress(FileNotFoundError):
+            self._bound.unlink()
+        self._done()

@@ -3,6 +3,12 @@
 Errors from the core end the call with the code ``status.code_for`` picks and a one-line
 message. A client that goes away mid-Dump does not abort the dump: stopping half-way is what
 could hurt the target, finishing is safe.
+
+Every request is checked against the edge's rules (``ckptd.transport.validate``, through
+``convert``) before the core sees it: a bad field ends the call with INVALID_ARGUMENT naming
+it. Dumps, restores and migrations hold one of the caller's operation slots
+(``limits.CallLimits``) while their work runs; calls in general are admitted by
+``limits.LimitInterceptor`` before they reach this class.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.policies import PolicyService
 from ckptd.core.service import CheckpointService
 from ckptd.domain import Caller, Event, Progress
+from ckptd.transport import validate as v
 from ckptd.transport.grpc import convert
 from ckptd.transport.grpc.group_rpcs import GroupRpcs
+from ckptd.transport.grpc.limits import CallLimits, Limits
 from ckptd.transport.grpc.peercred import caller_from_peer
 from ckptd.transport.grpc.status import abort_with
 
@@ -43,7 +51,9 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
         policies: PolicyService | None = None,
         groups: GroupMembers | None = None,
         node: str = "",
+        limits: CallLimits | None = None,
     ) -> None:
+        self._limits = limits or CallLimits(Limits())
         self._groups = groups
         self._node = node
         self._service = service
@@ -72,15 +82,28 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
     def _fail(context: grpc.ServicerContext, exc: BaseException) -> None:
         abort_with(context, exc, "request")
 
+    def _checked(self, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+        """``fn()`` (a request's conversion and checks), its error ending the call."""
+        try:
+            return fn()
+        except Exception as exc:
+            self._fail(context, exc)
+            raise  # unreachable: abort raises
+
     def _stream(
         self,
         context: grpc.ServicerContext,
+        what: str,
         run: Callable[[Caller, Callable[[Progress], None]], T],
         wrap_progress: Callable[[pb.Progress], Any],
         wrap_result: Callable[[T], Any],
     ) -> Iterator[Any]:
-        """Run ``run`` in a worker; stream its progress, then its result or its error."""
+        """Run ``run`` in a thread of its own, holding one of the caller's operation slots
+        until it ends (the client may go away first); stream its progress, then its result
+        or its error."""
         caller = self._caller(context)
+        slot = self._checked(context, lambda: self._limits.operation(caller, what))
+        self._checked(context, slot.__enter__)
         events: queue.Queue[Any] = queue.Queue()
         outcome: dict[str, Any] = {}
 
@@ -90,9 +113,14 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
             except Exception as exc:
                 outcome["error"] = exc
             finally:
+                slot.__exit__(None, None, None)
                 events.put(_DONE)
 
-        threading.Thread(target=work, name="rpc-worker", daemon=True).start()
+        try:
+            threading.Thread(target=work, name="rpc-worker", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: the slot is the caller's again
+            slot.__exit__(None, None, None)
+            self._fail(context, exc)
         while True:
             item = events.get()
             if item is _DONE:
@@ -106,25 +134,25 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
     # ---- RPCs -----------------------------------------------------------------------------
 
     def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> Iterator[Any]:
-        req = convert.dump_request(request)
+        req = self._checked(context, lambda: convert.dump_request(request))
         return self._stream(
-            context,
+            context, f"dump of pid {req.pid}" if req.pid else f"dump of cgroup {req.cgroup}",
             lambda caller, sink: self._service.dump(caller, req, sink),
             lambda p: pb.DumpEvent(progress=p),
             lambda r: pb.DumpEvent(checkpoint=convert.checkpoint(r)),
         )
 
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> Iterator[Any]:
-        req = convert.restore_request(request)
+        req = self._checked(context, lambda: convert.restore_request(request))
         return self._stream(
-            context,
+            context, "restore",
             lambda caller, sink: self._service.restore(caller, req, sink),
             lambda p: pb.RestoreEvent(progress=p),
             lambda o: pb.RestoreEvent(result=convert.restore_result(o)),
         )
 
     def Migrate(self, request: pb.MigrateRequest, context: grpc.ServicerContext) -> Iterator[Any]:
-        req = convert.migrate_request(request)
+        req = self._checked(context, lambda: convert.migrate_request(request))
         migrate = self._migrate
         if migrate is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this daemon cannot migrate")
@@ -136,7 +164,7 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
                 return migrate.run(caller, req, sink)
 
         return self._stream(
-            context,
+            context, f"migration of pid {req.pid}",
             run,
             lambda p: pb.MigrateEvent(progress=p),
             lambda o: pb.MigrateEvent(result=convert.migrate_result(o)),
@@ -144,7 +172,8 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
 
     def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[Any]:
         caller = self._caller(context)
-        kinds = tuple(request.kinds)
+        kinds = self._checked(context, lambda: v.kinds(request.kinds))
+        backlog = self._checked(context, lambda: v.backlog(request.backlog))
 
         def wanted(e: Event) -> bool:
             if not caller.is_root and e.uid not in (caller.uid, -1):
@@ -154,11 +183,11 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
 
         bus = self._service.events
         if not request.follow:
-            for e in bus.recent(request.backlog or 100):
+            for e in bus.recent(backlog or 100):
                 if wanted(e):
                     yield convert.event(e)
             return
-        sub = bus.subscribe(backlog=request.backlog)
+        sub = bus.subscribe(backlog=backlog)
         context.add_callback(sub.close)
         try:
             while context.is_active() and not sub.closed:
@@ -176,8 +205,9 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
 
     def SetPolicy(self, request: pb.SetPolicyRequest, context: grpc.ServicerContext) -> Any:
         policies = self._policy_service(context)
+        policy = self._checked(context, lambda: convert.policy_from(request.policy))
         p = self._unary(context, lambda c: policies.set(
-            c, convert.policy_from(request.policy), callers_child=request.callers_child))
+            c, policy, callers_child=request.callers_child))
         return convert.policy(p)
 
     def ListPolicies(self, request: pb.ListPoliciesRequest, context: grpc.ServicerContext
@@ -188,39 +218,44 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
 
     def ClearPolicy(self, request: pb.ClearPolicyRequest, context: grpc.ServicerContext) -> Any:
         policies = self._policy_service(context)
-        self._unary(context, lambda c: policies.clear(c, request.name))
+        name = self._checked(context, lambda: v.name(request.name, "job name", required=True))
+        self._unary(context, lambda c: policies.clear(c, name))
         return pb.ClearPolicyResponse(name=request.name)
 
     def Drain(self, request: pb.DrainRequest, context: grpc.ServicerContext) -> Any:
         policies = self._policy_service(context)
-        names = tuple(request.names)
+        names = self._checked(context, lambda: v.names(request.names, "job name"))
         drained, errors = self._unary(context, lambda c: policies.drain(c, names))
         return pb.DrainResponse(drained=[convert.policy(p) for p in drained], errors=errors)
 
     def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> Any:
         policies = self._policy_service(context)
-        done, errors = self._unary(context, lambda c: policies.resume(c, request.name))
+        name = self._checked(context, lambda: v.name(request.name, "job name"))
+        done, errors = self._unary(context, lambda c: policies.resume(c, name))
         return pb.ResumeResponse(
             restored=[convert.restore_result(o) for o in done], errors=errors
         )
 
     def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:
-        records = self._unary(
-            context, lambda c: self._service.list(c, pid=request.pid, name=request.name)
-        )
+        pid = self._checked(context, lambda: v.pid(request.pid, required=False))
+        name = self._checked(context, lambda: v.name(request.name))
+        records = self._unary(context, lambda c: self._service.list(c, pid=pid, name=name))
         return pb.ListResponse(checkpoints=[convert.checkpoint(r) for r in records])
 
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.Checkpoint:
-        record = self._unary(context, lambda c: self._service.get(c, request.id))
+        ck = self._checked(context, lambda: v.checkpoint_id(request.id))
+        record = self._unary(context, lambda c: self._service.get(c, ck))
         return convert.checkpoint(record)
 
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> Any:
-        self._unary(context, lambda c: self._service.delete(c, request.id))
+        ck = self._checked(context, lambda: v.checkpoint_id(request.id))
+        self._unary(context, lambda c: self._service.delete(c, ck))
         return pb.DeleteResponse(id=request.id)
 
     def ReservePids(self, request: pb.ReservePidsRequest, context: grpc.ServicerContext
                     ) -> Any:
-        last = self._unary(context, lambda c: self._service.reserve_pids(c, request.above or 1000))
+        above = self._checked(context, lambda: v.pid(request.above, "pid", required=False))
+        last = self._unary(context, lambda c: self._service.reserve_pids(c, above or 1000))
         return pb.ReservePidsResponse(last_pid=last)
 
     def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> Any:
@@ -228,15 +263,17 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
         return convert.check_response(report, __version__)
 
     def Verify(self, request: pb.VerifyRequest, context: grpc.ServicerContext) -> Any:
-        report = self._unary(context, lambda c: self._service.verify(c, request.id))
+        ck = self._checked(context, lambda: v.checkpoint_id(request.id, required=False))
+        report = self._unary(context, lambda c: self._service.verify(c, ck))
         return convert.verify_response(report)
 
     def CheckRestore(self, request: pb.CheckRestoreRequest, context: grpc.ServicerContext) -> Any:
-        report = self._unary(context, lambda c: self._service.check_restore(c, request.id))
+        ck = self._checked(context, lambda: v.checkpoint_id(request.id))
+        report = self._unary(context, lambda c: self._service.check_restore(c, ck))
         return convert.check_restore_response(report)
 
     def Gc(self, request: pb.GcRequest, context: grpc.ServicerContext) -> Any:
-        report = self._unary(
-            context, lambda c: self._service.gc(c, keep_last=request.keep_last, name=request.name)
-        )
+        keep = self._checked(context, lambda: v.count(request.keep_last, "keep-last"))
+        name = self._checked(context, lambda: v.name(request.name))
+        report = self._unary(context, lambda c: self._service.gc(c, keep_last=keep, name=name))
         return convert.gc_response(report)

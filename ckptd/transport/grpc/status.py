@@ -3,9 +3,11 @@
 | ckptd error                         | gRPC code            |
 |-------------------------------------|----------------------|
 | ProcessNotFound, CheckpointNotFound | NOT_FOUND            |
-| InvalidTarget, TargetRefused        | INVALID_ARGUMENT     |
+| InvalidTarget, TargetRefused,       | INVALID_ARGUMENT     |
+| BadRequest                          |                      |
 | PermissionDenied                    | PERMISSION_DENIED    |
 | Busy                                | ABORTED              |
+| TooManyRequests                     | RESOURCE_EXHAUSTED   |
 | PreconditionFailed (PidInUse, CRIU) | FAILED_PRECONDITION  |
 | CorruptCheckpoint                   | DATA_LOSS            |
 | Cancelled                           | CANCELLED            |
@@ -35,6 +37,7 @@ _CODES: tuple[tuple[type[errors.CkptdError], grpc.StatusCode], ...] = (
     (errors.InvalidTarget, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.Busy, grpc.StatusCode.ABORTED),
+    (errors.TooManyRequests, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.PreconditionFailed, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.CorruptCheckpoint, grpc.StatusCode.DATA_LOSS),
     (errors.Cancelled, grpc.StatusCode.CANCELLED),

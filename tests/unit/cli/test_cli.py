@@ -338,7 +338,8 @@ def test_dump_bad_label_is_a_usage_error(
 ) -> None:
     code, _, err = run(capsys, daemon, "dump", "42", "--label", "novalue")
     assert code == 2
-    assert "usage:" in err
+    assert_one_error_line(err)  # issue 14: a usage error is one line, not argparse's block
+    assert "--help'" in err
     assert "expected KEY=VALUE" in err
 
 
@@ -399,7 +400,8 @@ def test_restore_needs_exactly_one_target(
     code, out, err = run(capsys, daemon, "restore", *args)
     assert code == 2
     assert out == ""
-    assert "usage:" in err
+    assert_one_error_line(err)  # issue 14: a usage error is one line, not argparse's block
+    assert "--help'" in err
     assert daemon.servicer.requests == []
 
 
@@ -453,7 +455,8 @@ def test_list_json(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
 def test_list_bad_pid_is_a_usage_error(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
     code, _, err = run(capsys, daemon, "list", "--pid", "x")
     assert code == 2
-    assert "usage:" in err
+    assert_one_error_line(err)  # issue 14: a usage error is one line, not argparse's block
+    assert "--help'" in err
 
 
 def test_show_json_has_every_field(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
@@ -647,6 +650,30 @@ def test_deadline_exceeded(capsys: pytest.CaptureFixture[str], daemon: Daemon) -
     assert "did not answer within 0.2s" in err
 
 
+def test_a_dump_past_the_client_timeout_says_the_daemon_may_still_complete_it(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    """Issue 14: not `Stream removed (Deadline Exceeded)`: the dump goes on in the daemon
+    (and, in stop mode, stops the job); say so, and how to check."""
+    daemon.servicer.delay_s = 1.0
+    code, _, err = run(capsys, daemon, "dump", "42", "--timeout", "0.2")
+    assert code == 1
+    assert_one_error_line(err)
+    assert "may still complete (and then stop the job)" in err
+    assert "`ckptctl list --pid 42`" in err
+    assert "Deadline" not in err and "Stream removed" not in err
+
+
+def test_a_restore_past_the_client_timeout_says_how_to_check(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    daemon.servicer.delay_s = 1.0
+    code, _, err = run(capsys, daemon, "restore", CK_ID, "--timeout", "0.2")
+    assert code == 1
+    assert_one_error_line(err)
+    assert "the restore goes on in the daemon and may still complete" in err
+
+
 def test_keyboard_interrupt(
     capsys: pytest.CaptureFixture[str], daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -678,7 +705,8 @@ def test_usage_errors_return_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["frobnicate"]) == 2
     assert cli.main(["show"]) == 2
     assert cli.main(["list", "--timeout", "-1"]) == 2
-    assert "usage:" in capsys.readouterr().err
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 4 and all(ln.startswith("ckptctl: ") for ln in lines), lines
     assert cli.main(["--help"]) == 0
     assert "dump" in capsys.readouterr().out
 
@@ -737,7 +765,7 @@ def test_timeout_defaults() -> None:
     assert cli._resolve_timeout(parser.parse_args(["list"])) == 30.0
     assert cli._resolve_timeout(parser.parse_args(["check"])) == 30.0
     assert cli._resolve_timeout(parser.parse_args(["--timeout", "5", "dump", "1"])) == 5.0
-    assert cli._resolve_timeout(parser.parse_args(["show", "x", "--timeout", "2.5"])) == 2.5
+    assert cli._resolve_timeout(parser.parse_args(["show", CK_ID, "--timeout", "2.5"])) == 2.5
 
 
 # --------------------------------------------------------------------------------------------
@@ -908,7 +936,8 @@ def test_check_restore_lists_the_files_a_restore_puts_back(
 
 def test_check_restore_needs_an_id(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
     code, _, err = run(capsys, daemon, "check-restore")
-    assert code == 2 and "usage:" in err
+    assert code == 2
+    assert_one_error_line(err)
 
 
 def test_check_restore_refusal_is_one_line(

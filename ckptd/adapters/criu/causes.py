@@ -1,0 +1,85 @@
+"""CRIU's failures said as causes a user understands, with what to do.
+
+CRIU reports the symptom it met (``SEIZE 4242: task not stopped after seize``, ``Unable to
+detach 4242: No such process``, ``External socket is used``); ckptd's error must name the cause
+(another tracer, a socket to a process outside the tree, a missing capability) and the way out.
+``explain`` is consulted by the swrk adapter for every failed CRIU call; a failure it does not
+recognise keeps CRIU's own first error.
+
+Invariant: ``explain`` reads only the log text it is given and /proc (the tracer's pid); it
+never raises.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_TRACED = re.compile(
+    r"SEIZE \d+:|Unseizable non-zombie|Unable to detach|can't interrupt task|"
+    r"Can't interrupt the \d+ task|Cannot interrupt the \d+ task", re.IGNORECASE)
+_EXTERNAL_UNIX = re.compile(r"External socket (is used|found in image)", re.IGNORECASE)
+_CAPABILITY = re.compile(
+    r"CAP_SYS_ADMIN or the CAP_CHECKPOINT_RESTORE|Effective capability \d+ missing")
+_PID_IN = re.compile(r"(?:SEIZE|detach(?: from)?|non-zombie|the) (\d+)")
+
+
+@dataclass(frozen=True)
+class Cause:
+    message: str
+    """What went wrong, in the user's terms (no "CRIU ... failed:" prefix)."""
+    hint: str
+    """What to do."""
+
+
+def explain(what: str, log_text: str, pid: int | None, proc: Path = Path("/proc")
+            ) -> Cause | None:
+    """The cause of CRIU's failure of ``what`` (``"dump of pid 42"``) told by ``log_text``
+    (its log and first error), or None when none is recognised."""
+    if _CAPABILITY.search(log_text):
+        return Cause(
+            f"CRIU {what} failed: CRIU lacks the capabilities it needs (CAP_SYS_ADMIN or "
+            "CAP_CHECKPOINT_RESTORE)",
+            "run ckptd as root with its full capabilities (check the unit's "
+            "CapabilityBoundingSet, or the container's --cap-add / --privileged)")
+    if _EXTERNAL_UNIX.search(log_text):
+        return Cause(
+            f"CRIU {what} failed: the tree has a Unix socket connected to a process outside "
+            "it (an external unix socket), which a restore could not reconnect",
+            "close that connection in the job (stdout/stderr on a socket: redirect them to "
+            "a file or pipe), or checkpoint the peer process together with it")
+    if _TRACED.search(log_text):
+        tracer = _tracer_of(_traced_pid(log_text) or pid, proc)
+        who = pid if pid is not None else _traced_pid(log_text)
+        if tracer:
+            pid_, tracer_pid = tracer
+            message = (f"CRIU {what} failed: pid {pid_} is being traced by PID {tracer_pid} "
+                       "(strace/gdb?)")
+        else:
+            message = (f"CRIU {what} failed: a process of the tree of pid {who} could not be "
+                       "seized (traced by another process such as strace or gdb, or it "
+                       "exited meanwhile)")
+        return Cause(message, "detach the tracer and retry")
+    return None
+
+
+def _traced_pid(log_text: str) -> int | None:
+    match = _PID_IN.search(log_text)
+    return int(match[1]) if match else None
+
+
+def _tracer_of(pid: int | None, proc: Path) -> tuple[int, int] | None:
+    """(pid, its tracer) when ``pid`` is traced now; None otherwise."""
+    if not pid:
+        return None
+    try:
+        status = (proc / str(pid) / "status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("TracerPid:"):
+            parts = line.split()
+            if len(parts) > 1 and parts[1].isdigit() and parts[1] != "0":
+                return pid, int(parts[1])
+    return None

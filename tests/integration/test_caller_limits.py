@@ -1,0 +1,140 @@
+"""Issue 14: one unprivileged user cannot exhaust the daemon.
+
+2000 idle connections from uid 65534 (a child that setuid's) leave the daemon's threads and
+fds bounded (the relay is one thread; a uid holds at most ``max_connections_per_uid``), while
+root's dump completes; the user's calls beyond ``max_calls_per_uid`` are refused at once with
+RESOURCE_EXHAUSTED, and root's calls are still served.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .support import Daemon, Procs, assert_ok, assert_running, cli_for_uid, workload
+
+pytestmark = pytest.mark.integration
+
+NOBODY = 65534
+FLOOD = 2000
+PER_UID = 32
+
+HOLD = """
+import socket, sys
+held, refused = [], 0
+for _ in range({n}):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect({path!r})
+        held.append(s)
+    except OSError:
+        refused += 1
+        s.close()
+print(len(held), refused, flush=True)
+sys.stdin.read()
+"""
+
+STREAMS = """
+import grpc, sys
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb, ckptd_pb2_grpc
+channel = grpc.insecure_channel("unix:" + {path!r})
+stub = ckptd_pb2_grpc.CheckpointerStub(channel)
+calls = [stub.Watch(pb.WatchRequest(follow=True), timeout=3) for _ in range({n})]
+codes = []
+for c in calls:
+    try:
+        next(c)
+    except StopIteration:
+        codes.append("END")
+    except grpc.RpcError as e:
+        codes.append(e.code().name)
+    except Exception as e:
+        codes.append(type(e).__name__)
+print(" ".join(codes), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def open_daemon(start_daemon: Any) -> Iterator[Daemon]:
+    """A daemon any uid may reach, with small per-uid limits (to keep the test fast)."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="ckptd-it-flood-", dir="/tmp"))
+    try:
+        sock_dir.chmod(0o755)
+        yield start_daemon(config={"socket_mode": "666", "max_connections_per_uid": PER_UID,
+                                   "max_calls_per_uid": 3},
+                           socket_dir=sock_dir / "run")
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def threads_and_fds(pid: int) -> tuple[int, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    threads = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Threads:")))
+    return threads, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def as_nobody(code: str) -> subprocess.Popen[str]:
+    argv, env = cli_for_uid(NOBODY)
+    return subprocess.Popen(
+        [argv[0], "-c", code], user=NOBODY, group=NOBODY, extra_groups=[], cwd="/",
+        env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+
+
+def test_a_connection_flood_is_bounded_and_roots_dump_completes(
+    open_daemon: Daemon, procs: Procs
+) -> None:
+    d = open_daemon
+    assert_ok(d.ctl("list"), "list")
+    threads_before, fds_before = threads_and_fds(d.pid)
+    flood = as_nobody(HOLD.format(n=FLOOD, path=str(d.socket)))
+    try:
+        assert flood.stdout is not None
+        held, refused = map(int, flood.stdout.readline().split())
+        assert held + refused == FLOOD
+        time.sleep(1.0)  # let the relay accept (and close) what it refuses
+        threads, fds = threads_and_fds(d.pid)
+        assert threads - threads_before < 10, f"{threads_before} -> {threads} threads"
+        assert fds - fds_before <= 3 * PER_UID + 20, f"{fds_before} -> {fds} fds"
+
+        job = procs.popen(workload("counter", "--steps", 100000), start_new_session=True,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        time.sleep(0.2)
+        started = time.monotonic()
+        ck = assert_ok(d.ctl("dump", job.pid, "--leave-running", timeout=60), "root's dump")
+        assert ck["pid"] == job.pid and time.monotonic() - started < 30
+        assert_running(job.pid, "after root's dump under a flood")
+    finally:
+        flood.kill()
+        flood.wait()
+    assert "connection refused: uid 65534 holds" in d.log()
+
+
+def test_a_users_calls_beyond_its_limit_are_refused_and_root_is_served(
+    open_daemon: Daemon
+) -> None:
+    """uid 65534 opens 6 ``events --follow`` streams (each holds a worker until it ends):
+    3 are served, 3 refused at once; root's calls go on meanwhile."""
+    d = open_daemon
+    streams = as_nobody(STREAMS.format(n=6, path=str(d.socket)))
+    try:
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert_ok(d.ctl("list"), "root's list while a user holds its calls")
+        assert time.monotonic() - started < 10
+        assert streams.stdout is not None
+        codes = sorted(streams.stdout.readline().split())
+    finally:
+        streams.kill()
+        streams.wait()
+    assert codes == ["DEADLINE_EXCEEDED"] * 3 + ["RESOURCE_EXHAUSTED"] * 3, codes
+    assert "too many calls from uid 65534: 3 in progress (max_calls_per_uid 3)" in d.log()
