@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckptd.core.ports import BlobStore, Clock, PageSink
-from ckptd.core.store import pagelist, pagepath
+from ckptd.core.store import maintenance, pagelist, pagepath
 from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.export import FrameExport
 from ckptd.core.store.index import SLOT_SHIFT, PageIndex, pack_key
@@ -509,18 +509,14 @@ class ContentStore:
         return {f.name: reader.refs(f) for f in self.manifest(checkpoint_id).files if f.pagelist}
 
     def verify(self, checkpoint_id: str = "") -> VerifyReport:
-        from ckptd.core.store.maintenance import verify
-
-        return verify(self, self._blobs, checkpoint_id)
+        return maintenance.verify(self, self._blobs, checkpoint_id)
 
     def collect_garbage(
         self, delete_first: tuple[str, ...] = (), *, grace_s: float | None = None
     ) -> GcReport:
         """Delete ``delete_first``, condemn what no manifest names, and delete what was
         condemned ``grace_s`` (default ``gc_grace_s``) ago and is still unreferenced."""
-        from ckptd.core.store.maintenance import collect_garbage
-
-        return collect_garbage(
+        return maintenance.collect_garbage(
             self,
             self._blobs,
             self._clock,

@@ -12,23 +12,53 @@ less than the lease TTL or finds the object due when it re-checks before its man
 
 GC runs under the store's exclusive lock, so no dump of this daemon is between "found a page
 in the index" and "manifest written" while it sweeps.
+
+Dependencies point one way: ``cas.ContentStore`` calls this module; this module sees the store
+only through ``MaintainedStore`` (what GC and verify need of it) and never imports ``cas``.
 """
 
 from __future__ import annotations
 
+import builtins
+from typing import Protocol
+
 from ckptd.core.ports import BlobStore, Clock
-from ckptd.core.store.cas import ContentStore
-from ckptd.core.store.condemned import CondemnedList, condemned_key, load_condemned
-from ckptd.core.store.index import PACK_PREFIX, load_pack_index
+from ckptd.core.store.condemned import Condemned, CondemnedList, condemned_key, load_condemned
+from ckptd.core.store.index import PACK_PREFIX, PageIndex, load_pack_index
+from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import BLOB_PREFIX, LEASE_PREFIX, MANIFEST_PREFIX
-from ckptd.domain import GcReport, VerifyReport
+from ckptd.core.store.reader import CheckpointReader
+from ckptd.core.store.rwlock import RWLock
+from ckptd.domain import CheckpointRecord, GcReport, VerifyReport
 from ckptd.errors import CkptdError, CorruptCheckpoint
 
 DEFAULT_LEASE_TTL_S = 6 * 3600.0
 
 
+class MaintainedStore(Protocol):
+    """What GC and verify need of the content store (``cas.ContentStore`` is one)."""
+
+    @property
+    def rw(self) -> RWLock:
+        """Shared by dumps and verify, exclusive for GC."""
+        ...
+
+    @property
+    def index(self) -> PageIndex: ...
+
+    def list(self) -> builtins.list[CheckpointRecord]: ...
+
+    def manifest(self, checkpoint_id: str, *, fresh: bool = False) -> Manifest: ...
+
+    def reader(self, checkpoint_id: str) -> CheckpointReader: ...
+
+    def delete(self, checkpoint_id: str) -> None: ...
+
+    def refresh_condemned(self) -> Condemned: ...
+
+
 def collect_garbage(
-    store: ContentStore,
+    store: MaintainedStore,
     blobs: BlobStore,
     clock: Clock,
     *,
@@ -107,7 +137,7 @@ def collect_garbage(
 
 def _update_condemned(
     blobs: BlobStore,
-    lists: list[CondemnedList],
+    lists: builtins.list[CondemnedList],
     pending_packs: set[str],
     pending_blobs: set[str],
     now: float,
@@ -134,11 +164,11 @@ def _update_condemned(
     blobs.flush()
 
 
-def verify(store: ContentStore, blobs: BlobStore, checkpoint_id: str = "") -> VerifyReport:
+def verify(store: MaintainedStore, blobs: BlobStore, checkpoint_id: str = "") -> VerifyReport:
     """Read back and check one checkpoint (every page and image against its hash), or the
     whole store: every checkpoint, every manifest, every pack's trailer."""
-    problems: list[str] = []
-    ids: list[str] = []
+    problems: builtins.list[str] = []
+    ids: builtins.list[str] = []
     packs_checked = 0
     with store.rw.shared():
         if checkpoint_id:
