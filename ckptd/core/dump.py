@@ -5,6 +5,8 @@ Order, and what undoes each step if a later one fails:
     inspect         the tree, its stdio, stopped processes, CUDA processes,    -
                     the node fingerprint (node facts, files the tree uses)
     journal         durable "dump in flight" record (a restarted daemon undoes it)  end the record
+                    and the guard's watch (a guard outside the daemon acts at once
+                    on the tree if the daemon dies: core.guard)
     stage           an empty image directory in the store                     abort it
     precopy         copy what the tree's append-only files (logs) hold, while  -
                     it runs: the freeze copies only what they gain meanwhile
@@ -21,7 +23,8 @@ Order, and what undoes each step if a later one fails:
     gate            group checkpoints only: hold here (tree frozen or, with    -
                     leave-running, running; images staged) until the group
                     commits, or raise to abort
-    commit          the checkpoint becomes durable, then visible              delete it
+    commit          the checkpoint becomes durable, then visible (the guard   delete it
+                    is told before and after: ``GuardPhase``)
     criu-finish     a tree with TCP connections: CRIU ends only now, leaving  -
                     it stopped with its connections locked
     release         leave-running: nothing; else kill the tree                -
@@ -47,6 +50,7 @@ from pathlib import Path
 from ckptd.core import jobfiles
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
+from ckptd.core.guard import NoGuard
 from ckptd.core.held import HeldTree, map_image_pids
 from ckptd.core.ports import (
     Cgroups,
@@ -58,11 +62,13 @@ from ckptd.core.ports import (
     CriuDumpResult,
     CriuHooks,
     CriuPlacement,
+    GuardPhase,
     JobFiles,
     Journal,
     NodeInspector,
     Precopy,
     ProcessTable,
+    TreeGuard,
     WrittenFile,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
@@ -139,8 +145,10 @@ class DumpRecipe:
         hooks: CriuHooks | None = None,
         files: JobFiles | None = None,
         cgroups: Cgroups | None = None,
+        guard: TreeGuard | None = None,
     ) -> None:
         self._cgroups = cgroups
+        self._guard: TreeGuard = guard or NoGuard()
         self._gpu = gpu
         self._node = node
         self._files = files
@@ -247,9 +255,12 @@ class DumpRecipe:
                 "cuda_pids": list(ctx.gpu.cuda_pids),
             },
         )
+        self._guard.watch(ctx.checkpoint_id, ctx.held.members() if ctx.held else [],
+                          ctx.stopped_before, ctx.request.leave_running)
 
     def _journal_end(self, ctx: DumpContext) -> None:
         self._journal.end(ctx.checkpoint_id)
+        self._guard.release(ctx.checkpoint_id)
 
     def _stage(self, ctx: DumpContext) -> None:
         size_hint = sum(p.rss for p in ctx.tree)
@@ -388,11 +399,14 @@ class DumpRecipe:
 
     def _commit(self, ctx: DumpContext) -> None:
         assert ctx.criu is not None
+        self._guard.phase(ctx.checkpoint_id, GuardPhase.UNSURE)
         ctx.record = self._store.commit(self._record(ctx))
+        self._guard.phase(ctx.checkpoint_id, GuardPhase.COMMITTED)
 
     def _uncommit(self, ctx: DumpContext) -> None:
         """A step after the commit failed (CRIU could not finish: the tree runs on): the
         checkpoint goes, so that what is listed is what happened."""
+        self._guard.phase(ctx.checkpoint_id, GuardPhase.UNSURE)  # listed until deleted
         if ctx.record is not None:
             self._store.delete(ctx.record.id)
             ctx.record = None
@@ -445,4 +459,4 @@ class DumpRecipe:
             if alive:
                 log.error("dump %s: pids %s still alive %.0fs after SIGKILL",
                           ctx.checkpoint_id, alive, KILL_WAIT_S)
-        self._journal.end(ctx.checkpoint_id)
+        self._journal_end(ctx)

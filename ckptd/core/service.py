@@ -339,6 +339,11 @@ class CheckpointService:
     ) -> str:
         self._wait_untraced(held)
         cuda = [p for p in (int(p) for p in facts.get("cuda_pids", [])) if p in held]
+        if committed and facts.get("guard") == "resumed" and not facts.get("leave_running"):
+            # The guard resumed the tree, its commit unsure, while no daemon ran (core.guard):
+            # the tree ran on, so the checkpoint goes, as after a failed step past the commit.
+            self._store.delete(ckpt)
+            committed = False
         if committed:
             if not bool(facts.get("leave_running", False)):
                 # The dumped tree is to be killed (its CUDA state with it): stopped as CRIU

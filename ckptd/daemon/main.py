@@ -1,7 +1,8 @@
 """``ckptd``: the daemon's entry point and lifecycle.
 
-Start: take the state-directory lock (one daemon per state dir), recover what a killed
-predecessor left in flight, serve gRPC (health and reflection on), tell systemd READY=1.
+Start: take the state-directory lock (one daemon per state dir), wait for the guard of a killed
+predecessor to finish (docs/adr/0016), recover what it left in flight, start this daemon's
+guard, serve gRPC (health and reflection on), tell systemd READY=1.
 SIGTERM/SIGINT: tell systemd STOPPING=1, stop accepting, let running operations finish (up to
 ``shutdown_grace_s``), exit 0. Processes the daemon restored are not its children and are never
 touched by its exit.
@@ -31,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 from ckptd import __version__
 from ckptd._gen.ckptd.v1 import ckptd_pb2, ckptd_pb2_grpc
 from ckptd.adapters.cloud.spot import sources_from
+from ckptd.adapters.guard.client import wait_for_guards
 from ckptd.daemon import logs, sdnotify
 from ckptd.daemon.background import Background
 from ckptd.daemon.config import DaemonConfig, load
@@ -150,9 +152,13 @@ class Daemon:
                 file=sys.stderr,
             )
             return 1
+        if not wait_for_guards(cfg.state_dir, GUARD_WAIT_S):
+            log.error("the guard of the previous daemon still runs after %.0fs; recovering "
+                      "anyway", GUARD_WAIT_S)
         wired = wire(cfg)
         for line in wired.service.recover():
             log.warning("recovered: %s", line)
+        wired.guard.start()
         if wired.cgroups is not None and cfg.jobs_cgroup:
             wired.cgroups.remove_empty(cfg.jobs_cgroup)  # trees restored earlier have ended
         for leftover in wired.store.clean():
@@ -250,6 +256,10 @@ class Daemon:
         log.info("stopped")
         return 0
 
+
+GUARD_WAIT_S = 30.0
+"""How long a starting daemon waits for its predecessor's guard (it waits at most
+``core.guard.TRACED_WAIT_S`` for a CRIU, then acts and exits)."""
 
 SUN_PATH_MAX = 107
 """Longest Unix socket path the kernel takes (sun_path is 108 bytes with the NUL)."""

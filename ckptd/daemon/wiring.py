@@ -12,6 +12,7 @@ from pathlib import Path
 from ckptd.adapters.clock import SystemClock
 from ckptd.adapters.criu import CriuSwrk
 from ckptd.adapters.criu.images import is_pages_image
+from ckptd.adapters.guard.client import PidfdTreeGuard
 from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable, ProcNodeInspector
 from ckptd.adapters.procfs.cgroups import CgroupFs
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
@@ -54,6 +55,7 @@ class Wired:
     policies: PolicyService
     groups: GroupMembers
     gpu: GpuSteps
+    guard: PidfdTreeGuard
     cgroups: CgroupFs | None = None
 
 
@@ -138,6 +140,7 @@ def wire(config: DaemonConfig) -> Wired:
         stream_pages=config.stream_pages,
     )
     journal = FileJournal(state / "journal")
+    guard = PidfdTreeGuard(state, state / "journal")
     gpu = GpuSteps(*gpu_adapters(config), clock, config.gpu_lock_timeout_ms)
     dump = DumpRecipe(
         criu=criu,
@@ -150,6 +153,7 @@ def wire(config: DaemonConfig) -> Wired:
         node=ProcNodeInspector(),
         files=files,
         cgroups=cgroups,
+        guard=guard,
     )
     restore = RestoreRecipe(
         criu=criu,
@@ -206,5 +210,6 @@ def wire(config: DaemonConfig) -> Wired:
     return Wired(
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
         migrate=migrate, tls=tls, policies=policies,
-        groups=GroupMembers(service.dump, store, service.restore), gpu=gpu, cgroups=cgroups,
+        groups=GroupMembers(service.dump, store, service.restore), gpu=gpu, guard=guard,
+        cgroups=cgroups,
     )

@@ -77,6 +77,10 @@ class PidfdHandle:
     def start_time(self) -> int:
         return self._start_time
 
+    def fileno(self) -> int:
+        """The pidfd (-1 once closed): to hand the same process to another (SCM_RIGHTS)."""
+        return self._fd
+
     def _alive(self) -> bool:
         """Not reaped yet (a zombie counts: it still holds its pid)."""
         if self._fd < 0:

@@ -37,3 +37,24 @@ class FileJournal:
             except (OSError, ValueError):
                 facts = {}
             yield path.stem, facts
+
+
+def annotate(root: Path, op_id: str, facts: dict[str, Any]) -> bool:
+    """Add ``facts`` to the entry of ``op_id`` in the journal at ``root``, atomically and
+    durably. For a process other than the daemon that owns the journal (the guard), and only
+    once that daemon is dead. True when written, or when there is no entry (the operation
+    ended); False when the entry could not be read or written."""
+    path = root / f"{op_id}.json"
+    try:
+        entry = json.loads(path.read_text())
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    if not isinstance(entry, dict):
+        return False
+    try:
+        write_atomic(path, json.dumps({**entry, **facts}).encode())
+    except OSError:
+        return False
+    return True
