@@ -69,7 +69,7 @@ class PidfdTreeGuard:
     def start(self) -> bool:
         """Start the guard now (it otherwise starts at the first dump); False if it cannot."""
         with self._mutex:
-            return self._ensure()
+            return self._ensure() or self._alive()
 
     def watch(self, op_id: str, members: Sequence[Sequence[int]],
               stopped_before: frozenset[int], leave_running: bool) -> None:
