@@ -6,7 +6,9 @@ Dumps: each iteration starts a daemon and a ``bigmem`` job, asks for a dump (wit
 random: the seed is printed, ``CKPTD_CRASH_SEED=<seed>`` replays the same delays. Three more
 iterations kill it at chosen points: while CRIU holds the tree (ptrace; CRIU, left alone, then
 fails and lets go), right after CRIU has dumped (the tree is stopped, nothing is committed)
-and right after the manifest is written (committed, the tree not yet released).
+and right after the manifest is written (committed, the tree not yet released: the daemon's
+guard, told only that the commit was under way, resumes the tree and the next daemon deletes
+the checkpoint: docs/adr/0016).
 Then a new daemon starts on the same directories and, once any CRIU the dead daemon left has
 finished on its own:
 
