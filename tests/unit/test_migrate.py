@@ -16,6 +16,7 @@ from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.receive import Receiver
 from ckptd.core.recipe import ProgressSink
 from ckptd.core.store.cas import ContentStore, StagingPolicy
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -31,13 +32,14 @@ from ckptd.errors import Incompatible, PeerError
 from ckptd.testing import FakeClock, LoopbackPeerConnector
 
 PAGE = 4096
+KEYS = ManifestKeys.generate()
 USER = Caller(uid=1000)
 
 
 def store(root: Path, clock: FakeClock, objects: Path | None = None) -> ContentStore:
     return ContentStore(
         LocalBlobStore(objects or root / "objects"), StagingPolicy(None, root / "staging"),
-        clock=clock, is_pages_file=is_pages_image,
+        clock=clock, is_pages_file=is_pages_image, keys=KEYS,
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ckptd.core.ports import BlobStore, Clock
 from ckptd.core.store.cas import ContentStore
 from ckptd.core.store.condemned import CondemnedList, condemned_key, load_condemned
-from ckptd.core.store.index import PACK_PREFIX, load_pack_index
+from ckptd.core.store.index import PACK_PREFIX, check_pack
 from ckptd.core.store.objects import BLOB_PREFIX, LEASE_PREFIX, MANIFEST_PREFIX
 from ckptd.domain import GcReport, VerifyReport
 from ckptd.errors import CkptdError, CorruptCheckpoint
@@ -135,11 +135,17 @@ def _update_condemned(
 
 
 def verify(store: ContentStore, blobs: BlobStore, checkpoint_id: str = "") -> VerifyReport:
-    """Read back and check one checkpoint (every page and image against its hash), or the
-    whole store: every checkpoint, every manifest, every pack's trailer."""
+    """Read back and check one checkpoint, or the whole store: every checkpoint, and every
+    pack, named by a checkpoint or not.
+
+    A checkpoint is checked whole: its manifest (authenticated, naming this checkpoint and
+    store: ``Manifest.from_bytes``), the structure of every pack it names (magic, footer,
+    trailer: ``index.check_pack``), and every page and image against its hash. Each problem
+    names the checkpoint and the damaged object; a pack's structure is read once per run."""
     problems: list[str] = []
     ids: list[str] = []
     packs_checked = 0
+    pack_problems: dict[str, str] = {}
     with store.rw.shared():
         if checkpoint_id:
             ids = [checkpoint_id]
@@ -147,21 +153,45 @@ def verify(store: ContentStore, blobs: BlobStore, checkpoint_id: str = "") -> Ve
             ids = [k[len(MANIFEST_PREFIX) :] for k, _ in blobs.list(MANIFEST_PREFIX)]
             for key, _ in blobs.list(PACK_PREFIX):
                 packs_checked += 1
+                pack_id = key.rsplit("/", 1)[-1]
                 try:
-                    load_pack_index(blobs, key.rsplit("/", 1)[-1])
+                    check_pack(blobs, pack_id, store.index.packs.get(pack_id))
                 except CkptdError as exc:
+                    pack_problems[pack_id] = exc.message
                     problems.append(f"{key}: {exc.message}")
         for cid in ids:
-            try:
-                manifest = store.manifest(cid, fresh=True)
-                reader = store.reader(cid)
-                for entry in manifest.files:
-                    reader.check(entry)
-                for pack_id in manifest.packs:
-                    if pack_id not in store.index.packs:
-                        problems.append(f"checkpoint {cid}: pack {pack_id} is missing")
-            except CorruptCheckpoint as exc:
-                problems.append(exc.message if cid in exc.message else f"{cid}: {exc.message}")
-            except CkptdError as exc:
-                problems.append(f"checkpoint {cid}: {exc.message}")
+            found = _verify_checkpoint(store, cid, pack_problems, whole=not checkpoint_id)
+            packs_checked += found.packs_checked
+            problems += [p for p in found.problems if p not in problems]
     return VerifyReport(checked=tuple(ids), problems=tuple(problems), packs_checked=packs_checked)
+
+
+def _verify_checkpoint(
+    store: ContentStore, cid: str, pack_problems: dict[str, str], *, whole: bool
+) -> VerifyReport:
+    """One checkpoint's problems; ``whole``: its packs' structure is in ``pack_problems``
+    already (every pack was checked), else it is checked here."""
+    problems: list[str] = []
+    checked = 0
+    try:
+        manifest = store.manifest(cid, fresh=True)
+        reader = store.reader(cid)
+        if whole:
+            bad = {p: pack_problems[p] for p in manifest.packs if p in pack_problems}
+        else:
+            bad = reader.pack_problems()
+            checked = len(manifest.packs)
+        problems += [f"checkpoint {cid}: {what}" for what in bad.values()]
+        for entry in manifest.files:
+            try:
+                reader.check(entry)
+            except CorruptCheckpoint as exc:
+                if not any(pack_id in exc.message for pack_id in bad):  # named already
+                    problems.append(
+                        exc.message if cid in exc.message else f"{cid}: {exc.message}"
+                    )
+    except CorruptCheckpoint as exc:
+        problems.append(exc.message if cid in exc.message else f"{cid}: {exc.message}")
+    except CkptdError as exc:
+        problems.append(f"checkpoint {cid}: {exc.message}")
+    return VerifyReport(checked=(cid,), problems=tuple(problems), packs_checked=checked)
