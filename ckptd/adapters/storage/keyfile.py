@@ -35,6 +35,13 @@ HEADER = (
 def load_or_create(path: Path) -> tuple[ManifestKeys, bool]:
     """The keys in ``path``, created (one fresh key) if it does not exist. Returns (keys,
     whether this call created the file)."""
+    try:
+        return _load_or_create(path)
+    except OSError as exc:
+        raise ValueError(f"manifest key file {path}: {exc.strerror or exc}") from exc
+
+
+def _load_or_create(path: Path) -> tuple[ManifestKeys, bool]:
     created = False
     if not path.exists():
         created = _create(path)
