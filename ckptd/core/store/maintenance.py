@@ -1,9 +1,11 @@
 """Store maintenance: garbage collection (mark, condemn, sweep), retention, verification.
 
-GC marks every pack and blob a manifest names. An unmarked object is a *candidate* unless it
-was written since the oldest live lease started (a dump in progress, here or on another node,
-may be about to name it). Candidates are not deleted at once: a run lists the new ones in a
-condemned list (``condemned.py``) and deletes only those an earlier run condemned at least
+GC marks every pack and blob a manifest names — any manifest, authenticated or not (ADR
+0013: one this node refuses may be another node's, or not adopted yet). An unmarked object
+is a *candidate* unless it was written since the oldest live lease started (a dump in
+progress, here or on another node, may be about to name it). Candidates are not deleted at
+once: a run lists the new ones in a condemned list (``condemned.py``) and deletes only those
+an earlier run condemned at least
 ``grace_s`` ago (by default the lease TTL) and that are still candidates now. Meanwhile dumps
 on every node store condemned objects again instead of reusing them, so an object that is due
 is named by no dump that began after it was condemned, and one that began before it ran for
@@ -16,13 +18,16 @@ in the index" and "manifest written" while it sweeps.
 
 from __future__ import annotations
 
+import contextlib
+
 from ckptd.core.ports import BlobStore, Clock
 from ckptd.core.store.cas import ContentStore
 from ckptd.core.store.condemned import CondemnedList, condemned_key, load_condemned
 from ckptd.core.store.index import PACK_PREFIX, check_pack
+from ckptd.core.store.manifest import names_unverified
 from ckptd.core.store.objects import BLOB_PREFIX, LEASE_PREFIX, MANIFEST_PREFIX
 from ckptd.domain import GcReport, VerifyReport
-from ckptd.errors import CkptdError, CorruptCheckpoint
+from ckptd.errors import BlobNotFound, CkptdError, CorruptCheckpoint
 
 DEFAULT_LEASE_TTL_S = 6 * 3600.0
 
@@ -41,10 +46,21 @@ def collect_garbage(
     with store.rw.exclusive():
         live_packs: set[str] = set()
         live_blobs: set[str] = set()
-        for record in store.list():
-            manifest = store.manifest(record.id)
-            live_packs.update(manifest.packs)
-            live_blobs.update(manifest.blobs)
+        listed = {r.id for r in store.list()}
+        for key, _mtime in blobs.list(MANIFEST_PREFIX):
+            cid = key[len(MANIFEST_PREFIX) :]
+            if cid in listed:
+                manifest = store.manifest(cid)
+                live_packs.update(manifest.packs)
+                live_blobs.update(manifest.blobs)
+                continue
+            # refused (unauthenticated, another node's key, edited): whatever it names is
+            # kept, so a node given the wrong key, or a manifest not adopted yet, never makes
+            # another node's data garbage (keeping too much costs space only)
+            with contextlib.suppress(BlobNotFound):
+                packs, named_blobs = names_unverified(blobs.get(key))
+                live_packs.update(packs)
+                live_blobs.update(named_blobs)
         now = clock.time()
         lease_starts = []
         for key, mtime in blobs.list(LEASE_PREFIX):

@@ -144,6 +144,24 @@ class Manifest:
         return manifest
 
 
+def names_unverified(data: bytes) -> tuple[list[str], list[str]]:
+    """The packs and blobs ``data`` names, *without authenticating it*: only for GC, which
+    keeps what any manifest names (a refused one may be valid for another node). Empty
+    when it cannot be parsed."""
+    body = data.rstrip(b"\n").rpartition(b"\n")[0]
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return [], []
+    if not isinstance(raw, dict):
+        return [], []
+    packs, blobs = raw.get("packs"), raw.get("blobs")
+    return (
+        [p for p in packs if isinstance(p, str)] if isinstance(packs, list) else [],
+        [b for b in blobs if isinstance(b, str)] if isinstance(blobs, list) else [],
+    )
+
+
 def is_legacy(data: bytes) -> bool:
     """Whether ``data`` has the shape of a format-1 manifest (a checksum, no key id and MAC),
     intact or not."""

@@ -208,3 +208,23 @@ def test_the_start_up_check_of_an_intact_store(backend: Backend) -> None:
 
 def test_the_magic_is_what_packs_begin_with() -> None:
     assert MAGIC == b"CKPACK01"  # PARTS["magic"] flips its first byte
+
+
+# ---- GC ----------------------------------------------------------------------------------
+
+
+def test_gc_keeps_what_a_refused_manifest_names(backend: Backend) -> None:
+    """A node given the wrong key (or a manifest not adopted yet) must not make another
+    node's checkpoints garbage: GC keeps what every manifest names, authenticated or not."""
+    right = backend.store()
+    rec = commit(right, backend.clock, _files(1))
+    legacy = commit(right, backend.clock, _files(2))
+    key = manifest_key(legacy.id)
+    backend.blobs.put(key, _legacy(backend.blobs.get(key)))
+    wrong = backend.store(keys=ManifestKeys.generate())
+    assert wrong.list() == []
+    report = wrong.collect_garbage(grace_s=0)
+    assert report.packs_deleted == report.blobs_deleted == 0
+    assert checkout(backend.store(), rec.id) == _files(1)
+    assert backend.store().adopt_unauthenticated().adopted == (legacy.id,)
+    assert checkout(backend.store(), legacy.id) == _files(2)
