@@ -36,6 +36,16 @@ class DaemonConfig:
     """S3 region; empty: from the environment."""
     store_allow_http: bool = False
     """Allow a plain-HTTP ``store_endpoint``."""
+    manifest_keys: str = ""
+    """File of the keys that authenticate the store's manifests (HMAC-SHA256; one key a line,
+    the first signs, all are accepted: rotation), kept outside the store; created with one
+    fresh key (mode 0600) if missing. Every daemon sharing a store needs the same file.
+    Empty: ``state_dir/manifest.keys``. docs/adr/0014-authenticated-manifests.md."""
+    adopt_unauthenticated: bool = False
+    """At start, sign every intact manifest written before manifests were authenticated (or
+    by a ckptd that does not sign them) with this node's key, trusting the store as it is.
+    Done anyway when the key file is created (the upgrade); set it once, for one start, to
+    adopt manifests an older node wrote since."""
     state_dir: Path = Path("/var/lib/ckptd/state")
     """Journal of operations in flight, CRIU logs, restored jobs' output."""
     fast_staging_dir: str = "/dev/shm/ckptd"

@@ -20,6 +20,7 @@ from ckptd.adapters.storage import (
     JsonPolicyRepo,
     LocalBlobStore,
     ObjectBlobStore,
+    keyfile,
     open_blob_store,
 )
 from ckptd.core.config import CoreConfig
@@ -55,6 +56,8 @@ class Wired:
     groups: GroupMembers
     gpu: GpuSteps
     cgroups: CgroupFs | None = None
+    keys_created: bool = False
+    """The manifest key file was created by this start (the upgrade: adopt old manifests)."""
 
 
 def tls_files(config: DaemonConfig) -> TlsFiles | None:
@@ -123,6 +126,9 @@ def wire(config: DaemonConfig) -> Wired:
     )
     if not isinstance(blobs, LocalBlobStore | ObjectBlobStore):  # pragma: no cover
         raise TypeError(f"unexpected blob store {type(blobs).__name__} for {config.store}")
+    keys, keys_created = keyfile.load_or_create(
+        Path(config.manifest_keys) if config.manifest_keys else state / "manifest.keys"
+    )
     # One daemon's staging must never be another's (each cleans its own at start-up).
     tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
     fast = Path(config.fast_staging_dir) / tag if config.fast_staging_dir else None
@@ -131,6 +137,7 @@ def wire(config: DaemonConfig) -> Wired:
         StagingPolicy(fast=fast, disk=state / "staging"),
         clock=clock,
         is_pages_file=chunked,
+        keys=keys,
         node=core.node,
         workers=config.compress_workers or (os.cpu_count() or 2),
         level=config.compress_level,
@@ -207,4 +214,5 @@ def wire(config: DaemonConfig) -> Wired:
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
         migrate=migrate, tls=tls, policies=policies,
         groups=GroupMembers(service.dump, store, service.restore), gpu=gpu, cgroups=cgroups,
+        keys_created=keys_created,
     )

@@ -35,7 +35,9 @@ from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.export import FrameExport
 from ckptd.core.store.index import SLOT_SHIFT, PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
+from ckptd.core.store.integrity import Adoption, StartupCheck, adopt_unauthenticated, startup_check
 from ckptd.core.store.keep import KeptFrames, KeptPacks
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import (
     CONFIG_KEY,
@@ -106,6 +108,7 @@ class ContentStore:
         *,
         clock: Clock,
         is_pages_file: Callable[[str], bool],
+        keys: ManifestKeys,
         node: str = "",
         workers: int = 2,
         level: int = 1,
@@ -126,6 +129,7 @@ class ContentStore:
         # two: one assembles a pack (a native copy, no GIL) while the other writes one
         self._writer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packs")
         self._secret = self._load_secret()
+        self._keys = keys
         self._hashers: dict[int, PageHasher] = {}
         self._manifests: dict[str, Manifest] = {}
         self._listed_mtimes: dict[str, float] = {}
@@ -281,10 +285,10 @@ class ContentStore:
                 packs=tuple(packs),
                 blobs=tuple(sorted(result.blobs)),
             )
-            data = manifest.to_bytes()
+            data = manifest.to_bytes(self._keys, self.store_id)
             record = replace(record, bytes_new=record.bytes_new + len(data))
             manifest = replace(manifest, record=record)
-            data = manifest.to_bytes()
+            data = manifest.to_bytes(self._keys, self.store_id)
             if not self._blobs.put(manifest_key(record.id), data, if_absent=True):
                 raise StoreError(f"checkpoint {record.id} exists already", checkpoint_id=record.id)
             self._blobs.flush()
@@ -385,7 +389,7 @@ class ContentStore:
                 f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id
             ) from exc
         try:
-            manifest = Manifest.from_bytes(data, checkpoint_id)
+            manifest = Manifest.from_bytes(data, checkpoint_id, self._keys, self.store_id)
         except CorruptCheckpoint:
             with self._mutex:  # never serve a copy of what is now known to be damaged
                 self._manifests.pop(checkpoint_id, None)
@@ -444,6 +448,7 @@ class ContentStore:
         try:
             with self.rw.shared():
                 reader = self.reader(checkpoint_id)
+                reader.check_packs()  # magic, footer, trailer: before anything is written
                 for entry in manifest.files:
                     reader.materialize(entry, images / entry.name)
             yield images
@@ -507,6 +512,22 @@ class ContentStore:
         """Page references per pages image (for tests and tools)."""
         reader = self.reader(checkpoint_id)
         return {f.name: reader.refs(f) for f in self.manifest(checkpoint_id).files if f.pagelist}
+
+    def startup_check(self) -> StartupCheck:
+        """What was found damaged when the index was built (``integrity``: every pack's
+        footer and trailer, read at construction); for the daemon's start-up log."""
+        return startup_check(self.index)
+
+    def adopt_unauthenticated(self) -> Adoption:
+        """Sign, once, the manifests written before manifests were authenticated (format 1)
+        with this node's key (``integrity.adopt_unauthenticated``): trusts the store as it
+        is now. The daemon calls it when it creates its key, or when asked to."""
+        with self.rw.exclusive():
+            adoption = adopt_unauthenticated(self._blobs, self._keys, self.store_id)
+        with self._mutex:
+            self._manifests.clear()
+            self._listed_mtimes.clear()
+        return adoption
 
     def verify(self, checkpoint_id: str = "") -> VerifyReport:
         from ckptd.core.store.maintenance import verify

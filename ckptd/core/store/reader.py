@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Executor, Future, wait
 from pathlib import Path
 from typing import TypeVar
 
 from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagelist, pagepath
-from ckptd.core.store.index import IN_FRAME, SLOT_SHIFT, PageIndex, pack_key
+from ckptd.core.store.index import IN_FRAME, SLOT_SHIFT, PageIndex, check_pack, pack_key
 from ckptd.core.store.manifest import FileEntry, Manifest
 from ckptd.core.store.objects import get_blob
 from ckptd.core.store.packs import read_frame_data
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
-from ckptd.errors import BlobNotFound, CorruptCheckpoint
+from ckptd.errors import BlobNotFound, CkptdError, CorruptCheckpoint
 
 PREFETCH = 6
 
@@ -161,6 +161,30 @@ class CheckpointReader(PageSource):
     ) -> None:
         super().__init__(blobs, index, hasher, executor, manifest.record.id, manifest.packs)
         self._m = manifest
+
+    def pack_problems(self, skip: Collection[str] = ()) -> dict[str, str]:
+        """Pack id -> what is wrong with its structure (``index.check_pack``: magic, footer,
+        trailer), for every pack the checkpoint names but those in ``skip``; read in
+        parallel on the executor. Empty: all intact."""
+        packs = [p for p in self._m.packs if p not in skip]
+
+        def problem(pack_id: str) -> str:
+            try:
+                check_pack(self._blobs, pack_id, self._index.packs.get(pack_id))
+            except BlobNotFound:
+                return f"pack {pack_id} is missing"
+            except CkptdError as exc:
+                return exc.message
+            return ""
+
+        found = zip(packs, self._executor.map(problem, packs), strict=True)
+        return {pack_id: what for pack_id, what in found if what}
+
+    def check_packs(self) -> None:
+        """Raise ``CorruptCheckpoint`` naming the checkpoint and the first damaged pack if
+        any pack it names is structurally damaged (before a restore writes anything)."""
+        for what in self.pack_problems().values():
+            raise CorruptCheckpoint(f"checkpoint {self._id}: {what}", checkpoint_id=self._id)
 
     def refs(self, entry: FileEntry) -> list[bytes]:
         data = get_blob(self._blobs, self._hasher, entry.pagelist, self._id)
