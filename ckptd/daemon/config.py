@@ -46,6 +46,12 @@ class DaemonConfig:
     pages take is bounded (about 450 MiB measured) whatever the dump's size. The tree stays frozen
     until every page has been hashed and compressed (slower than CRIU writing to RAM where
     ingest is slower than CRIU: see docs/design/streaming.md)."""
+    stream_restore: bool = True
+    """A restore's images go from the store to CRIU as they are read and verified (CRIU's
+    image-streamer protocol), instead of being written into a directory first: no staging,
+    memory bounded by a few frames per open image. Needs a CRIU with ckptd's patch
+    (scripts/install-criu.sh; ``criu check --feature rpc_stream``); otherwise, and for
+    restores into a container, the images are written first as before."""
     compress_level: int = 1
     """zstd level of page frames (1: as fast as ``zstd -1``)."""
     compress_workers: int = 0

@@ -1,0 +1,75 @@
+"""Images for a streamed restore (the ``ImageSource`` port): read as they are asked for.
+
+``CheckpointImages`` reads a checkpoint's images from the store, each byte verified before it
+is handed out (``CheckpointReader.stream``); ``DirectoryImages`` reads an image directory as
+it is (a migration's staged images, tests). Neither knows how the images reach CRIU: that is
+the CRIU adapter's protocol (``adapters/criu/imgstreamer.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from ckptd.core.store.manifest import Manifest
+from ckptd.core.store.reader import CheckpointReader
+
+CHUNK = 1 << 20
+
+
+class CheckpointImages:
+    """The images of one checkpoint's manifest, from the store. Every chunk is verified (a
+    frame is verified whole before any of its pages is yielded; an image stored whole is
+    verified whole); a damaged or missing object raises CorruptCheckpoint naming the
+    checkpoint and the object."""
+
+    def __init__(self, reader: CheckpointReader, manifest: Manifest) -> None:
+        self.checkpoint_id = manifest.record.id
+        self._reader = reader
+        self._entries = {f.name: f for f in manifest.files}
+
+    def exists(self, name: str) -> bool:
+        return name in self._entries
+
+    def size(self, name: str) -> int:
+        return self._entries[name].size
+
+    def chunks(self, name: str) -> Iterator[memoryview]:
+        return self._reader.stream(self._entries[name])
+
+    def write(self, name: str, path: Path) -> None:
+        self._reader.materialize(self._entries[name], path)
+
+
+class DirectoryImages:
+    """The images of a directory, read as they are (nothing to verify)."""
+
+    def __init__(self, directory: Path, checkpoint_id: str = "") -> None:
+        self.checkpoint_id = checkpoint_id or directory.name
+        self._dir = directory
+
+    def exists(self, name: str) -> bool:
+        return "/" not in name and (self._dir / name).is_file()
+
+    def size(self, name: str) -> int:
+        if not self.exists(name):
+            raise KeyError(name)
+        return (self._dir / name).stat().st_size
+
+    def chunks(self, name: str) -> Iterator[memoryview]:
+        if not self.exists(name):
+            raise KeyError(name)
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        fd = os.open(self._dir / name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while n := os.readv(fd, [buf]):
+                yield view[:n]
+        finally:
+            os.close(fd)
+
+    def write(self, name: str, path: Path) -> None:
+        with open(path, "xb") as out:
+            for chunk in self.chunks(name):
+                out.write(chunk)
