@@ -32,6 +32,8 @@ import struct
 import threading
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
+
 from ckptd._gen.criu import img_streamer_pb2
 from ckptd.core.ports import ImageSource
 from ckptd.errors import CkptdError, CorruptCheckpoint
@@ -83,7 +85,10 @@ def read_request(sock: socket.socket) -> str | None:
     if body is None:
         raise StreamProtocolError("connection closed after a request's length")
     request = img_streamer_pb2.img_streamer_request_entry()
-    request.ParseFromString(body)
+    try:
+        request.ParseFromString(body)
+    except DecodeError as exc:
+        raise StreamProtocolError(f"request does not parse ({exc})") from exc
     if not request.IsInitialized() or not request.filename:
         raise StreamProtocolError("request without a file name")
     return request.filename
