@@ -181,7 +181,7 @@ class RestoreRecipe:
             Step("pids", self._wait_pids_free, None, "checking that the tree's pids are free"),
             Step("cgroup", self._choose_cgroup, None, "choosing the tree's cgroup"),
             Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
-            Step("stdio", self._stdio_replacements, None, "preparing stdio"),
+            Step("stdio", self._stdio_replacements, self._undo_output, "preparing stdio"),
             Step("files", self._put_back_files, self._undo_files,
                  "putting back the files the tree writes"),
             Step("criu-restore", self._criu_restore, None, "CRIU is restoring the tree"),
@@ -413,6 +413,15 @@ class RestoreRecipe:
                                      bool(ctx.request.output_path))
         )
 
+    def _undo_output(self, ctx: RestoreContext) -> None:
+        """A failed restore leaves no output file of its own: the one ckptd chose, still
+        empty (nothing of the tree ran). One the caller named is left as found."""
+        if ctx.output_path is None or ctx.request.output_path:
+            return
+        with contextlib.suppress(OSError):
+            if ctx.output_path.stat().st_size == 0:
+                ctx.output_path.unlink()
+
     def _put_back_files(self, ctx: RestoreContext) -> None:
         """Last before CRIU (every refusal is behind us): the captured files as they were at
         the checkpoint. Undone (each file as found) if CRIU then fails."""
@@ -444,13 +453,31 @@ class RestoreRecipe:
         try:
             ctx.pid = self._criu.restore(job, _HoldOnPostRestore(self._hooks, self, ctx))
         except CriuFailed as exc:
+            self._await_undone(ctx)
             cause = exc.__cause__
             if isinstance(cause, CgroupUnavailable):  # CRIU undid the restore: say why
                 raise CgroupUnavailable(f"restore undone: {cause.message}", hint=cause.hint,
                                         pid=cause.pid) from exc
             raise
+        except CkptdError:
+            self._await_undone(ctx)
+            raise
         if ctx.held is None:  # CRIU did not say the root pid at post-restore
             self.hold_restored(ctx, ctx.pid)
+
+    def _await_undone(self, ctx: RestoreContext) -> None:
+        """After a failed streamed restore (damage met while CRIU read, when it may have
+        created the tree and killed it before it ran): until the tree's pids are free again
+        (the killed tasks reaped), at most ``zombie_wait_s``, so that nothing of it is left
+        when the failure is reported."""
+        assert ctx.record is not None
+        if ctx.images is None or ctx.record.own_pid_namespace:
+            return
+        deadline = self._clock.monotonic() + self._config.zombie_wait_s
+        for proc in ctx.record.processes:
+            while (self._processes.status(proc.pid).state is not PidState.FREE
+                   and self._clock.monotonic() < deadline):
+                self._clock.sleep(0.02)
 
     def _choose_cgroup(self, ctx: RestoreContext) -> None:
         """The caller's cgroup; a cgroup of its own (``<jobs_cgroup>/<name or id>-<op>``)

@@ -438,7 +438,11 @@ class ContentStore:
         images.mkdir(parents=True, mode=0o700)
         try:
             with self.rw.shared():
-                yield images, CheckpointImages(self.reader(checkpoint_id), manifest)
+                source = CheckpointImages(self.reader(checkpoint_id), manifest)
+                try:
+                    yield images, source
+                finally:
+                    source.close()
         finally:
             _remove_soon(root)
 

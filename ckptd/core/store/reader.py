@@ -111,14 +111,18 @@ class PageSource:
         )
 
     def stream_refs(self, refs: Sequence[bytes]) -> Iterator[memoryview]:
-        """The pages ``refs`` in order, zero pages as zeros: each frame fetched, verified
+        """The pages ``refs`` in order (``stream_segments`` of their plan)."""
+        return self.stream_segments(self._segments(refs), len(refs))
+
+    def stream_segments(self, segments: Sequence[Segment], pages: int) -> Iterator[memoryview]:
+        """The ``pages`` pages that ``segments`` (``_segments``) place, in order, zero pages
+        (the gaps) as zeros: each frame fetched, verified
         (decompressed unless raw) on the executor, a few ahead of need, and yielded (slices
         of it) only once verified. Bounded: at most PREFETCH frames are loaded or held at a
         time (a frame the image comes back to later is loaded again). Raises
         CorruptCheckpoint (naming the checkpoint and the object) at the first frame that
         fails, having yielded only the verified pages before it. When this ends, early or
         not, no frame load of it runs any more."""
-        segments = self._segments(refs)
         ahead: deque[tuple[Segment, Future[bytes]]] = deque()
         loaded: dict[FrameKey, tuple[Future[bytes], int]] = {}  # future, segments queued
         page = 0
@@ -146,7 +150,7 @@ class PageSource:
                 yield from _zeros((at - page) * PAGE_SIZE)
                 yield memoryview(data)[first * PAGE_SIZE : (first + count) * PAGE_SIZE]
                 page = at + count
-            yield from _zeros((len(refs) - page) * PAGE_SIZE)
+            yield from _zeros((pages - page) * PAGE_SIZE)
         finally:
             pending = [f for f, _ in loaded.values()]
             for future in pending:
@@ -261,13 +265,21 @@ class CheckpointReader(PageSource):
         finally:
             os.close(fd)
 
-    def stream(self, entry: FileEntry) -> Iterator[memoryview]:
+    def stream_plan(self, entry: FileEntry) -> tuple[list[Segment], int]:
+        """What ``stream`` of the pages image ``entry`` needs: its runs in order and its
+        number of pages (its page list read and every page located; CorruptCheckpoint if
+        one is in no pack)."""
+        return self._segments(self.sized_refs(entry)), entry.size // PAGE_SIZE
+
+    def stream(self, entry: FileEntry, plan: tuple[list[Segment], int] | None = None
+               ) -> Iterator[memoryview]:
         """``entry``'s file in order, every byte verified before it is yielded (see
-        ``stream_refs``; an image stored whole is verified whole first)."""
+        ``stream_segments``; an image stored whole is verified whole first). ``plan``:
+        ``stream_plan(entry)``, made beforehand."""
         if entry.blob:
             yield memoryview(self.blob(entry))
             return
-        yield from self.stream_refs(self.sized_refs(entry))
+        yield from self.stream_segments(*(plan or self.stream_plan(entry)))
 
     def check(self, entry: FileEntry) -> None:
         """Read back and verify ``entry`` without writing it anywhere."""

@@ -9,11 +9,13 @@ the CRIU adapter's protocol (``adapters/criu/imgstreamer.py``).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 from ckptd.core.store.manifest import Manifest
-from ckptd.core.store.reader import CheckpointReader
+from ckptd.core.store.reader import CheckpointReader, Segment
 
 CHUNK = 1 << 20
 
@@ -22,12 +24,38 @@ class CheckpointImages:
     """The images of one checkpoint's manifest, from the store. Every chunk is verified (a
     frame is verified whole before any of its pages is yielded; an image stored whole is
     verified whole); a damaged or missing object raises CorruptCheckpoint naming the
-    checkpoint and the object."""
+    checkpoint and the object.
+
+    From the start a thread plans each pages image (its page list read, every page located),
+    so that CRIU, asking for one, does not wait for that: it overlaps the rest of the
+    restore's preparation. A plan's failure is raised when its image is read."""
 
     def __init__(self, reader: CheckpointReader, manifest: Manifest) -> None:
         self.checkpoint_id = manifest.record.id
         self._reader = reader
         self._entries = {f.name: f for f in manifest.files}
+        self._plans: dict[str, Future[tuple[list[Segment], int]]] = {
+            f.name: Future() for f in sorted(manifest.files, key=lambda f: f.name)
+            if f.pagelist
+        }
+        self._closed = threading.Event()
+        threading.Thread(target=self._plan_all, name=f"plan {self.checkpoint_id}",
+                         daemon=True).start()
+
+    def _plan_all(self) -> None:
+        for name, future in self._plans.items():
+            if self._closed.is_set() or not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._reader.stream_plan(self._entries[name]))
+            except BaseException as exc:  # raised to whoever reads the image
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        """Stop planning (the images will not be read any more)."""
+        self._closed.set()
+        for future in self._plans.values():
+            future.cancel()
 
     def exists(self, name: str) -> bool:
         return name in self._entries
@@ -36,7 +64,11 @@ class CheckpointImages:
         return self._entries[name].size
 
     def chunks(self, name: str) -> Iterator[memoryview]:
-        return self._reader.stream(self._entries[name])
+        entry = self._entries[name]
+        future = self._plans.get(name)
+        if future is None or future.cancelled():
+            return self._reader.stream(entry)
+        return self._reader.stream(entry, future.result())
 
     def write(self, name: str, path: Path) -> None:
         self._reader.materialize(self._entries[name], path)
