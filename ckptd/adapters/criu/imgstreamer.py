@@ -11,7 +11,8 @@ The wire, as CRIU 4.2.1 speaks it (``criu/img-streamer.c``, ``criu/protobuf.c``;
   ``stream`` every mapping is premapped and filled by ``read()``, no ``pread`` at offsets).
 - CRIU closes the connection when it opens no more images.
 
-Invariants: every image is written by a thread of its own (a pipe write blocks until CRIU reads),
+Invariants: every image is written by a thread of its own (a pipe write waits until CRIU reads;
+``close`` ends the waits),
 from ``ImageSource.chunks`` (verified bytes only, a few frames held per image: the memory is
 bounded by the open images, not their size). A source failure is recorded (``error``) *before*
 the pipe is closed short: CRIU then meets an early EOF and fails, and whatever reaches a hook
@@ -27,6 +28,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -114,9 +116,22 @@ def receive_fd(sock: socket.socket) -> int:
     return fds[0]
 
 
-def write_all(fd: int, data: memoryview) -> None:
+class _Stopped(Exception):
+    """``close`` asked a writer to give up (CRIU is gone, or will read no more)."""
+
+
+def write_all(fd: int, data: memoryview, stopping: threading.Event) -> None:
+    """Write ``data`` to the non-blocking pipe ``fd``, waiting while it is full; _Stopped
+    once ``stopping`` is set (a writer never outlives ``close`` by more than a poll)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
     while data:
-        data = data[os.write(fd, data):]
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            if stopping.is_set():
+                raise _Stopped() from None
+            poller.poll(200)
 
 
 class ImageStreamer:
@@ -134,6 +149,7 @@ class ImageStreamer:
         self._error: CkptdError | None = None
         self._conn: socket.socket | None = None
         self._writers: list[threading.Thread] = []
+        self._stopping = threading.Event()
         self.served: list[str] = []
         """Every image CRIU asked for that exists, in the order asked."""
         self.missing: list[str] = []
@@ -158,7 +174,9 @@ class ImageStreamer:
         self._thread.start()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop listening, end the connection and wait for the writers."""
+        """Stop listening, end the connection, and end the writers (one still waiting for
+        CRIU to read gives up: call this once CRIU has exited)."""
+        self._stopping.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
@@ -222,10 +240,13 @@ class ImageStreamer:
         try:
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, self._pipe_size)
+            os.set_blocking(fd, False)
             for chunk in self.source.chunks(name):
-                write_all(fd, chunk)
+                write_all(fd, chunk, self._stopping)
         except BrokenPipeError:
             log.debug("image streamer: CRIU closed %s before its end", name)
+        except _Stopped:
+            log.warning("image streamer: %s abandoned unread (CRIU has ended)", name)
         except CkptdError as exc:
             self._fail(exc)
             log.warning("image streamer: %s: %s", name, exc.message)

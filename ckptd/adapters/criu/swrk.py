@@ -309,6 +309,9 @@ class CriuSwrk:
             ) from error
         finally:
             streamer.close()
+        if streamer.error is not None:  # after pre-resume: the tree runs, CRIU read it all
+            log.warning("streamed restore of %s: %s (after the tree had been restored)",
+                        images.checkpoint_id, streamer.error)
         log.info("streamed restore of %s: %d images read from the store, %d absent",
                  images.checkpoint_id, len(streamer.served), len(streamer.missing))
         return int(resp.restore.pid)

@@ -8,6 +8,7 @@ import array
 import os
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,3 +190,21 @@ def test_close_before_criu_connects(tmp_path: Path, image_dir: Path) -> None:
     streamer.close()  # idempotent
     assert streamer.error is None
     assert not (empty / SOCKET_NAME).exists()
+
+
+def test_close_ends_a_writer_whose_pipe_is_never_read(tmp_path: Path, image_dir: Path) -> None:
+    """A pipe still open but never read (whoever holds its read end will not read): ``close``
+    does not wait for it."""
+    streamer, empty = _serve(tmp_path, DirectoryImages(image_dir, "ck-4"))
+    criu = FakeCriu(empty)
+    fd = criu.open("pages-1.img")  # 3 MiB: more than the pipe holds
+    assert fd is not None
+    try:
+        time.sleep(0.3)
+        started = time.monotonic()
+        streamer.close(timeout=10)
+        assert time.monotonic() - started < 2
+        assert streamer.error is None
+    finally:
+        os.close(fd)
+        criu.close()
