@@ -37,7 +37,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from ckptd._gen.criu import img_streamer_pb2
-from ckptd.core.ports import ImageSource
+from ckptd.core.ports import CriuHooks, ImageSource
 from ckptd.errors import CkptdError, CorruptCheckpoint
 
 log = logging.getLogger(__name__)
@@ -259,3 +259,39 @@ class ImageStreamer:
             log.exception("image streamer: %s", name)
         finally:
             os.close(fd)
+
+
+class StreamGuard(CriuHooks):
+    """The caller's hooks, plus: refuse post-restore and pre-resume (CRIU then kills the
+    tree, which has not run) once the image streamer has failed. Its error is recorded
+    before the pipe it concerns is closed short, so CRIU cannot get past an incomplete image
+    to these notifications without the guard seeing it."""
+
+    def __init__(self, inner: CriuHooks, streamer: ImageStreamer) -> None:
+        self._inner = inner
+        self._streamer = streamer
+
+    def _check(self) -> None:
+        error = self._streamer.error
+        if error is not None:
+            raise error
+
+    def criu_started(self, criu_pid: int) -> None:
+        self._inner.criu_started(criu_pid)
+
+    def pre_restore(self, pid: int) -> None:
+        self._inner.pre_restore(pid)
+
+    def setup_namespaces(self, pid: int) -> None:
+        self._inner.setup_namespaces(pid)
+
+    def post_restore(self, pid: int) -> None:
+        self._check()
+        self._inner.post_restore(pid)
+
+    def pre_resume(self, pid: int) -> None:
+        self._check()
+        self._inner.pre_resume(pid)
+
+    def post_resume(self, pid: int) -> None:
+        self._inner.post_resume(pid)

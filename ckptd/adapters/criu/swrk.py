@@ -34,7 +34,7 @@ from ckptd.adapters.criu.containers import (
     make_pids_free,
 )
 from ckptd.adapters.criu.images import read_dump_stats, read_pstree
-from ckptd.adapters.criu.imgstreamer import ImageStreamer
+from ckptd.adapters.criu.imgstreamer import ImageStreamer, StreamGuard
 from ckptd.adapters.criu.pageserver import PageServer, PageServerError, wire_for
 from ckptd.core.ports import (
     CriuDumpJob,
@@ -294,7 +294,7 @@ class CriuSwrk:
                 opts.config_file = str(config)
                 req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
                 fds = (images_fd, work_fd, *(i.fd for i in job.inherit_fds))
-                resp = self._call(req, _StreamGuard(hooks, streamer), fds,
+                resp = self._call(req, StreamGuard(hooks, streamer), fds,
                                   job.work_dir / "restore.log", "restore", None,
                                   started=hooks.criu_started)
         except CriuFailed as exc:
@@ -703,42 +703,6 @@ class _HoldAtPostDump(CriuHooks):
 
     def network_unlock(self, pid: int) -> None:
         self._inner.network_unlock(pid)
-
-
-class _StreamGuard(CriuHooks):
-    """The caller's hooks, plus: refuse post-restore and pre-resume (CRIU then kills the
-    tree, which has not run) once the image streamer has failed. Its error is recorded
-    before the pipe it concerns is closed short, so CRIU cannot get past an incomplete image
-    to these notifications without the guard seeing it."""
-
-    def __init__(self, inner: CriuHooks, streamer: ImageStreamer) -> None:
-        self._inner = inner
-        self._streamer = streamer
-
-    def _check(self) -> None:
-        error = self._streamer.error
-        if error is not None:
-            raise error
-
-    def criu_started(self, criu_pid: int) -> None:
-        self._inner.criu_started(criu_pid)
-
-    def pre_restore(self, pid: int) -> None:
-        self._inner.pre_restore(pid)
-
-    def setup_namespaces(self, pid: int) -> None:
-        self._inner.setup_namespaces(pid)
-
-    def post_restore(self, pid: int) -> None:
-        self._check()
-        self._inner.post_restore(pid)
-
-    def pre_resume(self, pid: int) -> None:
-        self._check()
-        self._inner.pre_resume(pid)
-
-    def post_resume(self, pid: int) -> None:
-        self._inner.post_resume(pid)
 
 
 class _DirFd:

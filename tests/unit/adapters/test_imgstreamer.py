@@ -18,10 +18,12 @@ from ckptd._gen.criu import img_streamer_pb2
 from ckptd.adapters.criu.imgstreamer import (
     SOCKET_NAME,
     ImageStreamer,
+    StreamGuard,
     StreamProtocolError,
     encode_message,
     read_request,
 )
+from ckptd.core.ports import CriuHooks
 from ckptd.core.store.restream import DirectoryImages
 from ckptd.errors import CorruptCheckpoint
 
@@ -144,6 +146,11 @@ def test_a_source_failure_is_recorded_before_the_pipe_ends_short(
         assert isinstance(error, CorruptCheckpoint)
         assert "ck-2" in error.message and "pack p0 frame 1" in error.message
         assert criu.read("inventory.img") == b"inventory"  # other images still served
+        guard = StreamGuard(CriuHooks(), streamer)
+        guard.pre_restore(1)  # before the tree exists: CRIU fails on its own
+        for notification in (guard.post_restore, guard.pre_resume):  # CRIU then kills it
+            with pytest.raises(CorruptCheckpoint, match="pack p0 frame 1"):
+                notification(1)
     finally:
         criu.close()
         streamer.close()
