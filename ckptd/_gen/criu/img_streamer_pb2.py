@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63riu/img-streamer.proto\".\n\x1aimg_streamer_request_entry\x12\x10\n\x08\x66ilename\x18\x01 \x02(\t\"*\n\x18img_streamer_reply_entry\x12\x0e\n\x06\x65xists\x18\x01 \x02(\x08')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63riu/img-streamer.proto\x12\x04\x63riu\".\n\x1aimg_streamer_request_entry\x12\x10\n\x08\x66ilename\x18\x01 \x02(\t\"*\n\x18img_streamer_reply_entry\x12\x0e\n\x06\x65xists\x18\x01 \x02(\x08')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'criu.img_streamer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_IMG_STREAMER_REQUEST_ENTRY']._serialized_start=27
-  _globals['_IMG_STREAMER_REQUEST_ENTRY']._serialized_end=73
-  _globals['_IMG_STREAMER_REPLY_ENTRY']._serialized_start=75
-  _globals['_IMG_STREAMER_REPLY_ENTRY']._serialized_end=117
+  _globals['_IMG_STREAMER_REQUEST_ENTRY']._serialized_start=33
+  _globals['_IMG_STREAMER_REQUEST_ENTRY']._serialized_end=79
+  _globals['_IMG_STREAMER_REPLY_ENTRY']._serialized_start=81
+  _globals['_IMG_STREAMER_REPLY_ENTRY']._serialized_end=123
 # @@protoc_insertion_point(module_scope)
