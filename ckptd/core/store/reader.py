@@ -114,12 +114,15 @@ class PageSource:
         """The pages ``refs`` in order (``stream_segments`` of their plan)."""
         return self.stream_segments(self._segments(refs), len(refs))
 
-    def stream_segments(self, segments: Sequence[Segment], pages: int) -> Iterator[memoryview]:
+    def stream_segments(
+        self, segments: Sequence[Segment], pages: int, window: Callable[[], int] | None = None
+    ) -> Iterator[memoryview]:
         """The ``pages`` pages that ``segments`` (``_segments``) place, in order, zero pages
         (the gaps) as zeros: each frame fetched, verified
         (decompressed unless raw) on the executor, a few ahead of need, and yielded (slices
-        of it) only once verified. Bounded: at most PREFETCH frames are loaded or held at a
-        time (a frame the image comes back to later is loaded again). Raises
+        of it) only once verified. Bounded: at most ``window()`` (default PREFETCH, at least
+        1) frames are loaded or held at a time, plus the one being yielded (a frame the image
+        comes back to later is loaded again). Raises
         CorruptCheckpoint (naming the checkpoint and the object) at the first frame that
         fails, having yielded only the verified pages before it. When this ends, early or
         not, no frame load of it runs any more."""
@@ -134,7 +137,7 @@ class PageSource:
                     key = seg[1]
                     held = loaded.get(key)
                     if held is None:
-                        if len(loaded) >= PREFETCH:
+                        if loaded and len(loaded) >= (window() if window else PREFETCH):
                             break
                         held = (self._executor.submit(self._load_frame, *key), 0)
                     loaded[key] = (held[0], held[1] + 1)
@@ -271,15 +274,15 @@ class CheckpointReader(PageSource):
         one is in no pack)."""
         return self._segments(self.sized_refs(entry)), entry.size // PAGE_SIZE
 
-    def stream(self, entry: FileEntry, plan: tuple[list[Segment], int] | None = None
-               ) -> Iterator[memoryview]:
+    def stream(self, entry: FileEntry, plan: tuple[list[Segment], int] | None = None,
+               window: Callable[[], int] | None = None) -> Iterator[memoryview]:
         """``entry``'s file in order, every byte verified before it is yielded (see
         ``stream_segments``; an image stored whole is verified whole first). ``plan``:
         ``stream_plan(entry)``, made beforehand."""
         if entry.blob:
             yield memoryview(self.blob(entry))
             return
-        yield from self.stream_segments(*(plan or self.stream_plan(entry)))
+        yield from self.stream_segments(*(plan or self.stream_plan(entry)), window)
 
     def check(self, entry: FileEntry) -> None:
         """Read back and verify ``entry`` without writing it anywhere."""

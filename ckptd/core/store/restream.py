@@ -15,9 +15,11 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from ckptd.core.store.manifest import Manifest
-from ckptd.core.store.reader import CheckpointReader, Segment
+from ckptd.core.store.reader import PREFETCH, CheckpointReader, Segment
 
 CHUNK = 1 << 20
+FRAME_BUDGET = 64
+"""Frames (4 MiB each, decompressed) the open pages images of one restore hold together."""
 
 
 class CheckpointImages:
@@ -28,7 +30,12 @@ class CheckpointImages:
 
     From the start a thread plans each pages image (its page list read, every page located),
     so that CRIU, asking for one, does not wait for that: it overlaps the rest of the
-    restore's preparation. A plan's failure is raised when its image is read."""
+    restore's preparation. A plan's failure is raised when its image is read.
+
+    Memory: the pages images read at once (a tree's processes restore in parallel) share
+    FRAME_BUDGET frames: each holds at most ``min(PREFETCH, FRAME_BUDGET // open)`` ahead and
+    at least one, plus the frame it is handing out; so about FRAME_BUDGET * 4 MiB (256 MiB)
+    up to FRAME_BUDGET / 2 images open at once, two frames per image beyond."""
 
     def __init__(self, reader: CheckpointReader, manifest: Manifest) -> None:
         self.checkpoint_id = manifest.record.id
@@ -39,6 +46,8 @@ class CheckpointImages:
             if f.pagelist
         }
         self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._open = 0
         threading.Thread(target=self._plan_all, name=f"plan {self.checkpoint_id}",
                          daemon=True).start()
 
@@ -66,9 +75,25 @@ class CheckpointImages:
     def chunks(self, name: str) -> Iterator[memoryview]:
         entry = self._entries[name]
         future = self._plans.get(name)
-        if future is None or future.cancelled():
+        if future is None:
             return self._reader.stream(entry)
-        return self._reader.stream(entry, future.result())
+        plan = None if future.cancelled() else future.result()
+        return self._budgeted(self._reader.stream(entry, plan, self._window))
+
+    def _window(self) -> int:
+        """Frames each open pages image may hold ahead: FRAME_BUDGET shared out (never
+        waiting for another image: CRIU's tasks read theirs independently)."""
+        with self._lock:
+            return max(1, min(PREFETCH, FRAME_BUDGET // max(1, self._open)))
+
+    def _budgeted(self, chunks: Iterator[memoryview]) -> Iterator[memoryview]:
+        with self._lock:
+            self._open += 1
+        try:
+            yield from chunks
+        finally:
+            with self._lock:
+                self._open -= 1
 
     def write(self, name: str, path: Path) -> None:
         self._reader.materialize(self._entries[name], path)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptd.core.ports import ImageSource
-from ckptd.core.store import reader
+from ckptd.core.store import reader, restream
 from ckptd.core.store.cas import ContentStore
 from ckptd.core.store.index import load_pack_index, pack_key
 from ckptd.errors import CorruptCheckpoint
@@ -34,17 +34,17 @@ def streamed(store: ContentStore, checkpoint_id: str, names: list[str]) -> dict[
         return {n: read_all(source, n) for n in names if source.exists(n)}
 
 
-@pytest.mark.parametrize("prefetch", [1, reader.PREFETCH])
+@pytest.mark.parametrize("budget", [1, restream.FRAME_BUDGET])
 @settings(max_examples=6, deadline=None)
 @given(kinds, kinds, st.integers(0, 2**32))
 def test_streamed_images_are_the_checkout_s_bytes(
-    prefetch: int, first: list[PageKind], second: list[PageKind], seed: int
+    budget: int, first: list[PageKind], second: list[PageKind], seed: int
 ) -> None:
     """A parent and a child that shares some of its pages (so the child's image jumps between
     the parent's frames and its own, back and forth): each image streamed is the image, also
     with one frame held at a time (frames read again when the image comes back to them)."""
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(reader, "PREFETCH", prefetch)
+        mp.setattr(restream, "FRAME_BUDGET", budget)
         backend = make_backend("local", Path(tmp))
         store = backend.store()
         pages = make_pages(first, seed)
@@ -104,3 +104,20 @@ def test_gc_waits_for_a_streamed_checkout(backend: Backend) -> None:
     with store.checkout_streamed(checkpoint_id):
         assert store.rw._readers == 1
     assert store.rw._readers == 0
+
+
+def test_open_images_share_the_frame_budget(backend: Backend) -> None:
+    """Many pages images read at once (a tree's processes): each holds fewer frames ahead,
+    never fewer than one, and all of them are still the checkout's bytes."""
+    store = backend.store()
+    files = {f"pages-{i}.img": b"".join(make_pages(["random"] * 40, i)) for i in range(1, 41)}
+    rec = commit(store, backend.clock, files)
+    with store.checkout_streamed(rec.id) as (_dir, source):
+        assert isinstance(source, restream.CheckpointImages)
+        assert source._window() == reader.PREFETCH
+        streams = {name: source.chunks(name) for name in files}
+        firsts = {name: bytes(next(it)) for name, it in streams.items()}  # all 40 open
+        assert source._window() == 1  # 64 frames shared by 40 images
+        for name, it in streams.items():
+            assert firsts[name] + b"".join(bytes(c) for c in it) == files[name]
+        assert source._window() == reader.PREFETCH
