@@ -60,6 +60,12 @@ class DaemonConfig:
     are stored (docs/design/streaming.md has the figures). ``false``: CRIU writes the whole
     image to the staging first (RAM when it fits), ingested after the tree is thawed: a shorter
     freeze where RAM allows, for as much staging as the image."""
+    stream_restore: bool = True
+    """A restore's images go from the store to CRIU as they are read and verified (CRIU's
+    image-streamer protocol), instead of being written into a directory first: no staging,
+    memory bounded by a few frames per open image. Needs a CRIU with ckptd's patch
+    (scripts/install-criu.sh; ``criu check --feature rpc_stream``); otherwise, and for
+    restores into a container, the images are written first as before."""
     compress_level: int = 1
     """zstd level of page frames (1: as fast as ``zstd -1``)."""
     compress_workers: int = 0

@@ -104,6 +104,7 @@ def wire(config: DaemonConfig) -> Wired:
         file_capture_limit=config.file_capture_limit,
         file_capture_oversize=config.file_capture_oversize,
         jobs_cgroup=config.jobs_cgroup,
+        stream_restore=config.stream_restore,
     )
     chunked = chunked_images(is_pages_image)
     files = ProcJobFiles()

@@ -4,7 +4,9 @@ Dump: ``begin`` gives CRIU a staging directory (RAM-backed when it fits) and wri
 ``commit`` ingests it (new pages into packs, metadata images into blobs), makes every object
 durable (``flush``), then writes the manifest — the only thing that makes a checkpoint visible
 — and drops the staging and the lease. Restore: ``checkout`` rebuilds CRIU's image directory,
-verifying every byte. GC and the dumps/restores of this daemon exclude each other (``RWLock``);
+verifying every byte; ``checkout_streamed`` gives the images to read as CRIU asks for them
+(verified as they pass) instead. GC and the dumps/restores of this daemon exclude each other
+(``RWLock``);
 leases keep a crashed or foreign dump's fresh objects from being collected, and GC condemns
 objects a grace period before deleting them (``maintenance``): a dump never reuses a condemned
 object, and re-checks before its manifest that nothing it names has become due.
@@ -29,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ckptd.core.ports import BlobStore, Clock, PageSink
+from ckptd.core.ports import BlobStore, Clock, ImageSource, PageSink
 from ckptd.core.store import pagelist, pagepath
 from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.export import FrameExport
@@ -50,6 +52,7 @@ from ckptd.core.store.objects import (
 )
 from ckptd.core.store.pagehash import ZERO_REF, PageHasher
 from ckptd.core.store.reader import CheckpointReader, PageSource
+from ckptd.core.store.restream import CheckpointImages
 from ckptd.core.store.rwlock import RWLock
 from ckptd.core.store.streaming import StreamedPages
 from ckptd.domain import CheckpointRecord, GcReport, GroupRecord, VerifyReport
@@ -454,6 +457,30 @@ class ContentStore:
             yield images
         finally:
             _remove_soon(root)  # off the restore's critical path
+
+    @contextlib.contextmanager
+    def checkout_streamed(self, checkpoint_id: str) -> Iterator[tuple[Path, ImageSource]]:
+        """An empty directory (staging sized for the checkpoint's captured files, which a
+        restore writes there) and the checkpoint's images read from the store as asked for,
+        every byte verified (``CheckpointImages``), every pack's structure checked first as for
+        ``checkout``. GC waits until the context ends: the
+        packs are read while CRIU restores."""
+        manifest = self.manifest(checkpoint_id, fresh=True)
+        size = sum(f.size for f in manifest.record.files)
+        root = self._staging.choose(size) / f"restore-{checkpoint_id}-{secrets.token_hex(3)}"
+        images = root / "images"
+        images.mkdir(parents=True, mode=0o700)
+        try:
+            with self.rw.shared():
+                reader = self.reader(checkpoint_id)
+                reader.check_packs()  # magic, footer, trailer: before CRIU reads anything
+                source = CheckpointImages(reader, manifest)
+                try:
+                    yield images, source
+                finally:
+                    source.close()
+        finally:
+            _remove_soon(root)
 
     # ---- page exchange (migration) ----------------------------------------------------------
 
