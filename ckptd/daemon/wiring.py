@@ -162,6 +162,7 @@ def wire(config: DaemonConfig) -> Wired:
         node=ProcNodeInspector(),
         files=files,
         cgroups=cgroups,
+        journal=journal,
     )
     service = CheckpointService(
         dump=dump,

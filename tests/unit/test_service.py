@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ckptd.core.dump import DumpContext
+from ckptd.core.recipe import record_undo
 from ckptd.domain import DumpRequest, PidState, RestoreRequest
 from ckptd.domain.model import ROOT
 from ckptd.errors import Busy, CheckpointNotFound, PermissionDenied
@@ -76,6 +77,7 @@ def _crash_after(world: World, step: str, request: DumpRequest) -> DumpContext:
     """Run the dump recipe's steps up to and including ``step``, then "crash" (stop)."""
     ctx = world.dump_recipe.new_context(ROOT, request)
     for s in world.dump_recipe.steps:
+        record_undo(s, ctx, ctx.undo_log)  # as run_steps does: the undo durable first
         s.do(ctx)
         if s.name == step:
             return ctx
