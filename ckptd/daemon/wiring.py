@@ -194,6 +194,7 @@ def wire(config: DaemonConfig) -> Wired:
         connector=GrpcPeerConnector(tls),
         clock=clock,
         events=service.events,
+        journal=journal,
     )
     policies = PolicyService(
         dump=service.dump,
