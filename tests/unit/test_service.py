@@ -258,3 +258,11 @@ def test_a_closing_service_refuses_new_dumps_but_still_restores(world: World) ->
     with pytest.raises(Cancelled, match="stopping"):
         world.dump(OTHER_JOB)
     assert world.restore(checkpoint_id=record.id).pid == JOB
+
+
+def test_recover_forgets_an_entry_it_cannot_read(world: World) -> None:
+    world.journal.begin("r1", {"version": 2, "op": "restore", "undo": [{"kind": "reboot"}]})
+    world.journal.begin("r2", {"version": 7, "op": "restore", "undo": []})
+    assert world.new_service().recover() == []
+    assert list(world.journal.pending()) == []
+    assert world.processes.signals == []
