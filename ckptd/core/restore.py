@@ -25,6 +25,13 @@ Order, and what undoes each step if a later one fails:
     gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock;          -
                   if that fails the restored tree is killed (it could never run)
 
+Durable undo (``core.undo``): at CRIU's post-restore notification, when the tree exists but
+has not run (until then CRIU undoes a restore it cannot finish, its daemon killed included),
+KillTree of the restored processes is journaled (a group member held at the gate: only
+while it is still stopped); the entry ends when the restore has finished or been rolled back.
+A daemon killed in between has the half-restored tree killed at its restart, its checkpoint
+untouched. Files put back and stdio are undone in-process only (not yet durable).
+
 Invariants: the restored processes are held (``core.held``) from CRIU's post-restore
 notification on, before they run, and signalled only through those handles; nothing on the
 node changes before ``pids`` passed (and CRIU is never called for a checkpoint that does not
@@ -66,11 +73,14 @@ from ckptd.core.ports import (
     ImageSource,
     InheritFd,
     JobFiles,
+    Journal,
     NodeInspector,
     ProcessTable,
     StdioProvider,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
+from ckptd.core.rollback import Undoer
+from ckptd.core.undo import KillTree, UndoLog
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -126,6 +136,8 @@ class RestoreContext:
     images: ImageSource | None = None
     """A streamed restore: CRIU reads the images from here (``images_dir`` holds only the
     captured files)."""
+    undo_log: UndoLog | None = None
+    """The restore's durable undo records (journal entry ``op_id``)."""
 
 
 def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
@@ -163,6 +175,7 @@ class RestoreRecipe:
         hooks: CriuHooks | None = None,
         files: JobFiles | None = None,
         cgroups: Cgroups | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self._cgroups = cgroups
         self._gpu = gpu
@@ -171,6 +184,9 @@ class RestoreRecipe:
         self._criu = criu
         self._processes = processes
         self._store = store
+        self._journal = journal
+        self.undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
+                             gpu=gpu)
         self._stdio = stdio
         self._clock = clock
         self._config = config
@@ -190,7 +206,8 @@ class RestoreRecipe:
         )
 
     def new_context(self, caller: Caller, request: RestoreRequest, op_id: str) -> RestoreContext:
-        return RestoreContext(caller, request, op_id, self._clock.time())
+        return RestoreContext(caller, request, op_id, self._clock.time(),
+                              undo_log=UndoLog(self._journal, op_id, "restore"))
 
     def resolve(self, ctx: RestoreContext) -> CheckpointRecord:
         """Run the resolve step alone (the caller needs the pid to lock before the rest)."""
@@ -202,11 +219,16 @@ class RestoreRecipe:
         try:
             with ctx.resources:
                 run_steps(self.steps, ctx, progress)
-        except CkptdError as exc:
-            if ctx.record is not None:
+        except Exception as exc:
+            if ctx.undo_log is not None:
+                ctx.undo_log.end()  # rolled back (a dying daemon never gets here)
+            if isinstance(exc, CkptdError) and ctx.record is not None:
                 exc.checkpoint_id = exc.checkpoint_id or ctx.record.id
                 exc.pid = exc.pid or ctx.record.pid
             raise
+        else:
+            if ctx.undo_log is not None:
+                ctx.undo_log.end()  # the tree runs
         finally:
             if ctx.held is not None:
                 ctx.held.close()
@@ -328,7 +350,7 @@ class RestoreRecipe:
     def _kill_restored(self, ctx: RestoreContext) -> None:
         if ctx.gate is None or ctx.held is None:
             return
-        ctx.held.signal_all(signal.SIGKILL)
+        self.undoer.kill_tree(ctx.held)
 
     def _gpu_restore(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
@@ -341,7 +363,7 @@ class RestoreRecipe:
             self._gpu.resume(session, ctx.gpu_map)
         except Exception:
             if ctx.held is not None:
-                ctx.held.signal_all(signal.SIGKILL)
+                self.undoer.kill_tree(ctx.held)
             raise
 
     def _wait_pids_free(self, ctx: RestoreContext) -> None:
@@ -551,6 +573,12 @@ class RestoreRecipe:
             log.warning("restored root pid %d is already gone", root_pid)
             return
         ctx.restored = tuple(ctx.held.hold_facts(tree))
+        if ctx.undo_log is not None and ctx.record is not None:
+            ctx.undo_log.op = "held-restore" if ctx.gate is not None else "restore"
+            ctx.undo_log.checkpoint_id = ctx.record.id
+            ctx.undo_log.record("criu-restore", KillTree(
+                tuple((p, s) for p, s in ctx.held.members()),
+                only_stopped=ctx.gate is not None))
 
 
 class _HoldOnPostRestore(CriuHooks):

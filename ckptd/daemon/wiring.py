@@ -170,6 +170,7 @@ def wire(config: DaemonConfig) -> Wired:
         node=ProcNodeInspector(),
         files=files,
         cgroups=cgroups,
+        journal=journal,
     )
     service = CheckpointService(
         dump=dump,
@@ -201,6 +202,7 @@ def wire(config: DaemonConfig) -> Wired:
         connector=GrpcPeerConnector(tls),
         clock=clock,
         events=service.events,
+        journal=journal,
     )
     policies = PolicyService(
         dump=service.dump,

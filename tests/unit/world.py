@@ -232,7 +232,7 @@ def make_world(
     restore_recipe = RestoreRecipe(
         criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,
         hooks=hooks, gpu=gpu_steps, node=node, files=files,
-        cgroups=cgroups if place_cgroups else None,
+        cgroups=cgroups if place_cgroups else None, journal=journal,
     )
     world = World(
         tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,
