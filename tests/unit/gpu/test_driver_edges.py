@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from ckptd.adapters.cuda import CudaDriverCheckpointer, worker
+from ckptd.adapters.cuda.support import SUPPORTED_BINDINGS
 from ckptd.domain import CudaState
 from ckptd.errors import CkptdError, GpuFailed, GpuUnavailable
 
@@ -183,3 +185,15 @@ def test_a_negative_lock_timeout_is_refused_not_made_infinite(make: Any) -> None
     assert info.value.code == "INVALID_TIMEOUT"
     assert "cuCheckpointProcessLock" not in cu.names()
     assert cu.states[PID] == 0
+
+
+def test_the_gpu_extra_requires_bindings_that_release_the_gil() -> None:
+    """pyproject's ``gpu`` extra and the adapter agree: >= 12.9.1, never 13.0.0/13.0.1."""
+    root = Path(__file__).resolve().parents[3]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["gpu"]
+    (bindings,) = [d for d in extra if d.startswith("cuda-bindings")]
+    assert bindings == "cuda-bindings>=12.9.1,!=13.0.0,!=13.0.1"
+    readme = (root / "README.md").read_text()
+    assert "Supported\n  cuda-bindings: >= 12.9.1, except 13.0.0 and 13.0.1" in readme
+    assert all(v in readme for v in SUPPORTED_BINDINGS)
