@@ -231,7 +231,7 @@ class DumpRecipe:
         ctx.stopped_before = frozenset(
             p.pid for p in ctx.tree if ctx.held.state(p.pid) is PidState.STOPPED
         )
-        self._gpu.inspect(ctx.gpu, ctx.tree)
+        self._gpu.inspect(ctx.gpu, ctx.tree, stopped=ctx.stopped_before)
         if self._files is not None:  # refuse a file over the capture limit before freezing
             ctx.written = self._files.written(ctx.tree)
             jobfiles.refuse_oversized(ctx.written, self._config, ctx.request.pid)

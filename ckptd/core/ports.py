@@ -574,7 +574,10 @@ class GpuCheckpointer(Protocol):
     def state(self, pid: int) -> CudaState: ...
 
     def lock(self, pid: int, timeout_ms: int) -> None:
-        """RUNNING -> LOCKED. On timeout the process stays RUNNING and GpuFailed is raised."""
+        """RUNNING -> LOCKED within ``timeout_ms`` (0: no limit in the driver; negative:
+        refused). On timeout the process stays RUNNING and GpuFailed is raised (the driver's
+        code: CUDA_ERROR_NOT_READY). Every call's wait is bounded by the adapter: past it,
+        GpuFailed code TIMEOUT."""
         ...
 
     def checkpoint(self, pid: int) -> None:
@@ -582,12 +585,20 @@ class GpuCheckpointer(Protocol):
         ...
 
     def restore(self, pid: int, gpu_map: Mapping[str, str] | None = None) -> None:
-        """CHECKPOINTED -> LOCKED; ``gpu_map`` (old UUID -> new UUID, every checkpointed GPU)
-        when this node's GPUs differ from the checkpoint's."""
+        """CHECKPOINTED -> LOCKED; ``gpu_map`` (old UUID -> new UUID) when this node's GPUs
+        differ from the checkpoint's: then a pair for EVERY GPU of the dumping node, identity
+        pairs included (the driver refuses an incomplete map with CUDA_ERROR_INVALID_VALUE).
+        A map of identity pairs only is no remap."""
         ...
 
     def unlock(self, pid: int) -> None:
         """LOCKED -> RUNNING."""
+        ...
+
+    def remap_refusal(self) -> str | None:
+        """Why this checkpointer cannot restore onto other GPUs (bindings without the
+        types, a driver older than r580, a backend that cannot); None when it can. Asked at
+        restore planning, before anything is restored. Never raises."""
         ...
 
 

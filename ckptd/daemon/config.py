@@ -79,7 +79,13 @@ class DaemonConfig:
     gpu: bool = True
     """Checkpoint CUDA processes through the driver (when NVML and cuda-python are present)."""
     gpu_lock_timeout_ms: int = 10000
-    """How long a CUDA lock may wait for the process's running GPU work."""
+    """How long a CUDA lock may wait for the process's running GPU work (0: no limit in the
+    driver, the daemon's wait is still bounded by ``gpu_call_timeout_s``; negative: refused
+    at start)."""
+    gpu_call_timeout_s: float = 900.0
+    """The longest the daemon waits for one CUDA checkpoint / restore / unlock call (a
+    lock: its timeout plus a minute). Past it the call is reported failed and abandoned (it
+    may still finish; the daemon goes on serving, that process is refused meanwhile)."""
     criu_path: str = ""
     """Empty: the first of DEFAULT_CRIU_PATHS that exists."""
     criu_log_level: int = 4
@@ -237,6 +243,13 @@ def _check_limits(config: DaemonConfig) -> None:
     if config.max_user_calls >= config.max_workers:
         raise ValueError(f"max_user_calls ({config.max_user_calls}) must be below max_workers "
                          f"({config.max_workers}): some workers must stay free for root")
+    lock = config.gpu_lock_timeout_ms
+    if isinstance(lock, bool) or not isinstance(lock, int) or not 0 <= lock <= 0xFFFFFFFF:
+        raise ValueError(f"gpu_lock_timeout_ms {lock!r} must be a whole number of ms, "
+                         "0 (no limit) or more")
+    if not 0 < config.gpu_call_timeout_s <= 86400:
+        raise ValueError(f"gpu_call_timeout_s {config.gpu_call_timeout_s!r} must be in "
+                         "(0, 86400]")
     if not 0 < config.open_timeout_s <= 3600:
         raise ValueError(f"open_timeout_s {config.open_timeout_s!r} must be in (0, 3600]")
 

@@ -87,7 +87,7 @@ def gpu_adapters(
         from ckptd.adapters.nvml import NvmlInventory
     except ImportError:
         return None, None
-    return CudaDriverCheckpointer(), NvmlInventory()
+    return CudaDriverCheckpointer(call_timeout_s=config.gpu_call_timeout_s), NvmlInventory()
 
 
 def wire(config: DaemonConfig) -> Wired:
