@@ -16,8 +16,11 @@ binaries in the same run: raw CRIU and a daemon of its own (``ckptd --criu PATH`
 taken in turn within every round; ratios are against raw dump/restore of the same binary.
 ``--baseline TREE`` adds a daemon running the ckptd of another source tree (e.g. ``git archive
 <commit> | tar -x -C /tmp/before``; PYTHONPATH) as the row ``ckptd-before``, in the same rounds.
+``--restore-stream`` adds a daemon restoring with ``stream_restore = true`` (CRIU reads the
+images from the store as they are verified) next to one with it false, and reports each
+daemon's own restore time, its RSS growth and /dev/shm growth during restores.
 Usage (root): .venv/bin/python scripts/bench_daemon.py [--mib 1024] [--repeat 3] [--criu PATH]...
-                  [--stream] [--baseline /tmp/before]
+                  [--stream] [--restore-stream] [--baseline /tmp/before]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -90,16 +94,63 @@ def run_raw(criu: str, mib: int, work: Path, sync: bool) -> tuple[float, float, 
     return t_dump, t_restore, size
 
 
-def run_ckptd(mib: int, work: Path, sock: Path) -> tuple[float, float, int]:
+RESTORE_EXTRA: dict[str, list[tuple[float, float, float]]] = {}
+"""Per daemon: (the daemon's own restore time, its RSS growth during the restore in MiB,
+the peak growth of /dev/shm's use during the restore in MiB) of each restore."""
+
+
+def run_ckptd(mib: int, work: Path, sock: Path, daemon_pid: int = 0, name: str = ""
+              ) -> tuple[float, float, int]:
     pid = start_workload(mib, work / "ckptd.out")
     ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
     t_dump, out = timed([*ctl, "dump", str(pid)])
     record = json.loads(out)
     wait_gone(pid)
-    t_restore, out = timed([*ctl, "restore", record["id"]])
-    kill(json.loads(out)["pid"])
+    rss0 = reset_hwm(daemon_pid) if daemon_pid else 0.0
+    with ShmPeak() as shm:
+        t_restore, out = timed([*ctl, "restore", record["id"]])
+    restored = json.loads(out)
+    if daemon_pid:
+        RESTORE_EXTRA.setdefault(name, []).append(
+            (float(restored["duration_s"]), vm_hwm_mib(daemon_pid) - rss0, shm.peak_mib))
+    kill(restored["pid"])
     subprocess.run([*ctl, "delete", record["id"]], check=True, capture_output=True)
     return t_dump, t_restore, int(record["bytes"])
+
+
+def reset_hwm(pid: int) -> float:
+    """Reset ``pid``'s peak RSS (VmHWM) to its RSS now; returns that RSS in MiB."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class ShmPeak:
+    """The peak growth of /dev/shm's use (a daemon's RAM-backed staging) while inside."""
+
+    def __init__(self) -> None:
+        self.peak_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _used(self) -> int:
+        st = os.statvfs("/dev/shm")
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def _poll(self) -> None:
+        base = self._used()
+        while not self._stop.wait(0.01):
+            self.peak_mib = max(self.peak_mib, (self._used() - base) / 2**20)
+
+    def __enter__(self) -> ShmPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def main() -> int:
@@ -112,6 +163,9 @@ def main() -> int:
     ap.add_argument("--stream", action="store_true",
                     help="also a daemon with stream_pages = true for each CRIU (ckptd-stream)")
     ap.add_argument("--baseline", default="", help="another ckptd source tree (ckptd-before)")
+    ap.add_argument("--restore-stream", action="store_true",
+                    help="ckptd with stream_restore = false, and a daemon with it true for "
+                         "each CRIU (ckptd-rstream; needs CRIU's rpc_stream patch)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
@@ -123,14 +177,20 @@ def main() -> int:
     rows: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     try:
         (work / "stream.toml").write_text("stream_pages = true\n")
+        (work / "ckptd.toml").write_text("stream_restore = false\n")
+        (work / "rstream.toml").write_text("stream_restore = true\n")
         paths = ["ckptd", "ckptd-stream"] if args.stream else ["ckptd"]
+        paths += ["ckptd-rstream"] if args.restore_stream else []
         paths += ["ckptd-before"] if args.baseline else []
+        configs = {"ckptd-stream": "stream.toml", "ckptd-rstream": "rstream.toml"}
+        if args.restore_stream:
+            configs["ckptd"] = "ckptd.toml"
         for n, criu in enumerate(crius):
             for path in paths:
                 tag = f"{n}{path.removeprefix('ckptd')}"
                 sock = work / f"ckptd{tag}.sock"
                 log = (work / f"ckptd{tag}.log").open("w")
-                extra = ["--config", str(work / "stream.toml")] if path == "ckptd-stream" else []
+                extra = ["--config", str(work / configs[path])] if path in configs else []
                 tree = Path(args.baseline).resolve() if path == "ckptd-before" else ROOT
                 daemons[f"{criu} {path}"] = (subprocess.Popen(
                     [str(VENV / "ckptd"), "--socket", str(sock), "--store",
@@ -146,7 +206,8 @@ def main() -> int:
             for criu in crius:
                 for name in ("raw", "raw+sync", *paths):
                     if name.startswith("ckptd"):
-                        result = run_ckptd(args.mib, work, daemons[f"{criu} {name}"][1])
+                        daemon, sock = daemons[f"{criu} {name}"]
+                        result = run_ckptd(args.mib, work, sock, daemon.pid, f"{criu} {name}")
                     else:
                         result = run_raw(criu, args.mib, work, sync=name == "raw+sync")
                     rows.setdefault((criu, name), []).append(result)
@@ -179,6 +240,18 @@ def main() -> int:
                 print(f"| {name} | {versions[criu]} | {d / bd:.2f}x | {r / br:.2f}x |")
     print("\nPeak RSS of each daemon over the whole run (VmHWM): "
           + ", ".join(f"{k} {v:.0f} MiB" for k, v in peaks.items()))
+    print("\nRestores, median (max) over the rounds: the daemon's own time until the tree "
+          "runs (no ckptctl start-up), the daemon's RSS growth during the restore, /dev/shm "
+          "staging growth\n")
+    print("| daemon | restore in daemon (s) | vs raw criu restore | RSS growth MiB "
+          "| /dev/shm MiB |")
+    print("|---|---:|---:|---:|---:|")
+    for key, runs in RESTORE_EXTRA.items():
+        criu = key.split(" ", 1)[0]
+        dur = statistics.median(r[0] for r in runs)
+        print(f"| {key} | {dur:.3f} | {dur / med[(criu, 'raw')][1]:.2f}x "
+              f"| {statistics.median(r[1] for r in runs):.0f} ({max(r[1] for r in runs):.0f}) "
+              f"| {statistics.median(r[2] for r in runs):.0f} ({max(r[2] for r in runs):.0f}) |")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -76,13 +76,14 @@ def one_round(images: Path, work: Path) -> dict[str, float]:
     from ckptd.adapters.criu.images import is_pages_image
     from ckptd.adapters.storage import LocalBlobStore
     from ckptd.core.store.cas import ContentStore, StagingPolicy
+    from ckptd.core.store.keys import ManifestKeys
     from ckptd.domain import CheckpointRecord, ProcessFact, new_checkpoint_id
     from ckptd.testing import FakeClock
 
     shutil.rmtree(work, ignore_errors=True)
     clock = FakeClock()
     store = ContentStore(LocalBlobStore(work / "objects"), StagingPolicy(None, work / "staging"),
-                         clock=clock, is_pages_file=is_pages_image,
+                         clock=clock, is_pages_file=is_pages_image, keys=ManifestKeys.generate(),
                          workers=os.cpu_count() or 2)
     clock.advance(1)
     rec = CheckpointRecord(id=new_checkpoint_id(clock.time()), pid=1, created=clock.time(),

@@ -201,12 +201,13 @@ def changed_pages(store_root: Path, first: str, second: str) -> tuple[int, int]:
     """How many pages of ``second`` are not in ``first``, and their size under zstd -1."""
     from ckptd.adapters.clock import SystemClock
     from ckptd.adapters.criu.images import is_pages_image
-    from ckptd.adapters.storage import LocalBlobStore
+    from ckptd.adapters.storage import LocalBlobStore, keyfile
     from ckptd.core.store.cas import ContentStore, StagingPolicy
     from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF
 
+    keys, _ = keyfile.load_or_create(store_root.parent / "state" / "manifest.keys")
     store = ContentStore(LocalBlobStore(store_root), StagingPolicy(None, store_root / "tmp"),
-                         clock=SystemClock(), is_pages_file=is_pages_image)
+                         clock=SystemClock(), is_pages_file=is_pages_image, keys=keys)
     old = {r for refs in store.page_refs(first).values() for r in refs}
     new_data: list[bytes] = []
     with store.checkout(second) as images:

@@ -11,7 +11,8 @@ export PATH="$(dirname "$py"):$PATH"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$py" -m grpc_tools.protoc -I "$root/proto" \
     --python_out="$tmp" --grpc_python_out="$tmp" --mypy_out="$tmp" \
-    ckptd/v1/ckptd.proto ckptd/v1/peer.proto criu/rpc.proto criu/stats.proto criu/pstree.proto
+    ckptd/v1/ckptd.proto ckptd/v1/peer.proto criu/rpc.proto criu/stats.proto criu/pstree.proto \
+    criu/img-streamer.proto
 # The generated modules import each other as top-level "ckptd.v1"/"criu"; rehome them.
 find "$tmp" -name '*.py' -o -name '*.pyi' | while read -r f; do
     sed -i -e 's/^from ckptd\.v1 import/from ckptd._gen.ckptd.v1 import/' \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ensure a working CRIU (>= 4.2 by default, `criu check` passing) is installed.
 #
-# Uses the system's criu when it is new enough and passes `criu check`; otherwise builds
+# Uses the system's criu when it is new enough, passes `criu check` and the version has no
+# patches of ours (scripts/criu-patches/$VERSION); otherwise builds
 # CRIU $CRIU_VERSION (default 4.2.1) from Debian's source package (upstream tarball only,
 # fetched through apt) and installs it as $PREFIX/sbin/criu, /usr/local/sbin/criu by default
 # (the path ckptd looks at first by default). Our own build of another version or from other
@@ -23,7 +24,9 @@ log() { printf '[install-criu] %s\n' "$*" >&2; }
 # Stock 4.1.1 cannot dump any TCP socket on Linux >= 6.16 (the kernel answers EOPNOTSUPP for
 # SO_PASSCRED there, CRIU issue #2718): our 4.1.1 build carries the fix in
 # scripts/criu-patches/4.1.1. 4.2.x asks for SO_PASSCRED/SO_PASSSEC on Unix and netlink
-# sockets only, so it needs no patch (scripts/criu-patches/4.2.1 absent: no patches).
+# sockets only, so it needs no such fix; scripts/criu-patches/4.2.1 lets `criu swrk` stream
+# a restore's images (docs/design/streaming.md; `criu check --feature rpc_stream`). With
+# patches for the version, a system CRIU is not used: only our build of them.
 case $CRIU_VERSION in
     4.2.1) SUITE=sid
            SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9 ;;
@@ -63,6 +66,12 @@ if [ -x "$PREFIX/sbin/criu" ] && [ -s "$MARKER" ] && ! ours_current; then
     log "$PREFIX/sbin/criu is our build $(cat "$MARKER"), not $CRIU_VERSION+$PATCH_ID: rebuilding"
 else
     for cand in "$PREFIX/sbin/criu" "$(command -v criu 2>/dev/null || true)"; do
+        # With patches for this version, only our build of them will do (another CRIU,
+        # however new, lacks what they add: 4.2.1's lets `criu swrk` stream a restore).
+        if [ ${#PATCHES[@]} -gt 0 ] && ! { [ "$cand" = "$PREFIX/sbin/criu" ] && ours_current; }; then
+            [ -z "$cand" ] || log "$cand is not our build of $CRIU_VERSION with its patches"
+            continue
+        fi
         if [ -n "$cand" ] && criu_ok "$cand"; then
             log "using working CRIU at $cand ($("$cand" --version | sed -n 's/^Version: *//p'))"
             exit 0

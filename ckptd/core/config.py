@@ -24,6 +24,10 @@ class CoreConfig:
     file_capture_oversize: str = "refuse"
     """A written file over ``file_capture_limit``: ``refuse`` the dump (naming it), or
     ``skip`` its capture (said in the checkpoint; a restore then needs it at its size)."""
+    stream_restore: bool = True
+    """CRIU reads a restore's images from the store as they are verified (no image directory
+    written first) when it can (``Criu.can_stream_restore``); not for restores into a
+    container, nor a migration's staged images."""
     jobs_cgroup: str = "/ckptd-jobs"
     """Where a tree restored for the daemon itself (or for a caller in the daemon's own
     cgroup) gets a cgroup of its own, ``<jobs_cgroup>/<name or id>-<op>`` (cgroup v2 path);

@@ -29,6 +29,15 @@ Order, and what undoes each step if a later one fails:
                     it stopped with its connections locked
     release         leave-running: nothing; else kill the tree                -
 
+Durable undos (``core.undo``, written before the step's effect can exist; a restarted daemon
+replays them newest first, ``CheckpointService.recover``): stage: AbortStaging; gpu-lock:
+ResumeCuda (unless committed, for a killing dump); criu-dump: ResumeTree unless committed
+(re-recorded with the pids CRIU froze); commit, killing dumps: KillTree if committed. So a
+daemon killed at any point leaves, after its restart, the tree killed once its checkpoint
+is committed (docs/adr/0002), else running with nothing listed and nothing staged; except
+that a guard that resumed the tree while the commit was under way appends GuardResumed:
+the checkpoint goes, the tree runs on (docs/adr/0016).
+
 Invariants: the target is never left frozen or stopped by a failed dump: CRIU leaves a tree
 stopped, not killed, so a failed commit can still resume it; a tree with established TCP
 connections (in repair mode, its network locked) cannot be resumed by a signal once CRIU is
@@ -72,7 +81,9 @@ from ckptd.core.ports import (
     WrittenFile,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
+from ckptd.core.rollback import Undoer
 from ckptd.core.targets import check_dump_target, check_tcp, container_init
+from ckptd.core.undo import AbortStaging, KillTree, ResumeCuda, ResumeTree, Undo, UndoLog
 from ckptd.domain import (
     Caller,
     CapturedFile,
@@ -126,6 +137,8 @@ class DumpContext:
     """Connected TCP sockets of the tree at ``inspect`` (CRIU dumps them established)."""
     container: CriuPlacement | None = None
     """A container job: CRIU runs inside the container (its init's namespaces, cgroups)."""
+    undo_log: UndoLog | None = None
+    """The dump's durable undo records (journal entry ``checkpoint_id``)."""
 
 
 class DumpRecipe:
@@ -159,30 +172,38 @@ class DumpRecipe:
         self._clock = clock
         self._config = config
         self._hooks = hooks or CriuHooks()
+        self.undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
+                             gpu=gpu)
         self.steps: tuple[Step[DumpContext], ...] = (
             Step("inspect", self._inspect, None, "inspecting the process tree"),
             Step("journal", self._journal_begin, self._journal_end, "recording the operation"),
-            Step("stage", self._stage, self._unstage, "preparing the image directory"),
+            Step("stage", self._stage, self._unstage, "preparing the image directory",
+                 durable=lambda ctx: AbortStaging(ctx.checkpoint_id)),
             Step("precopy", self._precopy_files, None, "copying the logs the tree appends to"),
-            Step("gpu-lock", self._gpu_lock, self._gpu_resume, "locking CUDA processes"),
+            Step("gpu-lock", self._gpu_lock, self._gpu_resume, "locking CUDA processes",
+                 durable=self._resume_cuda_record),
             Step("gpu-checkpoint", self._gpu_checkpoint, None, "moving GPU memory to the host"),
-            Step("criu-dump", self._criu_dump, self._abort_criu, "CRIU is dumping the tree"),
+            Step("criu-dump", self._criu_dump, self._abort_criu, "CRIU is dumping the tree",
+                 durable=self._resume_tree_record),
             Step("files", self._capture_files, None, "capturing the files the tree writes"),
             Step("let-go", self._let_go, None, "letting CRIU finish"),
             Step("gpu-resume", self._gpu_resume_if_running, None, "resuming CUDA"),
             Step("gate", self._gate, None, "waiting for every member of the group"),
-            Step("commit", self._commit, self._uncommit, "committing the checkpoint"),
+            Step("commit", self._commit, self._uncommit, "committing the checkpoint",
+                 durable=self._kill_tree_record),
             Step("criu-finish", self._finish_criu, None, "letting CRIU finish"),
             Step("release", self._release, None, "releasing the tree"),
         )
 
     def new_context(self, caller: Caller, request: DumpRequest) -> DumpContext:
         now = self._clock.time()
-        return DumpContext(caller, request, new_checkpoint_id(now), now)
+        ckpt = new_checkpoint_id(now)
+        return DumpContext(caller, request, ckpt, now,
+                           undo_log=UndoLog(self._journal, ckpt, "dump", ckpt))
 
     def run(self, ctx: DumpContext, progress: ProgressSink) -> CheckpointRecord:
         try:
-            run_steps(self.steps, ctx, progress)
+            run_steps(self.steps, ctx, progress, ctx.undo_log)
         except CkptdError as exc:
             exc.pid = exc.pid or ctx.request.pid
             exc.checkpoint_id = exc.checkpoint_id or ctx.checkpoint_id
@@ -220,7 +241,7 @@ class DumpRecipe:
         ctx.stopped_before = frozenset(
             p.pid for p in ctx.tree if ctx.held.state(p.pid) is PidState.STOPPED
         )
-        self._gpu.inspect(ctx.gpu, ctx.tree)
+        self._gpu.inspect(ctx.gpu, ctx.tree, stopped=ctx.stopped_before)
         if self._files is not None:  # refuse a file over the capture limit before freezing
             ctx.written = self._files.written(ctx.tree)
             jobfiles.refuse_oversized(ctx.written, self._config, ctx.request.pid)
@@ -243,24 +264,46 @@ class DumpRecipe:
                              ns_pid=ctx.tree[0].ns_pid)
 
     def _journal_begin(self, ctx: DumpContext) -> None:
-        self._journal.begin(
-            ctx.checkpoint_id,
-            {
-                "op": "dump",
-                "checkpoint_id": ctx.checkpoint_id,
-                "pids": [p.pid for p in ctx.tree],
-                "members": ctx.held.members() if ctx.held is not None else [],
-                "stopped_before": sorted(ctx.stopped_before),
-                "leave_running": ctx.request.leave_running,
-                "cuda_pids": list(ctx.gpu.cuda_pids),
-            },
-        )
+        assert ctx.undo_log is not None
+        ctx.undo_log.begin()
+        self._watch(ctx)
+
+    def _journal_end(self, ctx: DumpContext) -> None:
+        assert ctx.undo_log is not None
+        ctx.undo_log.end()
+        self._guard.release(ctx.checkpoint_id)
+
+    def _watch(self, ctx: DumpContext) -> None:
+        """Tell the guard the tree (again once CRIU has said which pids it froze): it acts
+        on it at once if the daemon dies (``core.guard``, docs/adr/0016)."""
         self._guard.watch(ctx.checkpoint_id, ctx.held.members() if ctx.held else [],
                           ctx.stopped_before, ctx.request.leave_running)
 
-    def _journal_end(self, ctx: DumpContext) -> None:
-        self._journal.end(ctx.checkpoint_id)
-        self._guard.release(ctx.checkpoint_id)
+    # ---- durable undo records (see the module docstring) -----------------------------------
+
+    def _members(self, ctx: DumpContext) -> tuple[tuple[int, int], ...]:
+        return tuple((p, s) for p, s in ctx.held.members()) if ctx.held is not None else ()
+
+    def _committed_kills(self, ctx: DumpContext) -> str:
+        """The checkpoint whose commit makes the undos of a killing dump moot ("" with
+        leave-running: the tree runs on whatever happens)."""
+        return "" if ctx.request.leave_running else ctx.checkpoint_id
+
+    def _resume_cuda_record(self, ctx: DumpContext) -> Undo | None:
+        if not ctx.gpu.cuda_pids:
+            return None
+        cuda = set(ctx.gpu.cuda_pids)
+        return ResumeCuda(tuple(m for m in self._members(ctx) if m[0] in cuda),
+                          unless_committed=self._committed_kills(ctx))
+
+    def _resume_tree_record(self, ctx: DumpContext) -> Undo:
+        return ResumeTree(self._members(ctx), tuple(sorted(ctx.stopped_before)),
+                          unless_committed=ctx.checkpoint_id)
+
+    def _kill_tree_record(self, ctx: DumpContext) -> Undo | None:
+        if ctx.request.leave_running:
+            return None
+        return KillTree(self._members(ctx), if_committed=ctx.checkpoint_id)
 
     def _stage(self, ctx: DumpContext) -> None:
         size_hint = sum(p.rss for p in ctx.tree)
@@ -308,7 +351,9 @@ class DumpRecipe:
         ctx.criu = self._criu.dump(job, self._hooks)
         ctx.criu_s = self._clock.monotonic() - started
         ctx.tree = self._dumped_tree(ctx, ctx.criu.pids)
-        self._journal_begin(ctx)  # the pids to kill or resume are the ones CRIU froze
+        if ctx.undo_log is not None:  # the pids to kill or resume are the ones CRIU froze
+            ctx.undo_log.record("criu-dump", self._resume_tree_record(ctx))
+        self._watch(ctx)
         if not ctx.caller.is_root:
             for proc in ctx.tree:
                 if proc.uid != ctx.caller.uid:
@@ -379,7 +424,7 @@ class DumpRecipe:
             live = self._processes.tree(ctx.request.pid)
             if live and live[0].start_time == ctx.tree[0].start_time:
                 ctx.held.hold_facts(live)
-        ctx.held.resume(ctx.stopped_before)
+        self.undoer.resume_tree(ctx.held, ctx.stopped_before)
 
     def preview(self, caller: Caller, request: DumpRequest) -> CheckpointRecord:
         """The record a dump of ``request`` would make now, without touching the tree (for a
@@ -455,8 +500,5 @@ class DumpRecipe:
         (a zombie or gone): a restore right after, here or on a node sharing the pid space,
         must find the pids free."""
         if not ctx.request.leave_running and ctx.held is not None:
-            alive = ctx.held.kill(KILL_WAIT_S, self._clock)
-            if alive:
-                log.error("dump %s: pids %s still alive %.0fs after SIGKILL",
-                          ctx.checkpoint_id, alive, KILL_WAIT_S)
+            self.undoer.kill_tree(ctx.held, wait_s=KILL_WAIT_S)
         self._journal_end(ctx)

@@ -8,18 +8,25 @@ onto this node's GPUs (remapped by UUID when they differ) and unlocked.
 Invariants: undo steps look at the driver's current state and only move a process back
 towards RUNNING (restore if CHECKPOINTED, unlock if LOCKED), so they are safe to run after a
 partial step, twice, or after a later step already resumed the process; the driver's restore
-thread is never frozen during a CUDA call (the tree is resumed before CUDA is restored).
+thread is never frozen during a CUDA call (the tree is resumed before CUDA is restored); a
+record's ``GpuFacts.node_gpus`` lists every GPU of the dumping node, and a restore onto
+other GPUs passes the driver a pair for each of them (``ckptd.core.gpu_plan``), after
+restore planning checked — before CRIU touches anything — that the node has as many GPUs of
+the same models and that the checkpointer can remap at all (``remap_refusal``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+from ckptd.core.gpu_plan import check_gpu_map, complete_map, match_gpus
 from ckptd.core.ports import Clock, GpuCheckpointer, GpuInventoryPort
-from ckptd.domain import CudaState, GpuFacts, GpuInfo, GpuInventory, GpuUse, ProcessFact
-from ckptd.errors import GpuFailed, GpuMismatch, GpuUnavailable
+from ckptd.domain import CudaState, GpuFacts, GpuInventory, ProcessFact
+from ckptd.errors import GpuFailed, GpuMismatch, GpuUnavailable, PreconditionFailed
+
+__all__ = ["GpuSession", "GpuSteps", "check_gpu_map", "complete_map", "match_gpus"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,7 @@ class GpuSession:
             checkpoint_s=self.timings.get("checkpoint", 0.0),
             restore_s=self.timings.get("restore", 0.0),
             unlock_s=self.timings.get("unlock", 0.0),
+            node_gpus=inv.gpus,
         )
 
 
@@ -68,6 +76,10 @@ class GpuSteps:
         clock: Clock,
         lock_timeout_ms: int,
     ) -> None:
+        if lock_timeout_ms < 0:
+            raise ValueError(
+                f"lock timeout {lock_timeout_ms} ms: negative (0 means no limit in the driver)"
+            )
         self._gpu = gpu
         self._inventory = inventory
         self._clock = clock
@@ -88,10 +100,29 @@ class GpuSteps:
 
     # ---- dump ---------------------------------------------------------------------------
 
-    def inspect(self, session: GpuSession, tree: Sequence[ProcessFact]) -> None:
+    def inspect(
+        self,
+        session: GpuSession,
+        tree: Sequence[ProcessFact],
+        stopped: Set[int] = frozenset(),
+    ) -> None:
+        """Find the tree's CUDA processes and this node's GPUs. ``stopped``: the pids of the
+        tree stopped now (SIGSTOP, a tracer): a CUDA one among them is refused here with
+        ``PreconditionFailed`` — the driver cannot lock a process whose threads do not run
+        (the lock would only time out)."""
         if self._gpu is None:
             return
         session.cuda_pids = tuple(p.pid for p in tree if self._gpu.uses_cuda(p.pid))
+        halted = [pid for pid in session.cuda_pids if pid in stopped]
+        if halted:
+            listed = ", ".join(map(str, halted))
+            raise PreconditionFailed(
+                f"CUDA process{'es' if len(halted) > 1 else ''} {listed} of the tree "
+                f"{'are' if len(halted) > 1 else 'is'} stopped (SIGSTOP or a tracer): the "
+                "driver cannot lock a stopped CUDA process",
+                hint=f"resume it first (kill -CONT {listed}), then checkpoint",
+                pid=halted[0],
+            )
         if session.cuda_pids:
             session.inventory = self.node_inventory()
 
@@ -147,6 +178,28 @@ class GpuSteps:
         if first is not None:
             raise first
 
+    def _remap_problems(self, facts: GpuFacts, inv: GpuInventory) -> list[str]:
+        """Why a restore onto other GPUs cannot be done here, if it cannot: an old record
+        (no ``node_gpus``), a driver older than r580, a checkpointer that cannot remap."""
+        found: list[str] = []
+        if not facts.node_gpus:
+            found.append(
+                "the checkpoint must go onto other GPUs, but it was written by a ckptd that "
+                "recorded only the GPUs the job used, and the driver needs a pair for every "
+                "GPU of the dumping node: restore it onto the same GPUs (the node it was "
+                "taken on, those GPUs free and visible)"
+            )
+        if inv.cuda_version and inv.cuda_version < MIN_CUDA_REMAP:
+            found.append(
+                f"the GPUs differ and driver CUDA {_ver(inv.cuda_version)} cannot remap them "
+                "(needs r580 / CUDA 13.0)"
+            )
+        elif self._gpu is not None:
+            refusal = self._gpu.remap_refusal()
+            if refusal:
+                found.append(f"the GPUs differ and {refusal}")
+        return found
+
     def _need(self) -> GpuCheckpointer:
         if self._gpu is None:
             raise GpuUnavailable(
@@ -176,8 +229,13 @@ class GpuSteps:
         GPUs). ``wanted`` is the caller's choice (old UUID -> new UUID). ``visible``: the
         UUIDs the restoring container sees (``visible_to``; None: every GPU of the node):
         every target of the map is then one of them — the same GPU only where it is
-        visible, else a visible free GPU of the same model. Raises GpuMismatch /
-        GpuUnavailable listing every blocking difference."""
+        visible, else a visible free GPU of the same model. A map that moves anything is
+        completed with a pair for every other GPU of the dumping node (identity pairs
+        included; ``gpu_plan.complete_map``) and needs as many GPUs here, an r580 driver and
+        a checkpointer that can remap; a record without ``node_gpus`` (written before ckptd
+        kept them) restores onto the same GPUs only. UUIDs of ``wanted`` may be in any case,
+        with or without ``GPU-``. Raises GpuMismatch / GpuUnavailable listing every blocking
+        difference."""
         if self._gpu is None:
             raise GpuUnavailable(
                 f"the checkpoint holds CUDA processes {list(facts.cuda_pids)} but this daemon "
@@ -200,165 +258,19 @@ class GpuSteps:
             seen = set(visible)
             have = [g for g in inv.gpus if g.uuid in seen]
             mapping = match_gpus(facts.gpus, have, facts.uses, problems, node=inv.gpus)
-        remap = {old: new for old, new in mapping.items() if old != new}
-        if remap and inv.cuda_version and inv.cuda_version < MIN_CUDA_REMAP:
-            problems.append(
-                f"the GPUs differ and driver CUDA {_ver(inv.cuda_version)} cannot remap them "
-                "(needs r580 / CUDA 13.0)"
-            )
+        remap = any(old != new for old, new in mapping.items())
+        if not problems:  # the job's own GPUs placed: now the driver's whole-node rules
+            if facts.node_gpus and (remap or len(facts.node_gpus) != len(inv.gpus)):
+                mapping = complete_map(mapping, facts.node_gpus, inv.gpus, problems)
+            if remap:
+                problems.extend(self._remap_problems(facts, inv))
         if problems:
+            unique = tuple(dict.fromkeys(problems))
             raise GpuMismatch(
-                "this node cannot restore the checkpoint's GPUs: " + "; ".join(problems),
-                problems=tuple(problems),
+                "this node cannot restore the checkpoint's GPUs: " + "; ".join(unique),
+                problems=unique,
             )
         return mapping if remap else None
-
-
-def match_gpus(
-    wanted: Sequence[GpuInfo],
-    have: Sequence[GpuInfo],
-    uses: Sequence[GpuUse],
-    problems: list[str],
-    *,
-    node: Sequence[GpuInfo] | None = None,
-) -> dict[str, str]:
-    """Old UUID -> new UUID for every checkpointed GPU: the same GPU when present in
-    ``have``, else a free GPU of ``have`` of the same model with enough free memory. Appends
-    every blocking difference. ``node``: every GPU of this node, when ``have`` is only those
-    the restoring container sees (a shortage is then said per model, naming them)."""
-    need = {u.uuid: 0 for u in uses}
-    for u in uses:
-        need[u.uuid] += u.memory
-    by_uuid = {g.uuid: g for g in have}
-    mapping: dict[str, str] = {}
-    taken: set[str] = set()
-    for g in wanted:
-        if g.uuid in by_uuid:
-            mapping[g.uuid] = g.uuid
-            taken.add(g.uuid)
-    for g in wanted:
-        if g.uuid in mapping:
-            continue
-        for cand in have:
-            if cand.uuid in taken or cand.name != g.name:
-                continue
-            if cand.memory_free and cand.memory_free < need.get(g.uuid, 0):
-                continue
-            mapping[g.uuid] = cand.uuid
-            taken.add(cand.uuid)
-            break
-    missing = [g for g in wanted if g.uuid not in mapping]
-    if missing and node is not None:
-        problems.extend(_not_visible(wanted, missing, have, node, need))
-    elif missing:
-        want = _models(wanted)
-        got = _models(have) or "no GPU"
-        problems.append(f"GPU model or count differs: checkpoint has {want}, this node has {got}")
-    for old, new in mapping.items():
-        gpu = by_uuid[new]
-        if gpu.memory_free and gpu.memory_free < need.get(old, 0):
-            problems.append(
-                f"GPU {gpu.index} ({gpu.name}) has {gpu.memory_free >> 20} MiB free, the "
-                f"checkpoint needs {need.get(old, 0) >> 20} MiB"
-            )
-    return mapping
-
-
-def _not_visible(
-    wanted: Sequence[GpuInfo],
-    missing: Sequence[GpuInfo],
-    seen: Sequence[GpuInfo],
-    node: Sequence[GpuInfo],
-    need: Mapping[str, int],
-) -> list[str]:
-    """One line per GPU model of ``missing``: how many the checkpoint needs (its UUIDs),
-    which of them the container sees (and which of those lack free memory), how many this
-    node has, and what to do."""
-    lines: list[str] = []
-    for model in dict.fromkeys(g.name for g in missing):
-        used = [g for g in wanted if g.name == model]
-        most = max(need.get(g.uuid, 0) for g in used)
-        visible = [g for g in seen if g.name == model]
-        on_node = sum(1 for g in node if g.name == model)
-        n = len(used)
-        head = (
-            f"the checkpoint needs {n} {model} GPU{'s' if n != 1 else ''} "
-            f"({', '.join(g.uuid for g in used)})"
-        )
-        if visible:
-            short = {g.uuid for g in visible if g.memory_free and g.memory_free < most}
-            sees = f"the container sees {len(visible)} of this model: " + ", ".join(
-                f"{g.uuid} (GPU {g.index}, {g.memory_free >> 20} MiB free of {most >> 20} needed)"
-                if g.uuid in short
-                else f"{g.uuid} (GPU {g.index})"
-                for g in visible
-            )
-        else:
-            others = _models(seen)
-            sees = "the container sees none of this model " + (
-                f"(it sees {others})" if others else "(it sees no GPU at all)"
-            )
-        if on_node >= n:
-            todo = f"give the container {n} of this node's {on_node} {model} GPUs"
-        else:
-            todo = f"this node has only {on_node}: restore on a node with {n}"
-        lines.append(f"{head}; {sees}: {todo}")
-    return lines
-
-
-def check_gpu_map(
-    wanted: Mapping[str, str],
-    facts: GpuFacts,
-    have: Sequence[GpuInfo],
-    problems: list[str],
-    *,
-    visible: Sequence[str] | None = None,
-) -> dict[str, str]:
-    """A caller's map, checked: it names every checkpointed GPU, each onto a distinct GPU of
-    this node (one the restoring container sees, with ``visible``) of the same model with
-    enough free memory."""
-    by_uuid = {g.uuid: g for g in have}
-    old = {g.uuid: g for g in facts.gpus}
-    need: dict[str, int] = {}
-    for u in facts.uses:
-        need[u.uuid] = need.get(u.uuid, 0) + u.memory
-    for uuid in old:
-        if uuid not in wanted:
-            problems.append(f"--gpu-map does not name checkpointed GPU {uuid}")
-    for src, dst in wanted.items():
-        if src not in old:
-            problems.append(f"--gpu-map names {src}, which the checkpoint did not use")
-            continue
-        target = by_uuid.get(dst)
-        if target is None:
-            problems.append(f"--gpu-map target {dst} is not a GPU of this node")
-            continue
-        if visible is not None and dst not in visible:
-            sees = ", ".join(u for u in visible if u in by_uuid) or "no GPU"
-            problems.append(
-                f"--gpu-map target {dst} (GPU {target.index}) is not visible in the container "
-                f"(it sees {sees}): map onto a GPU it sees, or give the container that GPU"
-            )
-            continue
-        if target.name != old[src].name:
-            problems.append(
-                f"--gpu-map puts {old[src].name} ({src}) onto {target.name} ({dst}): models differ"
-            )
-        if target.memory_free and target.memory_free < need.get(src, 0):
-            problems.append(
-                f"GPU {target.index} ({target.name}) has {target.memory_free >> 20} MiB free, "
-                f"the checkpoint needs {need.get(src, 0) >> 20} MiB"
-            )
-    if len(set(wanted.values())) != len(wanted):
-        problems.append("--gpu-map puts two GPUs onto one")
-    return dict(wanted)
-
-
-def _models(gpus: Sequence[GpuInfo]) -> str:
-    counts: dict[str, int] = {}
-    for g in gpus:
-        counts[g.name] = counts.get(g.name, 0) + 1
-    return ", ".join(f"{name} x{n}" for name, n in counts.items())
 
 
 def _ver(cuda: int) -> str:

@@ -111,10 +111,17 @@ class HeldTree:
         """SIGKILL every held process and wait (``wait_s`` in all) until each has exited;
         returns the pids still not dead then."""
         self.signal_all(signal.SIGKILL)
+        return self.wait_exit(self.pids, wait_s, clock)
+
+    def wait_exit(self, pids: Iterable[int], wait_s: float, clock: Clock) -> list[int]:
+        """Wait (``wait_s`` in all) until each held process of ``pids`` has exited; returns
+        the pids still not dead then."""
         deadline = clock.monotonic() + wait_s
         alive = []
-        for pid, handle in self._handles.items():
-            if not handle.wait_exit(max(0.0, deadline - clock.monotonic())):
+        for pid in pids:
+            handle = self._handles.get(pid)
+            if handle is not None and not handle.wait_exit(
+                    max(0.0, deadline - clock.monotonic())):
                 alive.append(pid)
         return alive
 

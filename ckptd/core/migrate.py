@@ -15,6 +15,13 @@ Order, and what undoes each step if a later one fails:
                 daemons share one store
     finish      the target commits and restores the tree                -
 
+Durable undo (``core.undo``, with a journal): the dump's gate, before its commit, journals
+RestoreHere of the checkpoint; ``finish``, before it asks the target, replaces it with InDoubt.
+A daemon killed after the dump has the tree restored here at its restart (after the dump's
+own entry was recovered); one killed during ``finish`` restores nothing twice and logs where
+to look. The target forgets a transfer session its source never finished (its TTL): the
+``open`` step's undo needs no record.
+
 Invariants: the tree is killed only once its checkpoint is durable here; whatever fails after
 that, the tree runs again here (restored from that checkpoint), except when the target may have
 restored it already (the link broke during ``finish``): then nothing is restored twice, and the
@@ -27,12 +34,15 @@ damaged on the way fails ``send``, and the job runs here again.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ckptd.core.events import EventBus
 from ckptd.core.ports import (
     Clock,
+    Journal,
     PageExchange,
     PageFrame,
     PeerConnector,
@@ -41,6 +51,7 @@ from ckptd.core.ports import (
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
 from ckptd.core.store.pagehash import HASH_SIZE
+from ckptd.core.undo import InDoubt, RestoreHere, UndoLog
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -62,7 +73,17 @@ OFFER_PAGES = 1 << 20
 RUN_BYTES = 16
 """What a frame's place run costs on the wire (four 32-bit numbers)."""
 
-Dumper = Callable[[Caller, DumpRequest, ProgressSink], CheckpointRecord]
+
+
+class Dumper(Protocol):
+    """``CheckpointService.dump``: ``gate`` is called with the checkpoint id before commit."""
+
+    def __call__(
+        self, caller: Caller, request: DumpRequest, progress: ProgressSink,
+        gate: Callable[[str], None] | None = None, /,
+    ) -> CheckpointRecord: ...
+
+
 Previewer = Callable[[Caller, DumpRequest], CheckpointRecord]
 """The record a dump would make now, touching nothing (``DumpRecipe.preview``)."""
 LocalRestorer = Callable[[Caller, RestoreRequest], RestoreOutcome]
@@ -89,6 +110,8 @@ class MigrateContext:
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per step, for the log."""
     notes: list[str] = field(default_factory=list)
+    undo_log: UndoLog | None = None
+    """The migration's durable undo records (with a journal)."""
 
 
 class MigrateRecipe:
@@ -102,7 +125,9 @@ class MigrateRecipe:
         connector: PeerConnector,
         clock: Clock,
         events: EventBus | None = None,
+        journal: Journal | None = None,
     ) -> None:
+        self._journal = journal
         self._events = events
         self._preview = preview
         self._dump = dump
@@ -130,9 +155,15 @@ class MigrateRecipe:
                 pid=request.pid,
             )
         ctx = MigrateContext(caller, request, progress, started=self._clock.monotonic())
+        if self._journal is not None:
+            ctx.undo_log = UndoLog(self._journal, f"m-{secrets.token_hex(6)}", "migrate")
         try:
-            run_steps(self.steps, ctx, progress)
-        except CkptdError as exc:
+            run_steps(self.steps, ctx, progress, ctx.undo_log)
+        except Exception as exc:
+            if ctx.undo_log is not None:
+                ctx.undo_log.end()  # rolled back (a dying daemon never gets here)
+            if not isinstance(exc, CkptdError):
+                raise
             exc.pid = exc.pid or request.pid
             if ctx.record is not None:
                 exc.checkpoint_id = exc.checkpoint_id or ctx.record.id
@@ -148,6 +179,8 @@ class MigrateRecipe:
         finally:
             if ctx.link is not None:
                 ctx.link.close()
+        if ctx.undo_log is not None:
+            ctx.undo_log.end()
         assert ctx.record is not None and ctx.remote is not None and ctx.probe is not None
         outcome = MigrateOutcome(
             checkpoint_id=ctx.record.id,
@@ -210,7 +243,18 @@ class MigrateRecipe:
         ctx.started = self._clock.monotonic()
 
     def _dump_here(self, ctx: MigrateContext) -> None:
-        ctx.record = self._dump(ctx.caller, self._dump_request(ctx), ctx.progress)
+        log_ = ctx.undo_log
+        if log_ is None:
+            ctx.record = self._dump(ctx.caller, self._dump_request(ctx), ctx.progress)
+            return
+
+        def before_commit(checkpoint_id: str) -> None:
+            """Durable before the dump commits (and so before it kills the tree)."""
+            log_.checkpoint_id = checkpoint_id
+            log_.record("dump", RestoreHere(checkpoint_id, ctx.caller.uid, ctx.request.to))
+
+        ctx.record = self._dump(ctx.caller, self._dump_request(ctx), ctx.progress,
+                                before_commit)
 
     def _restore_back(self, ctx: MigrateContext) -> None:
         if ctx.record is None:
@@ -272,7 +316,9 @@ class MigrateRecipe:
         ctx.transfer_s = self._clock.monotonic() - started
 
     def _finish(self, ctx: MigrateContext) -> None:
-        assert ctx.session is not None
+        assert ctx.session is not None and ctx.record is not None
+        if ctx.undo_log is not None:  # from now on the target may run it: never twice
+            ctx.undo_log.record("dump", InDoubt(ctx.record.id, ctx.request.to))
         try:
             ctx.remote = ctx.session.finish(ctx.request.output_path)
         except PeerError as exc:

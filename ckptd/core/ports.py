@@ -434,6 +434,37 @@ class InheritFd:
     fd: int
 
 
+class ImageSource(Protocol):
+    """A checkpoint's images read from where they are kept as CRIU asks for them (a streamed
+    restore), instead of a directory written first.
+
+    Invariants: ``chunks`` yields only bytes already verified against the checkpoint's hashes,
+    in order, together exactly the image (a pages image's zero pages as zeros); it raises
+    (``CorruptCheckpoint`` naming the checkpoint and the damaged or missing object) before
+    yielding anything unverified, so a consumer that stops at the error never holds a wrong
+    byte, only too few. Memory stays bounded by a few frames per open image, whatever its size.
+    Thread-safe: several images may be read at once."""
+
+    checkpoint_id: str
+
+    def exists(self, name: str) -> bool:
+        """Whether the checkpoint has an image ``name``."""
+        ...
+
+    def size(self, name: str) -> int:
+        """The size in bytes of image ``name`` (KeyError if it has none)."""
+        ...
+
+    def chunks(self, name: str) -> Iterator[memoryview]:
+        """The bytes of image ``name``, in order (each chunk valid until the next is asked
+        for)."""
+        ...
+
+    def write(self, name: str, path: Path) -> None:
+        """Write image ``name`` to ``path`` (a new file), verified, as a checkout does."""
+        ...
+
+
 @dataclass(frozen=True)
 class CriuRestoreJob:
     images_dir: Path
@@ -456,6 +487,11 @@ class CriuRestoreJob:
     are made free there first (every pid and thread id checked, the namespace's counter
     moved past them), the tree is born there and becomes that init's child when CRIU exits;
     the notified and returned pids are node pids."""
+    images: ImageSource | None = None
+    """None: CRIU reads its images from ``images_dir``. Else CRIU asks for each image and
+    reads it from this source as it is verified (``Criu.can_stream_restore``; not with
+    ``container``); ``images_dir`` then holds no image CRIU needs (only ckptd's own files)
+    and a restore whose source fails is undone before any process runs."""
 
 
 class CriuDumpInProgress(Protocol):
@@ -499,6 +535,11 @@ class Criu(Protocol):
         """Restore the tree; returns its root pid. On failure nothing of it remains."""
         ...
 
+    def can_stream_restore(self) -> bool:
+        """Whether ``restore`` takes ``CriuRestoreJob.images`` (a CRIU that streams images
+        through its RPC service)."""
+        ...
+
 
 # ---- GPUs ------------------------------------------------------------------------------------
 
@@ -534,7 +575,10 @@ class GpuCheckpointer(Protocol):
     def state(self, pid: int) -> CudaState: ...
 
     def lock(self, pid: int, timeout_ms: int) -> None:
-        """RUNNING -> LOCKED. On timeout the process stays RUNNING and GpuFailed is raised."""
+        """RUNNING -> LOCKED within ``timeout_ms`` (0: no limit in the driver; negative:
+        refused). On timeout the process stays RUNNING and GpuFailed is raised (the driver's
+        code: CUDA_ERROR_NOT_READY). Every call's wait is bounded by the adapter: past it,
+        GpuFailed code TIMEOUT."""
         ...
 
     def checkpoint(self, pid: int) -> None:
@@ -542,12 +586,20 @@ class GpuCheckpointer(Protocol):
         ...
 
     def restore(self, pid: int, gpu_map: Mapping[str, str] | None = None) -> None:
-        """CHECKPOINTED -> LOCKED; ``gpu_map`` (old UUID -> new UUID, every checkpointed GPU)
-        when this node's GPUs differ from the checkpoint's."""
+        """CHECKPOINTED -> LOCKED; ``gpu_map`` (old UUID -> new UUID) when this node's GPUs
+        differ from the checkpoint's: then a pair for EVERY GPU of the dumping node, identity
+        pairs included (the driver refuses an incomplete map with CUDA_ERROR_INVALID_VALUE).
+        A map of identity pairs only is no remap."""
         ...
 
     def unlock(self, pid: int) -> None:
         """LOCKED -> RUNNING."""
+        ...
+
+    def remap_refusal(self) -> str | None:
+        """Why this checkpointer cannot restore onto other GPUs (bindings without the
+        types, a driver older than r580, a backend that cannot); None when it can. Asked at
+        restore planning, before anything is restored. Never raises."""
         ...
 
 
@@ -593,6 +645,15 @@ class CheckpointStore(Protocol):
 
     def checkout(self, checkpoint_id: str) -> AbstractContextManager[Path]:
         """A CRIU image directory for restoring ``checkpoint_id``, valid inside the context."""
+        ...
+
+    def checkout_streamed(
+        self, checkpoint_id: str
+    ) -> AbstractContextManager[tuple[Path, ImageSource]]:
+        """For a streamed restore: an empty directory of its own (for CRIU's socket, logs
+        and whatever the restore writes there) and the checkpoint's images read from the
+        store as they are asked for; both valid inside the context (the store's objects are
+        kept from GC meanwhile)."""
         ...
 
     def verify(self, checkpoint_id: str = "") -> VerifyReport:

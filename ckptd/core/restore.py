@@ -13,7 +13,10 @@ Order, and what undoes each step if a later one fails:
     cgroup        where the tree will live: the caller's cgroup; one of its own under     -
                   ``jobs_cgroup`` when the daemon asks (or the caller is in the daemon's
                   cgroup), so that a daemon restart never touches it (docs/adr/0010)
-    checkout      CRIU's image directory from the store                                   release it
+    checkout      CRIU's image directory from the store; streamed (``stream_restore``):   release it
+                  an empty one, the images read from the store as CRIU asks for them,
+                  every byte verified on the way (a failure undoes CRIU's restore at
+                  post-restore, before the tree runs), only the captured files written
     stdio         replacements for stdio whose other end was outside the tree             close ours
     files         every file the checkpoint captured is put back                          as found
                   (``core.jobfiles``); a version that differs is kept beside it
@@ -21,6 +24,13 @@ Order, and what undoes each step if a later one fails:
                   (every process checked at post-restore, before it runs) and resumes it
     gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock;          -
                   if that fails the restored tree is killed (it could never run)
+
+Durable undo (``core.undo``): at CRIU's post-restore notification, when the tree exists but
+has not run (until then CRIU undoes a restore it cannot finish, its daemon killed included),
+KillTree of the restored processes is journaled (a group member held at the gate: only
+while it is still stopped); the entry ends when the restore has finished or been rolled back.
+A daemon killed in between has the half-restored tree killed at its restart, its checkpoint
+untouched. Files put back and stdio are undone in-process only (not yet durable).
 
 Invariants: the restored processes are held (``core.held``) from CRIU's post-restore
 notification on, before they run, and signalled only through those handles; nothing on the
@@ -60,13 +70,17 @@ from ckptd.core.ports import (
     Criu,
     CriuHooks,
     CriuRestoreJob,
+    ImageSource,
     InheritFd,
     JobFiles,
+    Journal,
     NodeInspector,
     ProcessTable,
     StdioProvider,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
+from ckptd.core.rollback import Undoer
+from ckptd.core.undo import KillTree, UndoLog
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -119,6 +133,11 @@ class RestoreContext:
     """``cgroup`` is one of the tree's own, created for it."""
     into: CallerContainer | None = None
     """Restoring into the caller's container (``RestoreRequest.into_callers_container``)."""
+    images: ImageSource | None = None
+    """A streamed restore: CRIU reads the images from here (``images_dir`` holds only the
+    captured files)."""
+    undo_log: UndoLog | None = None
+    """The restore's durable undo records (journal entry ``op_id``)."""
 
 
 def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
@@ -156,6 +175,7 @@ class RestoreRecipe:
         hooks: CriuHooks | None = None,
         files: JobFiles | None = None,
         cgroups: Cgroups | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self._cgroups = cgroups
         self._gpu = gpu
@@ -164,6 +184,9 @@ class RestoreRecipe:
         self._criu = criu
         self._processes = processes
         self._store = store
+        self._journal = journal
+        self.undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
+                             gpu=gpu)
         self._stdio = stdio
         self._clock = clock
         self._config = config
@@ -174,7 +197,7 @@ class RestoreRecipe:
             Step("pids", self._wait_pids_free, None, "checking that the tree's pids are free"),
             Step("cgroup", self._choose_cgroup, None, "choosing the tree's cgroup"),
             Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
-            Step("stdio", self._stdio_replacements, None, "preparing stdio"),
+            Step("stdio", self._stdio_replacements, self._undo_output, "preparing stdio"),
             Step("files", self._put_back_files, self._undo_files,
                  "putting back the files the tree writes"),
             Step("criu-restore", self._criu_restore, None, "CRIU is restoring the tree"),
@@ -183,7 +206,8 @@ class RestoreRecipe:
         )
 
     def new_context(self, caller: Caller, request: RestoreRequest, op_id: str) -> RestoreContext:
-        return RestoreContext(caller, request, op_id, self._clock.time())
+        return RestoreContext(caller, request, op_id, self._clock.time(),
+                              undo_log=UndoLog(self._journal, op_id, "restore"))
 
     def resolve(self, ctx: RestoreContext) -> CheckpointRecord:
         """Run the resolve step alone (the caller needs the pid to lock before the rest)."""
@@ -195,11 +219,16 @@ class RestoreRecipe:
         try:
             with ctx.resources:
                 run_steps(self.steps, ctx, progress)
-        except CkptdError as exc:
-            if ctx.record is not None:
+        except Exception as exc:
+            if ctx.undo_log is not None:
+                ctx.undo_log.end()  # rolled back (a dying daemon never gets here)
+            if isinstance(exc, CkptdError) and ctx.record is not None:
                 exc.checkpoint_id = exc.checkpoint_id or ctx.record.id
                 exc.pid = exc.pid or ctx.record.pid
             raise
+        else:
+            if ctx.undo_log is not None:
+                ctx.undo_log.end()  # the tree runs
         finally:
             if ctx.held is not None:
                 ctx.held.close()
@@ -321,7 +350,7 @@ class RestoreRecipe:
     def _kill_restored(self, ctx: RestoreContext) -> None:
         if ctx.gate is None or ctx.held is None:
             return
-        ctx.held.signal_all(signal.SIGKILL)
+        self.undoer.kill_tree(ctx.held)
 
     def _gpu_restore(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
@@ -334,7 +363,7 @@ class RestoreRecipe:
             self._gpu.resume(session, ctx.gpu_map)
         except Exception:
             if ctx.held is not None:
-                ctx.held.signal_all(signal.SIGKILL)
+                self.undoer.kill_tree(ctx.held)
             raise
 
     def _wait_pids_free(self, ctx: RestoreContext) -> None:
@@ -370,10 +399,24 @@ class RestoreRecipe:
                 self._clock.sleep(0.05)
 
     def _checkout(self, ctx: RestoreContext) -> None:
+        """The images CRIU restores from: read from the store as CRIU asks for them when
+        streaming (``stream_restore``, a CRIU that can, not into a container), the
+        captured files alone written out (put back before CRIU runs); else the whole image
+        directory, written first."""
         assert ctx.record is not None
         if ctx.images_dir is not None:
             return  # staged images given by the caller (a migration's target)
+        if self._streams(ctx):
+            ctx.images_dir, ctx.images = ctx.resources.enter_context(
+                self._store.checkout_streamed(ctx.record.id))
+            for captured in ctx.record.files:
+                ctx.images.write(captured.image, ctx.images_dir / captured.image)
+            return
         ctx.images_dir = ctx.resources.enter_context(self._store.checkout(ctx.record.id))
+
+    def _streams(self, ctx: RestoreContext) -> bool:
+        return (self._config.stream_restore and ctx.into is None
+                and self._criu.can_stream_restore())
 
     def _stdio_replacements(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
@@ -391,6 +434,15 @@ class RestoreRecipe:
             self._stdio.replacements(ctx.record.stdio, ctx.output_path, owner,
                                      bool(ctx.request.output_path))
         )
+
+    def _undo_output(self, ctx: RestoreContext) -> None:
+        """A failed restore leaves no output file of its own: the one ckptd chose, still
+        empty (nothing of the tree ran). One the caller named is left as found."""
+        if ctx.output_path is None or ctx.request.output_path:
+            return
+        with contextlib.suppress(OSError):
+            if ctx.output_path.stat().st_size == 0:
+                ctx.output_path.unlink()
 
     def _put_back_files(self, ctx: RestoreContext) -> None:
         """Last before CRIU (every refusal is behind us): the captured files as they were at
@@ -418,17 +470,36 @@ class RestoreRecipe:
             tcp_close=ctx.record.tcp_close,
             restore_cgroups=not ctx.cgroup and ctx.into is None,
             container=ctx.into.placement() if ctx.into is not None else None,
+            images=ctx.images,
         )
         try:
             ctx.pid = self._criu.restore(job, _HoldOnPostRestore(self._hooks, self, ctx))
         except CriuFailed as exc:
+            self._await_undone(ctx)
             cause = exc.__cause__
             if isinstance(cause, CgroupUnavailable):  # CRIU undid the restore: say why
                 raise CgroupUnavailable(f"restore undone: {cause.message}", hint=cause.hint,
                                         pid=cause.pid) from exc
             raise
+        except CkptdError:
+            self._await_undone(ctx)
+            raise
         if ctx.held is None:  # CRIU did not say the root pid at post-restore
             self.hold_restored(ctx, ctx.pid)
+
+    def _await_undone(self, ctx: RestoreContext) -> None:
+        """After a failed streamed restore (damage met while CRIU read, when it may have
+        created the tree and killed it before it ran): until the tree's pids are free again
+        (the killed tasks reaped), at most ``zombie_wait_s``, so that nothing of it is left
+        when the failure is reported."""
+        assert ctx.record is not None
+        if ctx.images is None or ctx.record.own_pid_namespace:
+            return
+        deadline = self._clock.monotonic() + self._config.zombie_wait_s
+        for proc in ctx.record.processes:
+            while (self._processes.status(proc.pid).state is not PidState.FREE
+                   and self._clock.monotonic() < deadline):
+                self._clock.sleep(0.02)
 
     def _choose_cgroup(self, ctx: RestoreContext) -> None:
         """The caller's cgroup; a cgroup of its own (``<jobs_cgroup>/<name or id>-<op>``)
@@ -502,6 +573,12 @@ class RestoreRecipe:
             log.warning("restored root pid %d is already gone", root_pid)
             return
         ctx.restored = tuple(ctx.held.hold_facts(tree))
+        if ctx.undo_log is not None and ctx.record is not None:
+            ctx.undo_log.op = "held-restore" if ctx.gate is not None else "restore"
+            ctx.undo_log.checkpoint_id = ctx.record.id
+            ctx.undo_log.record("criu-restore", KillTree(
+                tuple((p, s) for p, s in ctx.held.members()),
+                only_stopped=ctx.gate is not None))
 
 
 class _HoldOnPostRestore(CriuHooks):

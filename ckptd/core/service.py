@@ -12,23 +12,22 @@ import contextlib
 import logging
 import secrets
 import shutil
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.events import EventBus
-from ckptd.core.gpu import GpuSession, GpuSteps
-from ckptd.core.held import HeldTree
+from ckptd.core.gpu import GpuSteps
 from ckptd.core.locks import PidLocks
 from ckptd.core.ports import Cgroups, CheckpointStore, Clock, Journal, ProcessTable
 from ckptd.core.recipe import ProgressSink, no_progress
-from ckptd.core.restore import RestoreContext, RestoreRecipe
+from ckptd.core.restore import RestoreRecipe
+from ckptd.core.rollback import Undoer
 from ckptd.core.targets import container_job, container_of_cgroup
+from ckptd.core.undo import BadEntry, Entry, decode_entry
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -85,6 +84,8 @@ class CheckpointService:
         self._in_flight: set[str] = set()
         self._in_flight_lock = threading.Condition()
         self._closing = False
+        self._undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
+                              gpu=gpu, restore_here=self._restore_here)
 
     # ---- operations -------------------------------------------------------------------------
 
@@ -158,8 +159,7 @@ class CheckpointService:
         if staged is not None:
             ctx.record, ctx.images_dir = staged
         record = self._restore.resolve(ctx)
-        if gate is not None:
-            ctx.gate = self._journaled_gate(ctx, record, gate)
+        ctx.gate = gate
         self.events.publish(EventKind.RESTORE_STARTED, pid=record.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
                             message=f"restore of {record.id} started")
@@ -172,9 +172,6 @@ class CheckpointService:
                                     checkpoint_id=record.id, name=record.name, uid=record.uid,
                                     message=str(exc), error=type(exc).__name__)
                 raise
-            finally:
-                if gate is not None:
-                    self._journal.end(ctx.op_id)  # the held tree runs, or was killed
         self.events.publish(EventKind.RESTORE_DONE, pid=outcome.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
                             message=f"restored as pid {outcome.pid}" + _files_note(outcome)
@@ -201,22 +198,6 @@ class CheckpointService:
         if job:
             log.info("pid %d is a container's init: checkpointing its job, pid %d", pid, job)
         return replace(request, pid=job or pid, cgroup="")
-
-    def _journaled_gate(
-        self, ctx: RestoreContext, record: CheckpointRecord, gate: Callable[[int], None]
-    ) -> Callable[[int], None]:
-        """A group restore holds its tree stopped at the gate: journaled (pids on this node
-        with their start times), so that a daemon killed meanwhile kills exactly that tree at
-        its next start (the group was never let run)."""
-
-        def held(pid: int) -> None:
-            members = ctx.held.members() if ctx.held is not None else []
-            self._journal.begin(ctx.op_id, {"op": "held-restore", "checkpoint_id": record.id,
-                                            "pids": [m[0] for m in members],
-                                            "members": members})
-            gate(pid)
-
-        return held
 
     def list(self, caller: Caller, pid: int = 0, name: str = "") -> list[CheckpointRecord]:
         return [
@@ -309,92 +290,31 @@ class CheckpointService:
     # ---- start-up -------------------------------------------------------------------------
 
     def recover(self) -> builtins.list[str]:
-        """Finish or undo what a killed daemon left in flight. Returns what was done."""
+        """Finish or undo what a killed daemon left in flight: each operation's journaled
+        undo records (``core.undo``) run newest first through ``core.rollback.Undoer``, the
+        code the recipes roll back with. Dumps and restores first, migrations last (a
+        migration restores its tree here only once its dump's own entry was dealt with).
+        An entry that cannot be read is logged and forgotten. Returns what was done."""
         done: builtins.list[str] = []
-        committed = {r.id for r in self._store.list()}
+        entries: builtins.list[tuple[str, Entry]] = []
         for op_id, facts in list(self._journal.pending()):
-            if facts.get("op") == "held-restore":
-                done.append(self._undo_held_restore(facts))
+            try:
+                entries.append((op_id, decode_entry(facts)))
+            except BadEntry as exc:
+                log.error("recovery: journal entry %s cannot be read, forgotten: %s", op_id, exc)
                 self._journal.end(op_id)
-                continue
-            if facts.get("op") != "dump":
-                self._journal.end(op_id)
-                continue
-            ckpt = str(facts.get("checkpoint_id", op_id))
-            with self._reopen(facts) as held:
-                done.append(self._finish_dump(ckpt, facts, held, ckpt in committed))
+        entries.sort(key=lambda e: e[1].op == "migrate")
+        for op_id, entry in entries:
+            line = self._undoer.replay(entry)
+            if line:
+                done.append(line)
             self._journal.end(op_id)
         for line in done:
             log.warning("recovery: %s", line)
         return done
 
-    def _reopen(self, facts: dict[str, Any]) -> HeldTree:
-        """The journaled tree, reopened: each pid only if it still is the process recorded
-        (same start time). An entry written before start times were journaled names pids
-        only; those are acted on only while stopped, as CRIU left them (as before)."""
-        return HeldTree.from_members(self._processes, facts.get("members", facts.get("pids", [])))
-
-    def _finish_dump(
-        self, ckpt: str, facts: dict[str, Any], held: HeldTree, committed: bool
-    ) -> str:
-        self._wait_untraced(held)
-        cuda = [p for p in (int(p) for p in facts.get("cuda_pids", [])) if p in held]
-        if committed and facts.get("guard") == "resumed" and not facts.get("leave_running"):
-            # The guard resumed the tree, its commit unsure, while no daemon ran (core.guard):
-            # the tree ran on, so the checkpoint goes, as after a failed step past the commit.
-            self._store.delete(ckpt)
-            committed = False
-        if committed:
-            if not bool(facts.get("leave_running", False)):
-                # The dumped tree is to be killed (its CUDA state with it): stopped as CRIU
-                # left it, or running again if CRIU, its daemon gone, resumed it before
-                # finishing. Members journaled with their start time are the processes
-                # dumped whatever their state; a legacy entry (pids only) is acted on only
-                # while stopped.
-                members = facts.get("members") or []
-                verified = bool(members) and all(isinstance(m, list) for m in members)
-                for pid in held.pids if verified else held.stopped():
-                    held.signal(pid, signal.SIGKILL)
-            else:
-                self._resume_cuda(cuda)
-            self._store.abort(ckpt)  # its staging and lease; never the checkpoint
-            return f"finished dump {ckpt}: it was committed"
-        self._store.abort(ckpt)
-        resumed = held.resume(frozenset(int(p) for p in facts.get("stopped_before", [])))
-        self._resume_cuda(cuda)  # after the tree runs: the driver needs its thread
-        return (f"rolled back dump {ckpt}: nothing listed, tree {held.pids} resumed "
-                f"(SIGCONT to {resumed or 'none'})")
-
-    def _undo_held_restore(self, facts: dict[str, Any]) -> str:
-        """A group member restored and held stopped by a killed daemon: its group never let
-        it run, so it goes (its checkpoint stays). A process no longer stopped, or no longer
-        the one restored, is left alone."""
-        with self._reopen(facts) as held:
-            self._wait_untraced(held)
-            killed = [p for p in held.stopped() if held.signal(p, signal.SIGKILL)]
-        return (f"undid held group restore of {facts.get('checkpoint_id')}: killed "
-                f"{killed or 'nothing'}")
-
-    def _resume_cuda(self, cuda: builtins.list[int]) -> None:
-        """Whatever state the driver was left in, bring these processes' CUDA back to
-        RUNNING (restore if checkpointed, unlock if locked)."""
-        if not cuda or self._gpu is None:
-            return
-        try:
-            self._gpu.resume(GpuSession(cuda_pids=tuple(cuda), locked=list(cuda)))
-        except CkptdError as exc:
-            log.error("recovery: CUDA resume of %s failed: %s", cuda, exc)
-
-    def _wait_untraced(self, held: HeldTree) -> None:
-        """A CRIU started by the killed daemon may still hold the tree (ptrace); it finishes
-        or gives up on its own. Wait for it (bounded) before deciding anything."""
-        deadline = self._clock.monotonic() + self._config.recovery_wait_s
-        while any(self._processes.status(p).traced for p in held.pids):
-            if self._clock.monotonic() >= deadline:
-                log.error("recovery: pids %s still traced after %.0fs", held.pids,
-                          self._config.recovery_wait_s)
-                return
-            self._clock.sleep(0.1)
+    def _restore_here(self, caller: Caller, request: RestoreRequest) -> RestoreOutcome:
+        return self.restore(caller, request)
 
     # ---- helpers ----------------------------------------------------------------------------
 

@@ -36,6 +36,16 @@ class DaemonConfig:
     """S3 region; empty: from the environment."""
     store_allow_http: bool = False
     """Allow a plain-HTTP ``store_endpoint``."""
+    manifest_keys: str = ""
+    """File of the keys that authenticate the store's manifests (HMAC-SHA256; one key a line,
+    the first signs, all are accepted: rotation), kept outside the store; created with one
+    fresh key (mode 0600) if missing. Every daemon sharing a store needs the same file.
+    Empty: ``state_dir/manifest.keys``. docs/adr/0014-authenticated-manifests.md."""
+    adopt_unauthenticated: bool = False
+    """At start, sign every intact manifest written before manifests were authenticated (or
+    by a ckptd that does not sign them) with this node's key, trusting the store as it is.
+    Done anyway when the key file is created (the upgrade); set it once, for one start, to
+    adopt manifests an older node wrote since."""
     state_dir: Path = Path("/var/lib/ckptd/state")
     """Journal of operations in flight, CRIU logs, restored jobs' output."""
     fast_staging_dir: str = "/dev/shm/ckptd"
@@ -50,6 +60,12 @@ class DaemonConfig:
     are stored (docs/design/streaming.md has the figures). ``false``: CRIU writes the whole
     image to the staging first (RAM when it fits), ingested after the tree is thawed: a shorter
     freeze where RAM allows, for as much staging as the image."""
+    stream_restore: bool = True
+    """A restore's images go from the store to CRIU as they are read and verified (CRIU's
+    image-streamer protocol), instead of being written into a directory first: no staging,
+    memory bounded by a few frames per open image. Needs a CRIU with ckptd's patch
+    (scripts/install-criu.sh; ``criu check --feature rpc_stream``); otherwise, and for
+    restores into a container, the images are written first as before."""
     compress_level: int = 1
     """zstd level of page frames (1: as fast as ``zstd -1``)."""
     compress_workers: int = 0
@@ -63,7 +79,13 @@ class DaemonConfig:
     gpu: bool = True
     """Checkpoint CUDA processes through the driver (when NVML and cuda-python are present)."""
     gpu_lock_timeout_ms: int = 10000
-    """How long a CUDA lock may wait for the process's running GPU work."""
+    """How long a CUDA lock may wait for the process's running GPU work (0: no limit in the
+    driver, the daemon's wait is still bounded by ``gpu_call_timeout_s``; negative: refused
+    at start)."""
+    gpu_call_timeout_s: float = 900.0
+    """The longest the daemon waits for one CUDA checkpoint / restore / unlock call (a
+    lock: its timeout plus a minute). Past it the call is reported failed and abandoned (it
+    may still finish; the daemon goes on serving, that process is refused meanwhile)."""
     criu_path: str = ""
     """Empty: the first of DEFAULT_CRIU_PATHS that exists."""
     criu_log_level: int = 4
@@ -221,6 +243,13 @@ def _check_limits(config: DaemonConfig) -> None:
     if config.max_user_calls >= config.max_workers:
         raise ValueError(f"max_user_calls ({config.max_user_calls}) must be below max_workers "
                          f"({config.max_workers}): some workers must stay free for root")
+    lock = config.gpu_lock_timeout_ms
+    if isinstance(lock, bool) or not isinstance(lock, int) or not 0 <= lock <= 0xFFFFFFFF:
+        raise ValueError(f"gpu_lock_timeout_ms {lock!r} must be a whole number of ms, "
+                         "0 (no limit) or more")
+    if not 0 < config.gpu_call_timeout_s <= 86400:
+        raise ValueError(f"gpu_call_timeout_s {config.gpu_call_timeout_s!r} must be in "
+                         "(0, 86400]")
     if not 0 < config.open_timeout_s <= 3600:
         raise ValueError(f"open_timeout_s {config.open_timeout_s!r} must be in (0, 3600]")
 

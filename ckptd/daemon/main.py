@@ -64,6 +64,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--store-allow-http", dest="store_allow_http", action="store_true",
                    default=None, help="allow plain-HTTP endpoints (test servers only)")
     p.add_argument("--state-dir", dest="state_dir", help="journal, logs (default STORE/state)")
+    p.add_argument("--manifest-keys", dest="manifest_keys",
+                   help="file of the keys authenticating manifests, the same on every node "
+                        "of a shared store (default STATE_DIR/manifest.keys; created 0600)")
     p.add_argument("--criu", dest="criu_path", help="path of the criu binary")
     p.add_argument("--socket-group", dest="socket_group", help="group allowed on the socket")
     p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR")
@@ -111,6 +114,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return Daemon(config).run()
 
 
+def _check_store(cfg: DaemonConfig, wired: Wired) -> None:
+    """Log what the index found damaged when it was built (every pack's footer and trailer),
+    and adopt unauthenticated manifests when the key was just created or when asked."""
+    check = wired.store.startup_check()
+    for line in check.lines():
+        log.error("%s", line)
+    (log.warning if check.damaged else log.info)("%s", check.summary())
+    if wired.keys_created or cfg.adopt_unauthenticated:
+        why = "new manifest key" if wired.keys_created else "adopt_unauthenticated"
+        adoption = wired.store.adopt_unauthenticated()
+        if adoption.adopted:
+            log.warning("%s: signed %d manifest(s) written before manifests were "
+                        "authenticated: %s", why, len(adoption.adopted),
+                        ", ".join(adoption.adopted))
+        for line in adoption.refused:
+            log.error("not adopted: %s", line)
+
+
 class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
@@ -155,7 +176,13 @@ class Daemon:
         if not wait_for_guards(cfg.state_dir, GUARD_WAIT_S):
             log.error("the guard of the previous daemon still runs after %.0fs; recovering "
                       "anyway", GUARD_WAIT_S)
-        wired = wire(cfg)
+        try:
+            wired = wire(cfg)
+        except ValueError as exc:  # a manifest key file refused
+            print(f"ckptd: {exc}", file=sys.stderr)
+            os.close(lock_fd)
+            return 2
+        _check_store(cfg, wired)
         for line in wired.service.recover():
             log.warning("recovered: %s", line)
         wired.guard.start()

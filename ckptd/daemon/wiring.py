@@ -21,6 +21,7 @@ from ckptd.adapters.storage import (
     JsonPolicyRepo,
     LocalBlobStore,
     ObjectBlobStore,
+    keyfile,
     open_blob_store,
 )
 from ckptd.core.config import CoreConfig
@@ -57,6 +58,8 @@ class Wired:
     gpu: GpuSteps
     guard: PidfdTreeGuard
     cgroups: CgroupFs | None = None
+    keys_created: bool = False
+    """The manifest key file was created by this start (the upgrade: adopt old manifests)."""
 
 
 def tls_files(config: DaemonConfig) -> TlsFiles | None:
@@ -86,7 +89,7 @@ def gpu_adapters(
         from ckptd.adapters.nvml import NvmlInventory
     except ImportError:
         return None, None
-    return CudaDriverCheckpointer(), NvmlInventory()
+    return CudaDriverCheckpointer(call_timeout_s=config.gpu_call_timeout_s), NvmlInventory()
 
 
 def wire(config: DaemonConfig) -> Wired:
@@ -103,6 +106,7 @@ def wire(config: DaemonConfig) -> Wired:
         file_capture_limit=config.file_capture_limit,
         file_capture_oversize=config.file_capture_oversize,
         jobs_cgroup=config.jobs_cgroup,
+        stream_restore=config.stream_restore,
     )
     chunked = chunked_images(is_pages_image)
     files = ProcJobFiles()
@@ -125,6 +129,9 @@ def wire(config: DaemonConfig) -> Wired:
     )
     if not isinstance(blobs, LocalBlobStore | ObjectBlobStore):  # pragma: no cover
         raise TypeError(f"unexpected blob store {type(blobs).__name__} for {config.store}")
+    keys, keys_created = keyfile.load_or_create(
+        Path(config.manifest_keys) if config.manifest_keys else state / "manifest.keys"
+    )
     # One daemon's staging must never be another's (each cleans its own at start-up).
     tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
     fast = Path(config.fast_staging_dir) / tag if config.fast_staging_dir else None
@@ -133,6 +140,7 @@ def wire(config: DaemonConfig) -> Wired:
         StagingPolicy(fast=fast, disk=state / "staging"),
         clock=clock,
         is_pages_file=chunked,
+        keys=keys,
         node=core.node,
         workers=config.compress_workers or (os.cpu_count() or 2),
         level=config.compress_level,
@@ -166,6 +174,7 @@ def wire(config: DaemonConfig) -> Wired:
         node=ProcNodeInspector(),
         files=files,
         cgroups=cgroups,
+        journal=journal,
     )
     service = CheckpointService(
         dump=dump,
@@ -197,6 +206,7 @@ def wire(config: DaemonConfig) -> Wired:
         connector=GrpcPeerConnector(tls),
         clock=clock,
         events=service.events,
+        journal=journal,
     )
     policies = PolicyService(
         dump=service.dump,
@@ -211,5 +221,5 @@ def wire(config: DaemonConfig) -> Wired:
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
         migrate=migrate, tls=tls, policies=policies,
         groups=GroupMembers(service.dump, store, service.restore), gpu=gpu, guard=guard,
-        cgroups=cgroups,
+        cgroups=cgroups, keys_created=keys_created,
     )

@@ -33,6 +33,7 @@ from ckptd.domain.model import (
     TcpConnection,
     VerifyReport,
     new_checkpoint_id,
+    normalize_gpu_uuid,
 )
 from ckptd.domain.policy import Policy, parse_duration, valid_name
 
@@ -75,6 +76,7 @@ __all__ = [
     "TcpConnection",
     "VerifyReport",
     "new_checkpoint_id",
+    "normalize_gpu_uuid",
     "parse_duration",
     "valid_name",
 ]

@@ -156,12 +156,36 @@ class CudaState(enum.Enum):
     FAILED = 3
 
 
+UNKNOWN_GPU = "(unknown GPU)"
+"""``GpuInfo.name`` of a GPU NVML could not read (one per-GPU call failed): it is listed, so
+the node's GPU count stays right, but matches no model."""
+
+_GPU_UUID_BODY = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def normalize_gpu_uuid(text: str) -> str:
+    """NVML's form of a GPU UUID, ``GPU-`` + lower-case ``8-4-4-4-12`` hex, from any case, with
+    or without the ``GPU-`` prefix or the dashes. Text that is no GPU UUID comes back stripped
+    but otherwise unchanged (it then matches no GPU). Idempotent."""
+    body = text.strip()
+    if body[:4].upper() == "GPU-":
+        body = body[4:]
+    digits = body.replace("-", "").lower()
+    if len(digits) == 32 and all(c in "0123456789abcdef" for c in digits):
+        shaped = "-".join((digits[:8], digits[8:12], digits[12:16], digits[16:20], digits[20:]))
+        if "-" not in body or _GPU_UUID_BODY.fullmatch(body.lower()):
+            return "GPU-" + shaped
+    return text.strip()
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     index: int
     name: str
+    """The model as NVML names it; ``UNKNOWN_GPU`` when NVML could not read this GPU."""
     uuid: str
-    """NVML's form, ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
+    """NVML's form, ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` ("" for an unknown GPU whose
+    UUID could not be read)."""
     memory_total: int
     memory_free: int = 0
     compute_capability: str = ""
@@ -187,10 +211,14 @@ class GpuInventory:
     cuda_version: int = 0
     """cuDriverGetVersion form: 1000*major + 10*minor (12080 = 12.8)."""
     gpus: tuple[GpuInfo, ...] = ()
+    """Every GPU of the node, NVML index order; one NVML could not read is listed with
+    ``name`` ``UNKNOWN_GPU`` (and the reason in ``problems``)."""
     uses: tuple[GpuUse, ...] = ()
+    problems: tuple[str, ...] = ()
+    """Per-GPU NVML failures, one line each (the inventory is still available)."""
 
     def by_uuid(self) -> dict[str, GpuInfo]:
-        return {g.uuid: g for g in self.gpus}
+        return {g.uuid: g for g in self.gpus if g.uuid}
 
 
 @dataclass(frozen=True)
@@ -207,6 +235,11 @@ class GpuFacts:
     checkpoint_s: float = 0.0
     restore_s: float = 0.0
     unlock_s: float = 0.0
+    node_gpus: tuple[GpuInfo, ...] = ()
+    """Every GPU of the dumping node, NVML index order: the driver's restore with a GPU map
+    needs a pair for each (identity pairs included), so a remap is planned over these. Empty
+    in records written before ckptd recorded them (issue #15): such a checkpoint restores
+    onto the same GPUs only (a remap is refused, saying why)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -223,6 +256,7 @@ class GpuFacts:
             checkpoint_s=float(data.get("checkpoint_s", 0.0)),
             restore_s=float(data.get("restore_s", 0.0)),
             unlock_s=float(data.get("unlock_s", 0.0)),
+            node_gpus=tuple(GpuInfo(**g) for g in data.get("node_gpus", ())),
         )
 
 

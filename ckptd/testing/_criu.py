@@ -11,7 +11,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckptd.core.ports import CriuDumpJob, CriuDumpResult, CriuHooks, CriuRestoreJob
+from ckptd.core.ports import (
+    CriuDumpJob,
+    CriuDumpResult,
+    CriuHooks,
+    CriuRestoreJob,
+    ImageSource,
+)
 from ckptd.domain import CriuStatus, PidState, ProcessFact, StdioFact, StdioKind
 from ckptd.errors import CriuFailed, CriuUnavailable
 from ckptd.testing._cgroups import FakeCgroups
@@ -120,6 +126,8 @@ class FakeCriu:
         self.fail_dump_after = "network_lock"
         self.fail_restore: Exception | None = None
         self.fail_restore_after = "setup_namespaces"
+        self.streams_restore = False
+        """What ``can_stream_restore`` says (a restore with ``job.images`` reads them)."""
         self.frozen_s = 0.25
         """How long a dump keeps the tree frozen (reported as ``frozen_s``)."""
         self.restore_s = 0.125
@@ -137,6 +145,9 @@ class FakeCriu:
         )
 
     # ---- the Criu port ------------------------------------------------------------------
+
+    def can_stream_restore(self) -> bool:
+        return self.streams_restore
 
     def status(self) -> CriuStatus:
         """``criu_status``."""
@@ -245,7 +256,7 @@ class FakeCriu:
 
     def _restore(self, job: CriuRestoreJob, hooks: CriuHooks, criu_pid: int) -> int:
         what = "restore"
-        tree, stdio, stopped = self._read_images(job.images_dir, what)
+        tree, stdio, stopped = self._read_images(job.images_dir, what, job.images)
         own_ns = tree[0].ns_pid == 1
         into = job.container
         if own_ns or into is not None:  # new node pids; the same pids in their namespace
@@ -412,11 +423,23 @@ class FakeCriu:
             )
 
     def _read_images(
-        self, images: Path, what: str
+        self, images: Path, what: str, source: ImageSource | None = None
     ) -> tuple[tuple[ProcessFact, ...], tuple[StdioFact, ...], frozenset[int]]:
+        """The tree in ``images``, or (a streamed restore) in ``source``."""
+
+        def text(name: str) -> str:
+            if source is None:
+                return (images / name).read_text()
+            if not source.exists(name):
+                raise FileNotFoundError(name)
+            return b"".join(bytes(c) for c in source.chunks(name)).decode()
+
+        def exists(name: str) -> bool:
+            return (images / name).is_file() if source is None else source.exists(name)
+
         try:
-            json.loads((images / INVENTORY_IMAGE).read_text())
-            data = json.loads((images / PSTREE_IMAGE).read_text())
+            json.loads(text(INVENTORY_IMAGE))
+            data = json.loads(text(PSTREE_IMAGE))
             tree = tuple(
                 ProcessFact(**{**p, "cmdline": tuple(p["cmdline"])}) for p in data["processes"]
             )
@@ -425,7 +448,7 @@ class FakeCriu:
             )
             stopped = frozenset(int(p) for p in data["stopped"])
             for proc in tree:
-                if not (images / f"pages-{proc.pid}.img").is_file():
+                if not exists(f"pages-{proc.pid}.img"):
                     raise FileNotFoundError(f"pages-{proc.pid}.img")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise self._failed(what, f"cannot read images in {images}: {exc}", None) from exc

@@ -52,13 +52,19 @@ _AFTER = {
 }
 
 
+NOT_READY = "CUDA_ERROR_NOT_READY"
+
+
 @dataclass
 class FakeCudaProcess:
-    """A process with a CUDA context: its driver state and device memory per GPU UUID."""
+    """A process with a CUDA context: its driver state and device memory per GPU UUID.
+    ``checkpointed_on``: while CHECKPOINTED, the node's GPUs (UUID -> model) at the
+    checkpoint — what a restore's GPU map must cover, every one of them."""
 
     pid: int
     memory: dict[str, int] = field(default_factory=dict)
     state: CudaState = CudaState.RUNNING
+    checkpointed_on: dict[str, str] = field(default_factory=dict)
 
 
 class FakeGpu:
@@ -84,16 +90,24 @@ class FakeGpu:
     CUDA state is kept for when a (fake CRIU) restore brings the pid back, as the real state
     lives in the process's memory.
 
-    ``restore(pid, gpu_map)``: a map whose every pair is old == new is no remap. Otherwise
-    it must name every GPU the process used (else ``CUDA_ERROR_INVALID_VALUE``), onto GPUs
-    of this fake with the same name (else ``CUDA_ERROR_INVALID_VALUE``); the memory moves.
-    ``restore_maps[pid]`` is the map passed to the last ``restore`` of ``pid`` (None: none).
+    ``restore(pid, gpu_map)`` follows the driver's documented rules: the process's CUDA
+    state goes back onto the GPUs of the node it was checkpointed on (``checkpoint``
+    remembers all of them, used or not). Without a map, or with identity pairs only, every
+    one of those GPUs must be here, and no other (same GPU count); with a map that moves
+    anything, the map must have a pair for EVERY GPU of that node — identity pairs included
+    — onto distinct GPUs of this fake of the same model, and this fake must have exactly as
+    many GPUs. Anything else raises ``GpuFailed`` with ``CUDA_ERROR_INVALID_VALUE`` and
+    changes nothing; the memory moves along the map. ``restore_maps[pid]`` is the map
+    passed to the last ``restore`` of ``pid`` (None: none). ``remap_refusal()`` is None from
+    CUDA 13.0 on, else the r580 reason; ``remap_refused`` (a message) overrides it, as a
+    backend that cannot remap (old bindings, the cuda-checkpoint fallback) says.
 
     Failure injection (sets of pids, changed freely by a test):
 
     - ``fail_lock_timeout``: ``lock`` raises ``GpuFailed`` with ``lock_timeout_code``
-      (default ``CUDA_ERROR_TIMEOUT``; the real driver may say ``CUDA_ERROR_NOT_READY``)
-      and the process stays RUNNING;
+      (default ``CUDA_ERROR_NOT_READY``, what the driver's documentation gives for a lock
+      timeout) and the process stays RUNNING; a negative ``timeout_ms`` is refused
+      (``INVALID_TIMEOUT``), as the real adapter does;
     - ``fail_illegal_state_once``: the next ``lock`` raises ``CUDA_ERROR_ILLEGAL_STATE`` (the
       target was in cuInit) and the pid leaves the set, so a retry succeeds;
     - ``fail_checkpoint``, ``fail_restore``, ``fail_unlock``: that call raises ``GpuFailed``
@@ -139,13 +153,14 @@ class FakeGpu:
         self.cuda: dict[int, FakeCudaProcess] = {}
         """The CUDA processes by pid."""
         self.fail_lock_timeout: set[int] = set()
-        self.lock_timeout_code = "CUDA_ERROR_TIMEOUT"
+        self.lock_timeout_code = NOT_READY
         self.fail_illegal_state_once: set[int] = set()
         self.fail_checkpoint: set[int] = set()
         self.fail_restore: set[int] = set()
         self.fail_unlock: set[int] = set()
         self.fail_code = "CUDA_ERROR_OPERATING_SYSTEM"
         self.unavailable: str | None = None
+        self.remap_refused: str | None = None
         self.calls: list[tuple[str, int]] = []
         self.lock_timeouts: dict[int, int] = {}
         self.restore_maps: dict[int, dict[str, str] | None] = {}
@@ -172,6 +187,8 @@ class FakeGpu:
         if unknown:
             raise ValueError(f"no such GPU in this FakeGpu: {unknown}")
         proc = FakeCudaProcess(pid, {u: memory for u in where}, state)
+        if state is CudaState.CHECKPOINTED:
+            proc.checkpointed_on = {g.uuid: g.name for g in self.gpus}
         with self._lock:
             self.cuda[pid] = proc
         return proc
@@ -271,6 +288,8 @@ class FakeGpu:
         with self._lock:
             self.calls.append(("lock", pid))
             self.lock_timeouts[pid] = timeout_ms
+            if timeout_ms < 0:
+                raise self._failed("lock", pid, "INVALID_TIMEOUT", f"{timeout_ms} ms")
             proc = self._target("lock", pid)
             if pid in self.fail_illegal_state_once:
                 self.fail_illegal_state_once.discard(pid)
@@ -290,6 +309,7 @@ class FakeGpu:
             self._expect("checkpoint", proc)
             if pid in self.fail_checkpoint:
                 raise self._failed("checkpoint", pid, self.fail_code, "injected")
+            proc.checkpointed_on = {g.uuid: g.name for g in self.gpus}
             self._move("checkpoint", proc)
 
     def restore(self, pid: int, gpu_map: Mapping[str, str] | None = None) -> None:
@@ -300,20 +320,31 @@ class FakeGpu:
             self.restore_maps[pid] = pairs or None
             proc = self._target("restore", pid)
             remap = any(old != new for old, new in pairs.items())
-            if remap and self.cuda_version < 13000:
+            refusal = self.remap_refusal() if remap else None
+            if refusal is not None:
                 self._event("restore-failed", pid)
-                raise GpuUnavailable(
-                    "restoring onto other GPUs needs an r580 / CUDA 13.0 driver; this driver "
-                    f"is CUDA {self.cuda_version // 1000}.{self.cuda_version % 1000 // 10}",
-                    pid=pid,
-                )
+                raise GpuUnavailable(refusal, pid=pid)
             self._expect("restore", proc)
             if pid in self.fail_restore:
                 raise self._failed("restore", pid, self.fail_code, "injected")
+            self._check_map(proc, pairs, remap)
             memory = self._remapped(proc, pairs) if remap else dict(proc.memory)
             self._check_fits(pid, memory)
             proc.memory = memory
+            proc.checkpointed_on = {}
             self._move("restore", proc)
+
+    def remap_refusal(self) -> str | None:
+        """Why this fake cannot restore onto other GPUs (class doc); None: it can."""
+        with self._lock:
+            if self.remap_refused is not None:
+                return self.remap_refused
+            if self.cuda_version < 13000:
+                return (
+                    "restoring onto other GPUs needs an r580 / CUDA 13.0 driver; this driver "
+                    f"is CUDA {self.cuda_version // 1000}.{self.cuda_version % 1000 // 10}"
+                )
+            return None
 
     def unlock(self, pid: int) -> None:
         """LOCKED -> RUNNING."""
@@ -374,27 +405,40 @@ class FakeGpu:
             self.clock.advance(self.durations.get(method, 0.0))
         self._event(method, proc.pid)
 
-    def _remapped(self, proc: FakeCudaProcess, pairs: dict[str, str]) -> dict[str, int]:
-        by_uuid = {g.uuid: g for g in self.gpus}
-        missing = sorted(set(proc.memory) - set(pairs))
+    def _check_map(self, proc: FakeCudaProcess, pairs: dict[str, str], remap: bool) -> None:
+        """The driver's rules for the GPUs of a restore (class doc); raises ``GpuFailed``
+        ``CUDA_ERROR_INVALID_VALUE`` (and changes nothing) when one is broken."""
+        was = proc.checkpointed_on or dict.fromkeys(proc.memory, "")
+        here = {g.uuid: g.name for g in self.gpus}
+
+        def refuse(detail: str) -> GpuFailed:
+            return self._failed("restore", proc.pid, INVALID_VALUE, detail)
+
+        if len(here) != len(was):
+            raise refuse(f"checkpointed on {len(was)} GPUs, this node has {len(here)}")
+        if not remap:
+            gone = sorted(set(was) - set(here))
+            if gone:
+                raise refuse(f"no GPU map and the GPUs {', '.join(gone)} are gone")
+            return
+        missing = sorted(set(was) - set(pairs))
         if missing:
-            raise self._failed(
-                "restore", proc.pid, INVALID_VALUE, f"the GPU map lacks {', '.join(missing)}"
-            )
+            raise refuse(f"the GPU map lacks {', '.join(missing)}")
+        extra = sorted(set(pairs) - set(was))
+        if extra:
+            raise refuse(f"the GPU map names {', '.join(extra)}, not checkpointed")
+        if len(set(pairs.values())) != len(pairs):
+            raise refuse("the GPU map puts two GPUs onto one")
+        for old, new in sorted(pairs.items()):
+            if new not in here:
+                raise refuse(f"no GPU {new}")
+            if was[old] and was[old] != here[new]:
+                raise refuse(f"{new} is a {here[new]}, not a {was[old]}")
+
+    def _remapped(self, proc: FakeCudaProcess, pairs: dict[str, str]) -> dict[str, int]:
         memory: dict[str, int] = {}
         for old, used in proc.memory.items():
             new = pairs[old]
-            target = by_uuid.get(new)
-            source = by_uuid.get(old)
-            if target is None:
-                raise self._failed("restore", proc.pid, INVALID_VALUE, f"no GPU {new}")
-            if source is not None and source.name != target.name:
-                raise self._failed(
-                    "restore",
-                    proc.pid,
-                    INVALID_VALUE,
-                    f"{new} is a {target.name}, not a {source.name}",
-                )
             memory[new] = memory.get(new, 0) + used
         return memory
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import builtins
 import contextlib
 import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptd.core.store.restream import DirectoryImages
 from ckptd.domain import CheckpointRecord, GcReport, GroupRecord, VerifyReport
 from ckptd.errors import CheckpointNotFound, StoreError
 
 if TYPE_CHECKING:
-    from ckptd.core.ports import CheckpointStore, PageSink
+    from ckptd.core.ports import CheckpointStore, ImageSource, PageSink
 
 
 class MemoryStore:
@@ -180,6 +182,14 @@ class MemoryStore:
         finally:
             with self._lock:
                 self.open_checkouts -= 1
+
+    @contextlib.contextmanager
+    def checkout_streamed(self, checkpoint_id: str) -> Iterator[tuple[Path, ImageSource]]:
+        """An empty directory of its own and the committed images read as they are
+        (``DirectoryImages``)."""
+        with self.checkout(checkpoint_id) as images, \
+                tempfile.TemporaryDirectory(prefix=f"stream-{checkpoint_id}-") as empty:
+            yield Path(empty), DirectoryImages(images, checkpoint_id)
 
     def verify(self, checkpoint_id: str = "") -> VerifyReport:
         """Checks that every committed image directory still exists."""

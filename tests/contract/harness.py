@@ -26,6 +26,7 @@ from ckptd.adapters.procfs import ProcFsTable
 from ckptd.adapters.storage import FileJournal, LocalBlobStore
 from ckptd.core.ports import BlobStore, CheckpointStore, Journal, ProcessTable
 from ckptd.core.store.cas import ContentStore, StagingPolicy
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.domain import PidState, StdioFact, StdioKind
 from ckptd.testing import (
     FakeClock,
@@ -35,6 +36,10 @@ from ckptd.testing import (
     MemoryStore,
 )
 
+MANIFEST_KEYS = ManifestKeys.generate()
+"""One node's manifest keys (a store reopened is read with the same keys)."""
+
+
 # ---- CheckpointStore ----------------------------------------------------------------------
 
 STORES: dict[str, Callable[[Path], CheckpointStore]] = {
@@ -43,6 +48,7 @@ STORES: dict[str, Callable[[Path], CheckpointStore]] = {
         StagingPolicy(None, tmp / "staging"),
         clock=FakeClock(),
         is_pages_file=is_pages_image,
+        keys=MANIFEST_KEYS,
     ),
     "memory": lambda tmp: MemoryStore(tmp / "store"),
 }

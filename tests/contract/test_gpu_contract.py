@@ -166,3 +166,32 @@ def test_restore_onto_the_same_gpus_by_map(gpu: GpuHarness) -> None:
     cp.unlock(pid)
     assert cp.state(pid) is CudaState.RUNNING
     assert gpu.progresses(pid)
+
+
+def test_remap_refusal_never_raises(gpu: GpuHarness) -> None:
+    """Asked at restore planning: a reason or None, whatever the driver and bindings."""
+    for _ in range(2):
+        answer = gpu.checkpointer.remap_refusal()
+        assert answer is None or (isinstance(answer, str) and answer)
+
+
+def test_a_negative_lock_timeout_is_refused(gpu: GpuHarness) -> None:
+    pid = cuda_pid(gpu)
+    with pytest.raises(GpuFailed) as info:
+        gpu.checkpointer.lock(pid, -1)
+    assert info.value.code == "INVALID_TIMEOUT" and info.value.pid == pid
+    assert gpu.checkpointer.state(pid) is CudaState.RUNNING
+
+
+def test_a_lock_timeout_is_not_ready_and_leaves_the_process_running(gpu: GpuHarness) -> None:
+    """The documented lock-timeout code (FakeGpu's injected one; real hardware: skipped)."""
+    fake = getattr(gpu.checkpointer, "fail_lock_timeout", None)
+    if fake is None:
+        pytest.skip("needs a way to make the driver's lock time out")
+    pid = cuda_pid(gpu)
+    fake.add(pid)
+    with pytest.raises(GpuFailed) as info:
+        gpu.checkpointer.lock(pid, 1)
+    assert info.value.code == "CUDA_ERROR_NOT_READY"
+    assert gpu.checkpointer.state(pid) is CudaState.RUNNING
+    fake.discard(pid)

@@ -23,6 +23,7 @@ from ckptd.adapters.storage import LocalBlobStore
 from ckptd.core.ports import PageFrame, PeerLink
 from ckptd.core.receive import Receiver
 from ckptd.core.store.cas import ContentStore, StagingPolicy
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.core.store.pagehash import PAGE_SIZE, PageHasher
 from ckptd.domain import (
     CheckpointRecord,
@@ -58,10 +59,14 @@ class Peer:
     target: Target
 
 
+MANIFEST_KEYS = ManifestKeys.generate()
+"""One node's manifest keys (a store reopened is read with the same keys)."""
+
+
 def make_target(tmp: Path, clock: FakeClock) -> Target:
     store = ContentStore(
         LocalBlobStore(tmp / "objects"), StagingPolicy(None, tmp / "staging"), clock=clock,
-        is_pages_file=is_pages_image, node="node-b",
+        is_pages_file=is_pages_image, keys=MANIFEST_KEYS, node="node-b",
     )
     holder: list[Target] = []
 

@@ -164,6 +164,24 @@ def test_checkout_yields_the_committed_files(store: CheckpointStore) -> None:
         assert {p.name: p.read_bytes() for p in images.iterdir()} == files
 
 
+def test_checkout_streamed_gives_an_empty_directory_and_the_images(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    files = {"inventory.img": b"inv", "pages-1.img": bytes(range(256)) * 32, "empty.img": b""}
+    committed = _commit(store, _record(), files)
+    with store.checkout_streamed(committed.id) as (directory, images):
+        assert directory.is_dir() and not any(directory.iterdir())
+        assert images.checkpoint_id == committed.id
+        for name, data in files.items():
+            assert images.exists(name) and images.size(name) == len(data)
+            assert b"".join(bytes(c) for c in images.chunks(name)) == data
+        assert not images.exists("core-1.img")
+        images.write("pages-1.img", tmp_path / "pages")
+        assert (tmp_path / "pages").read_bytes() == files["pages-1.img"]
+    with pytest.raises(CheckpointNotFound), store.checkout_streamed("ck-20240101T000000-abcdef"):
+        pass
+
+
 def test_location_is_a_non_empty_string(store: CheckpointStore) -> None:
     assert isinstance(store.location, str)
     assert store.location

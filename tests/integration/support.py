@@ -554,6 +554,12 @@ def assert_one_line_error(res: CtlResult, rc: int, *needles: str) -> str:
     return line
 
 
+def manifest_keys_of(root: Path) -> Path:
+    """The manifest key file a test daemon under ``root`` is given unless the test names
+    one: one file for every daemon of the session (their roots are siblings)."""
+    return root.parent / "manifest.keys"
+
+
 class Daemon:
     """A ``ckptd`` subprocess with its own socket, store and state directory under ``root``."""
 
@@ -576,6 +582,10 @@ class Daemon:
             str(CKPTD), "--socket", str(self.socket), "--store", str(self.store),
             "--state-dir", str(self.state_dir), *extra,
         ]
+        if "--manifest-keys" not in extra and "manifest_keys" not in (config or {}):
+            # one key file for every daemon of the session, as for the nodes of a shared
+            # store (created by the first daemon that starts)
+            args += ["--manifest-keys", str(manifest_keys_of(root))]
         self.jobs_cgroup = f"{TEST_CGROUPS}/{root.name}"
         if "--jobs-cgroup" not in extra and "jobs_cgroup" not in (config or {}):
             args += ["--jobs-cgroup", self.jobs_cgroup]

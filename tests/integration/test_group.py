@@ -22,6 +22,7 @@ from .support import (
     assert_ok,
     assert_running,
     is_alive,
+    manifest_keys_of,
     proc_state,
     reference,
     start_detached,
@@ -192,7 +193,8 @@ def test_a_daemon_killed_while_holding_a_member_resumes_it_at_restart(
     assert proc_state(pid) in ("T", "t"), "held: stopped"
     d.proc.kill()
     d.proc.wait()
-    again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir))
+    again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir),
+                         "--manifest-keys", str(manifest_keys_of(d.root)))  # d's key
     assert_running(pid, "resumed by the restarted daemon's recovery")
     assert proc_state(pid) not in ("T", "t")
     assert assert_ok(again.ctl("list"), "list") == []
@@ -221,6 +223,7 @@ def test_a_daemon_killed_while_holding_a_restored_member_kills_it_at_restart(
     assert proc_state(held.pid) in ("T", "t"), "held: stopped"
     d.proc.kill()
     d.proc.wait()
-    again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir))
+    again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir),
+                         "--manifest-keys", str(manifest_keys_of(d.root)))  # d's key
     wait_until(lambda: not is_alive(held.pid), 10, "the held tree to be killed at start")
     assert [c["id"] for c in assert_ok(again.ctl("list"), "list")] == [ck]

@@ -3,18 +3,24 @@
 Each test has its own store with two checkpoints: a bystander (``counter``, dumped first) and
 the victim (``bigmem``, whose new pages go into a pack of their own: the largest). One object
 of the victim is damaged on disk: a byte in the middle of its pack, a byte of its manifest,
-the whole pack (deleted), or a byte of the pack's trailer. Then, with the daemon that wrote
-them (caches warm; for the trailer, see the test) and again after a restart (everything read
-afresh from disk):
+the whole pack (deleted), a byte of the pack's magic, trailer checksum or end marker, or its
+manifest replaced by the bystander's (ADR 0014). Then, with the daemon that wrote them
+(caches warm) and again after a restart (everything read afresh from disk):
 
-- ``ckptctl verify`` exits 1 and names the victim and the damaged object, and only those;
+- ``ckptctl verify`` and ``ckptctl verify <victim>`` exit 1 and name the victim and the
+  damaged object, and only those;
 - ``ckptctl restore`` of the victim exits 1 with one line naming both; no process with the
   victim's pid appears, no output file or staging is left;
-- the bystander verifies and restores.
+- the bystander verifies and restores;
+- the restarted daemon's log names a pack whose footer or trailer is damaged.
+
+And the store's secret and the manifest keys are root's alone, even in a store directory
+that existed with mode 0755.
 """
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -81,6 +87,8 @@ def dump_killing(d: Daemon, procs: Procs, cmd: list[str]) -> tuple[dict[str, Any
 
 
 def assert_verify_names(res: CtlResult, victim: str, obj: str, bystander: str) -> None:
+    """``verify`` failed and named the victim and ``obj``, and no problem of the bystander
+    (it may be named as what the victim's manifest was copied from: ``obj``)."""
     assert res.rc == 1, f"verify of a damaged store exited {res.rc}: {res.out!r} {res.err!r}"
     report = assert_ok(CtlResult(0, res.out, res.err), "verify")
     assert report["ok"] is False
@@ -88,7 +96,9 @@ def assert_verify_names(res: CtlResult, victim: str, obj: str, bystander: str) -
     assert any(victim in p and obj in p for p in problems), (
         f"no problem names both checkpoint {victim} and {obj}: {problems}"
     )
-    assert not any(bystander in p for p in problems), f"the bystander is intact: {problems}"
+    assert not any(bystander in p.replace(obj, "") for p in problems), (
+        f"the bystander is intact: {problems}"
+    )
 
 
 def assert_nothing_restored(d: Daemon, ck: dict[str, Any]) -> None:
@@ -128,7 +138,8 @@ def restore_bystander(
 
 
 @pytest.mark.parametrize("damage", ["pack-byte", "manifest-byte", "pack-missing",
-                                    "pack-trailer"])
+                                    "pack-trailer", "pack-magic", "pack-end-marker",
+                                    "manifest-swapped"])
 def test_damaged_object_is_named_and_never_restored(
     daemons: Daemons, procs: Procs, damage: str
 ) -> None:
@@ -140,7 +151,12 @@ def test_damaged_object_is_named_and_never_restored(
     pack = largest_pack(d.store)
     assert pack not in packs_before, "the victim's pages must be in a pack of their own"
     manifest = d.store / "manifests" / victim["id"]
-    obj = {"manifest-byte": "manifest"}.get(damage, pack.name)
+    obj = {
+        "manifest-byte": "manifest", "manifest-swapped": f"manifest of checkpoint "
+        f"{bystander['id']}", "pack-magic": "bad magic", "pack-end-marker": "end marker",
+        "pack-trailer": "trailer checksum",
+    }.get(damage, pack.name)
+    unlisted = damage in ("manifest-byte", "manifest-swapped")
 
     if damage == "pack-byte":
         flip_byte(pack, pack.stat().st_size // 2)
@@ -148,19 +164,22 @@ def test_damaged_object_is_named_and_never_restored(
         flip_byte(manifest, manifest.stat().st_size // 2)
     elif damage == "pack-missing":
         pack.unlink()
+    elif damage == "pack-magic":
+        flip_byte(pack, 0)
+    elif damage == "pack-end-marker":
+        flip_byte(pack, -1)
+    elif damage == "manifest-swapped":
+        manifest.write_bytes((d.store / "manifests" / bystander["id"]).read_bytes())
     else:
-        flip_byte(pack, -30)  # in the footer: the trailer's checksum
+        flip_byte(pack, -9)  # in the footer: the trailer's checksum
 
-    # The daemon that wrote everything, its caches warm. A damaged trailer: this daemon has
-    # the pack's index in memory and every page still matches its hash, so only the check of
-    # every trailer (whole-store verify) sees it; a restarted daemon cannot index the pack.
-    assert_verify_names(d.ctl("verify"), victim["id"] if damage != "pack-trailer" else "",
-                        obj, bystander["id"])
-    if damage != "pack-trailer":
-        assert_verify_names(d.ctl("verify", victim["id"]), victim["id"], obj, bystander["id"])
-        assert_restore_refused(d, victim, obj, listed=damage != "manifest-byte")
+    # The daemon that wrote everything, its caches warm (the pack's index in memory): the
+    # pack's structure is read again by verify and by the restore.
+    assert_verify_names(d.ctl("verify"), victim["id"], obj, bystander["id"])
+    assert_verify_names(d.ctl("verify", victim["id"]), victim["id"], obj, bystander["id"])
+    assert_restore_refused(d, victim, obj, listed=not unlisted)
     listed = [c["id"] for c in assert_ok(d.ctl("list"), "list")]
-    if damage == "manifest-byte":
+    if unlisted:
         assert listed == [bystander["id"]], "a checkpoint is listed iff its manifest is intact"
     else:
         assert listed == [bystander["id"], victim["id"]]
@@ -170,9 +189,30 @@ def test_damaged_object_is_named_and_never_restored(
     # A new daemon on the same store: everything is read afresh from disk. It must start
     # (a damaged pack is no reason not to serve the others).
     d = daemons.start()
+    if damage in ("pack-trailer", "pack-end-marker"):  # the start-up check reads footers
+        assert any("damaged store object" in line and pack.name in line and obj in line
+                   for line in d.log().splitlines()), d.log()[-3000:]
+        assert "1 damaged" in d.log(), d.log()[-3000:]
     assert_verify_names(d.ctl("verify"), victim["id"], obj, bystander["id"])
     assert_verify_names(d.ctl("verify", victim["id"]), victim["id"], obj, bystander["id"])
-    assert_restore_refused(d, victim, obj, listed=damage != "manifest-byte")
+    assert_restore_refused(d, victim, obj, listed=not unlisted)
     restore_bystander(d, procs, bystander, pre, ref)
     assert not leftovers(d.store, d.state_dir), leftovers(d.store, d.state_dir)
+    daemons.stop(d)
+
+
+def test_the_store_secret_and_manifest_keys_are_root_only(daemons: Daemons) -> None:
+    """A store directory that existed with mode 0755 (and a store.json an older ckptd left
+    0644 there) is made private at start; the key file the daemon creates is 0600."""
+    keys = daemons.root / "keys" / "manifest.keys"
+    daemons.store.mkdir(mode=0o755)
+    daemons.store.chmod(0o755)
+    d = daemons.start("--manifest-keys", str(keys))
+    daemons.stop(d)
+    (daemons.store / "store.json").chmod(0o644)
+    d = daemons.start("--manifest-keys", str(keys))
+    assert stat.S_IMODE((daemons.store / "store.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE(daemons.store.stat().st_mode) == 0o700
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o600
+    assert stat.S_IMODE(keys.parent.stat().st_mode) == 0o700
     daemons.stop(d)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from contract.moto_server import CREDENTIALS, REGION, MotoServer, moto_missing
 
-from ckptd.adapters.storage import LocalBlobStore
+from ckptd.adapters.storage import LocalBlobStore, keyfile
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF
 from ckptd.testing import FakeClock
@@ -31,6 +31,7 @@ from .support import (
     Procs,
     assert_ok,
     assert_running,
+    manifest_keys_of,
     read_lines_file,
     reference,
     start_detached,
@@ -109,9 +110,10 @@ def start_job(procs: Procs, node: Node, out_path: Path) -> tuple[int, list[str]]
 
 def distinct_new_pages(store_root: Path, old: str, new: str) -> int:
     """Distinct non-zero pages of checkpoint ``new`` that checkpoint ``old`` lacks."""
+    keys, _ = keyfile.load_or_create(manifest_keys_of(store_root.parent))
     store = ContentStore(
         LocalBlobStore(store_root), StagingPolicy(fast=None, disk=store_root / "x"),
-        clock=FakeClock(), is_pages_file=lambda n: n.startswith("pages-"),
+        clock=FakeClock(), is_pages_file=lambda n: n.startswith("pages-"), keys=keys,
     )
     def pages(ck: str) -> set[bytes]:
         return {r for refs in store.page_refs(ck).values() for r in refs if r != ZERO_REF}

@@ -355,11 +355,27 @@ def test_shell_scripts_parse(script: str) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_sbatch_names_follow_ckptds_name_rule() -> None:
+    """A Slurm job name may hold spaces and parentheses; the checkpoint name made of it must
+    pass ckptd's name rule (``validate.valid_name``)."""
+    from ckptd.transport.validate import valid_name
+
+    text = (DEPLOY / "slurm" / "train.sbatch").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("safe=", "case $safe", "NAME="))]
+    for job in ("my train (v2)", "-x", "ok.name", "ü" * 200):
+        script = "\n".join(lines) + '\nprintf %s "$NAME"'
+        env = {"SLURM_JOB_NAME": job, "SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin"}
+        proc = subprocess.run(["bash", "-c", script], check=False, capture_output=True,
+                              text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert valid_name(proc.stdout), (job, proc.stdout)
+
+
 def test_sbatch_directives() -> None:
     text = (DEPLOY / "slurm" / "train.sbatch").read_text()
     assert "#SBATCH --signal=B:TERM@120" in text
     assert "#SBATCH --requeue" in text
-    assert 'NAME="$SLURM_JOB_NAME-$SLURM_JOB_ID"' in text
+    assert 'NAME="$safe-$SLURM_JOB_ID"' in text
     # outside a container `ckptctl run` does not restore: the requeued run does, by name
     assert "ckptctl restore --name" in text
     # the checkpoint on SIGTERM fits in the time --signal leaves before the limit

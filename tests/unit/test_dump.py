@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ckptd.core.ports import CriuDumpJob
+from ckptd.core.undo import AbortStaging, KillTree, ResumeTree, decode_entry
 from ckptd.domain import Caller, CheckpointRecord, DumpRequest, PidState, RestoreRequest
 from ckptd.domain.model import ROOT
 from ckptd.errors import (
@@ -264,17 +265,12 @@ def test_stopped_before_is_journaled(world: World) -> None:
     world.hooks.on["post_dump"] = lambda pid: seen.extend(f for _op, f in world.journal.pending())
     starts = {p: world.processes.processes[p].start_time for p in JOB_TREE}
     record = world.dump(JOB)
-    assert seen == [
-        {
-            "op": "dump",
-            "checkpoint_id": record.id,
-            "pids": list(JOB_TREE),
-            "members": [[p, starts[p]] for p in JOB_TREE],
-            "stopped_before": [1002],
-            "leave_running": False,
-            "cuda_pids": [],
-        }
-    ]
+    (entry,) = [decode_entry(facts) for facts in seen]
+    assert (entry.op, entry.checkpoint_id) == ("dump", record.id)
+    assert entry.undos == (
+        AbortStaging(record.id),
+        ResumeTree(tuple((p, starts[p]) for p in JOB_TREE), (1002,), unless_committed=record.id),
+    )
 
 
 def test_a_process_stopped_before_a_failed_criu_dump_stays_stopped(world: World) -> None:
@@ -329,7 +325,10 @@ def test_default_dump_kills_the_tree_only_after_commit(world: World) -> None:
     assert kills[-1] < last(f"journal.end {ckpt}")
     assert [e for e in events if e.startswith("signal")] == [events[i] for i in kills]
     assert states_at_commit == [["stopped"] * 3]  # left stopped by CRIU, not killed
-    assert [f["pids"] for f in journal_at_commit] == [list(JOB_TREE)]
+    (entry,) = [decode_entry(facts) for facts in journal_at_commit]
+    assert [u.kind for u in entry.undos] == ["abort-staging", "resume-tree", "kill-tree"]
+    assert [[p for p, _ in u.members] for u in entry.undos[1:]  # type: ignore[union-attr]
+            ] == [list(JOB_TREE)] * 2
     assert world.states(*JOB_TREE) == ["free"] * 3
     job: CriuDumpJob = world.criu.dump_jobs[0]
     assert (job.leave_running, job.leave_stopped) == (False, True)
@@ -434,12 +433,15 @@ def test_the_journal_has_the_dumped_pids_before_commit(world: World) -> None:
     commit = world.store.commit
 
     def spy(record: CheckpointRecord) -> CheckpointRecord:
-        journaled.extend(f["pids"] for _op, f in world.journal.pending())
+        for _op, facts in world.journal.pending():
+            for undo in decode_entry(facts).undos:
+                if isinstance(undo, ResumeTree | KillTree):
+                    journaled.append([p for p, _ in undo.members])
         return commit(record)
 
     world.store.commit = spy  # type: ignore[method-assign]
     world.dump(JOB)
-    assert journaled == [[*JOB_TREE, 1003]]
+    assert journaled == [[*JOB_TREE, 1003]] * 2  # resumed if not committed, else killed
 
 
 def test_a_foreign_child_forked_during_a_users_dump_is_refused(world: World) -> None:

@@ -226,3 +226,23 @@ def test_a_bad_listen_address_is_a_bad_configuration(
     assert main(["--store", "/nonexistent-ckptd-store", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
+
+
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ("gpu_lock_timeout_ms = -1", "gpu_lock_timeout_ms -1 must be a whole number of ms"),
+        ("gpu_call_timeout_s = 0", "gpu_call_timeout_s 0 must be in (0, 86400]"),
+    ],
+)
+def test_a_negative_gpu_timeout_is_a_bad_configuration(
+    setting: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #15: a negative lock timeout used to become 0, the driver's "wait forever"."""
+    from ckptd.daemon.main import main
+
+    config = tmp_path / "ckptd.toml"
+    config.write_text(setting + "\n")
+    assert main(["--store", "/nonexistent-ckptd-store", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err

@@ -6,6 +6,7 @@ import pytest
 
 from ckptd.core.gpu import GpuSteps, match_gpus
 from ckptd.domain import GpuFacts, GpuInfo, GpuInventory, GpuUse
+from ckptd.domain.model import UNKNOWN_GPU
 from ckptd.errors import GpuMismatch, GpuUnavailable
 from ckptd.testing import FakeClock
 
@@ -18,13 +19,21 @@ def gpu(i: int, name: str = H100, free: int = 70 * GIB) -> GpuInfo:
     return GpuInfo(i, name, f"GPU-{i:08d}-0000-0000-0000-000000000000", 80 * GIB, free)
 
 
-def facts(*gpus: GpuInfo, need: int = 10 * GIB, cuda: int = 13000) -> GpuFacts:
+def facts(
+    *gpus: GpuInfo,
+    need: int = 10 * GIB,
+    cuda: int = 13000,
+    on: tuple[GpuInfo, ...] | None = None,
+) -> GpuFacts:
+    """``gpus`` used, on a node of the GPUs ``on`` (default: just those; ``()``: a record
+    written before ckptd kept the node's GPUs)."""
     return GpuFacts(
         driver_version="580.1",
         cuda_version=cuda,
         gpus=gpus,
         uses=tuple(GpuUse(4242, g.uuid, need) for g in gpus),
         cuda_pids=(4242,),
+        node_gpus=on if on is not None else gpus,
     )
 
 
@@ -39,6 +48,11 @@ class Inventory:
 class NoCalls:
     """A GpuCheckpointer that must not be called while planning."""
 
+    refusal: str | None = None
+
+    def remap_refusal(self) -> str | None:
+        return self.refusal
+
     def __getattr__(self, name: str) -> object:
         raise AssertionError(f"planning called {name}")
 
@@ -49,13 +63,13 @@ def steps(*gpus: GpuInfo, cuda: int = 13000, available: bool = True) -> GpuSteps
 
 
 def test_same_gpus_need_no_map() -> None:
-    assert steps(gpu(0), gpu(1)).plan_restore(facts(gpu(0))) is None
+    assert steps(gpu(0), gpu(1)).plan_restore(facts(gpu(0), on=(gpu(0), gpu(1)))) is None
 
 
 def test_other_gpus_of_the_same_model_are_mapped() -> None:
     old = gpu(7)
-    plan = steps(gpu(0), gpu(1)).plan_restore(facts(old))
-    assert plan == {old.uuid: gpu(0).uuid}
+    plan = steps(gpu(0), gpu(1)).plan_restore(facts(old, on=(old, gpu(8))))
+    assert plan == {old.uuid: gpu(0).uuid, gpu(8).uuid: gpu(1).uuid}
 
 
 def test_two_gpus_map_to_two_distinct_gpus() -> None:
@@ -112,8 +126,9 @@ def test_no_gpu_support_at_all_is_refused() -> None:
 
 def test_an_explicit_map_is_checked_and_used() -> None:
     old = gpu(0)
-    plan = steps(gpu(0), gpu(1)).plan_restore(facts(old), {old.uuid: gpu(1).uuid})
-    assert plan == {old.uuid: gpu(1).uuid}
+    plan = steps(gpu(0), gpu(1)).plan_restore(facts(old, on=(gpu(0), gpu(1))),
+                                              {old.uuid: gpu(1).uuid})
+    assert plan == {old.uuid: gpu(1).uuid, gpu(1).uuid: gpu(0).uuid}
 
 
 def test_an_explicit_map_must_name_every_gpu_and_real_targets() -> None:
@@ -128,3 +143,62 @@ def test_an_explicit_map_must_name_every_gpu_and_real_targets() -> None:
 def test_an_explicit_map_onto_another_model_is_refused() -> None:
     with pytest.raises(GpuMismatch, match="models differ"):
         steps(gpu(0), gpu(1, A100)).plan_restore(facts(gpu(0)), {gpu(0).uuid: gpu(1, A100).uuid})
+
+
+# ---- issue #15: the driver's whole-node map ---------------------------------------------------
+
+
+def eight(base: int) -> tuple[GpuInfo, ...]:
+    return tuple(gpu(base + i) for i in range(8))
+
+
+def test_a_job_on_gpu0_of_eight_gets_a_pair_for_every_gpu() -> None:
+    dumped, here = eight(10), eight(0)
+    plan = steps(*here).plan_restore(facts(dumped[0], on=dumped))
+    assert plan is not None and len(plan) == 8
+    assert sorted(plan) == sorted(g.uuid for g in dumped)
+    assert sorted(plan.values()) == sorted(g.uuid for g in here)
+    assert plan[dumped[0].uuid] == here[0].uuid
+
+
+def test_another_gpu_count_is_refused_even_for_the_same_gpus() -> None:
+    dumped = eight(0)
+    with pytest.raises(GpuMismatch, match=r"GPU count differs: .* node of 8 GPUs"):
+        steps(*dumped[:4]).plan_restore(facts(dumped[0], on=dumped))
+
+
+def test_a_model_per_slot_must_match() -> None:
+    dumped = (gpu(10), gpu(11, A100))
+    with pytest.raises(GpuMismatch, match=r"no GPU of this node is left .* GPU 11 \(NVIDIA A100"):
+        steps(gpu(0), gpu(1)).plan_restore(facts(gpu(10), on=dumped))
+
+
+def test_an_old_record_without_the_nodes_gpus_refuses_a_remap_clearly() -> None:
+    old = facts(gpu(7), on=())
+    with pytest.raises(GpuMismatch) as info:
+        steps(gpu(0), gpu(1)).plan_restore(old)
+    assert "recorded only the GPUs the job used" in str(info.value)
+    assert "restore it onto the same GPUs" in str(info.value)
+    assert steps(gpu(7), gpu(8)).plan_restore(facts(gpu(7), on=())) is None, "same GPUs: fine"
+
+
+def test_a_checkpointer_that_cannot_remap_is_refused_at_planning() -> None:
+    plan = steps(gpu(0), gpu(1))
+    plan._gpu.refusal = "the cuda-checkpoint fallback does not restore onto other GPUs"  # type: ignore[union-attr]
+    with pytest.raises(GpuMismatch, match="the GPUs differ and the cuda-checkpoint fallback"):
+        plan.plan_restore(facts(gpu(7), on=(gpu(7), gpu(8))))
+    assert plan.plan_restore(facts(gpu(0), on=(gpu(0), gpu(1)))) is None, "no remap: fine"
+
+
+def test_gpu_map_uuids_are_compared_normalised() -> None:
+    old, new = gpu(7), gpu(1)
+    shout = new.uuid.upper()  # "GPU-00000001-..." upper-cased
+    bare = old.uuid[len("GPU-"):]
+    plan = steps(gpu(0), gpu(1)).plan_restore(facts(old, on=(old, gpu(8))), {bare: shout})
+    assert plan == {old.uuid: new.uuid, gpu(8).uuid: gpu(0).uuid}
+
+
+def test_an_unknown_gpu_pairs_only_with_itself() -> None:
+    unknown = GpuInfo(1, UNKNOWN_GPU, "", 0)
+    with pytest.raises(GpuMismatch, match="UUID unknown"):
+        steps(gpu(0), gpu(1)).plan_restore(facts(gpu(7), on=(gpu(7), unknown)))

@@ -10,7 +10,14 @@ import pytest
 from ckptd.core.gpu import GpuSteps
 from ckptd.domain import CudaState, GpuInfo, PidState, RestoreRequest
 from ckptd.domain.model import ROOT
-from ckptd.errors import CriuFailed, GpuFailed, GpuMismatch, GpuUnavailable, StoreError
+from ckptd.errors import (
+    CriuFailed,
+    GpuFailed,
+    GpuMismatch,
+    GpuUnavailable,
+    PreconditionFailed,
+    StoreError,
+)
 from ckptd.testing import FakeGpu
 
 from .world import JOB, JOB_TREE, World, make_world
@@ -80,7 +87,7 @@ def test_lock_timeout_unlocks_those_already_locked(gw: World) -> None:
     gpu(gw).fail_lock_timeout.add(1002)
     with pytest.raises(GpuFailed) as info:
         gw.dump(JOB, leave_running=True)
-    assert info.value.code == "CUDA_ERROR_TIMEOUT"
+    assert info.value.code == "CUDA_ERROR_NOT_READY"
     assert states(gw, 1000, 1002) == [CudaState.RUNNING, CudaState.RUNNING]
     assert gw.store.list() == []
     assert gw.criu.dump_jobs == []  # CRIU never ran
@@ -218,3 +225,71 @@ def test_recovery_brings_cuda_back_to_running(gw: World) -> None:
     assert done and "rolled back" in done[0]
     assert states(gw, 1000, 1002) == [CudaState.RUNNING, CudaState.RUNNING]
     assert gw.states(*JOB_TREE) == ["running"] * 3
+
+
+# ---- issue #15 ---------------------------------------------------------------------------------
+
+
+def h100(i: int, base: str) -> GpuInfo:
+    return GpuInfo(i, "NVIDIA H100 80GB HBM3", f"GPU-{base}{i:07d}-0000-0000-0000-000000000000",
+                   80 * GIB, 80 * GIB)
+
+
+def test_a_job_on_gpu0_of_an_eight_gpu_node_restores_onto_another_such_node(
+    tmp_path: Path,
+) -> None:
+    """The driver needs a pair for every GPU of the dumping node: the job used one, the
+    record keeps all eight, the restore passes eight pairs (FakeGpu refuses fewer)."""
+    world = make_world(tmp_path, gpu=True)
+    fake = gpu(world)
+    fake.gpus = [h100(i, "a") for i in range(8)]
+    fake.add_cuda_process(1000, GIB)  # on GPU 0 only
+    record = world.dump(JOB)
+    assert record.gpu is not None
+    assert [g.uuid for g in record.gpu.node_gpus] == [g.uuid for g in fake.gpus]
+    assert [g.uuid for g in record.gpu.gpus] == [fake.gpus[0].uuid]
+    old = [g.uuid for g in fake.gpus]
+    fake.gpus = [h100(i, "b") for i in range(8)]  # another node of eight
+    world.restore(checkpoint_id=record.id)
+    assert fake.restore_maps[1000] == dict(zip(old, [g.uuid for g in fake.gpus], strict=True))
+    assert fake.cuda_state(1000) is CudaState.RUNNING
+
+
+def test_a_record_round_trips_the_node_gpus_and_old_records_still_read(gw: World) -> None:
+    record = gw.dump(JOB)
+    assert record.gpu is not None
+    assert [g.uuid for g in record.gpu.node_gpus] == [g.uuid for g in gpu(gw).gpus]
+    again = type(record).from_json(record.to_json())
+    assert again.gpu == record.gpu
+    legacy = record.to_json()
+    del legacy["gpu"]["node_gpus"]  # written before issue #15
+    old = type(record).from_json(legacy)
+    assert old.gpu is not None and old.gpu.node_gpus == ()
+
+
+def test_a_remap_the_checkpointer_cannot_do_is_refused_before_criu(tmp_path: Path) -> None:
+    world = make_world(tmp_path, gpu=True)
+    fake = gpu(world)
+    fake.add_cuda_process(1000, GIB)
+    record = world.dump(JOB)
+    fake.gpus = [h100(0, "c")]
+    fake.remap_refused = "cuda-bindings 13.3.0 lacks CUcheckpointRestoreArgs"
+    world.criu.restore_jobs.clear()
+    with pytest.raises(GpuMismatch, match=r"the GPUs differ and cuda-bindings 13\.3\.0 lacks"):
+        world.restore(checkpoint_id=record.id)
+    assert world.criu.restore_jobs == []
+    assert [m for m, _ in fake.calls if m == "restore"] == []
+
+
+def test_a_stopped_cuda_process_is_refused_at_inspect(gw: World) -> None:
+    gw.processes.processes[1002].state = PidState.STOPPED
+    with pytest.raises(PreconditionFailed) as info:
+        gw.dump(JOB, leave_running=True)
+    assert "CUDA process 1002 of the tree is stopped" in info.value.message
+    assert info.value.pid == 1002 and "kill -CONT 1002" in info.value.hint
+    assert [m for m, _ in gpu(gw).calls if m == "lock"] == []
+
+
+def test_a_negative_lock_timeout_is_refused(gw: World) -> None:
+    with pytest.raises(ValueError, match="negative"):
+        GpuSteps(gpu(gw), gpu(gw), gw.clock, -1)

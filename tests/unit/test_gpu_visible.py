@@ -22,13 +22,17 @@ def gpu(i: int, name: str = H100) -> GpuInfo:
     return GpuInfo(i, name, f"GPU-{i:08d}-0000-0000-0000-000000000000", 80 * GIB, 80 * GIB)
 
 
-def facts(*gpus: GpuInfo, need: int = 10 * GIB) -> GpuFacts:
+def facts(
+    *gpus: GpuInfo, need: int = 10 * GIB, on: tuple[GpuInfo, ...] | None = None
+) -> GpuFacts:
+    """``gpus`` used, on a node of the GPUs ``on`` (default: just those)."""
     return GpuFacts(
         driver_version="580.159.03",
         cuda_version=13000,
         gpus=gpus,
         uses=tuple(GpuUse(4242, g.uuid, need) for g in gpus),
         cuda_pids=(4242,),
+        node_gpus=on if on is not None else gpus,
     )
 
 
@@ -50,31 +54,43 @@ def test_two_gpus_go_to_the_two_other_gpus_the_container_sees() -> None:
     fake, steps = node(gpu(0), gpu(1), gpu(2), gpu(3))
     visible = sees(fake, steps, gpu(2), gpu(3))
     assert visible == (gpu(2).uuid, gpu(3).uuid)
-    assert steps.plan_restore(facts(*old), visible=visible) == {
+    on = (gpu(0), gpu(1), gpu(2), gpu(3))
+    assert steps.plan_restore(facts(*old, on=on), visible=visible) == {
         gpu(0).uuid: gpu(2).uuid,
         gpu(1).uuid: gpu(3).uuid,
+        gpu(2).uuid: gpu(0).uuid,  # the GPUs the job did not use: a pair each, as well
+        gpu(3).uuid: gpu(1).uuid,
     }
-    assert steps.plan_restore(facts(*old)) is None, "without a container: the same GPUs"
+    assert steps.plan_restore(facts(*old, on=on)) is None, "without a container: the same GPUs"
 
 
 def test_gpus_of_another_node_go_to_the_visible_ones_only() -> None:
     fake, steps = node(gpu(0), gpu(1), gpu(2), gpu(3))
     visible = sees(fake, steps, gpu(3), gpu(1))
-    plan = steps.plan_restore(facts(gpu(7), gpu(8)), visible=visible)
-    assert plan == {gpu(7).uuid: gpu(1).uuid, gpu(8).uuid: gpu(3).uuid}
+    on = (gpu(7), gpu(8), gpu(9), gpu(10))
+    plan = steps.plan_restore(facts(gpu(7), gpu(8), on=on), visible=visible)
+    assert plan == {
+        gpu(7).uuid: gpu(1).uuid,
+        gpu(8).uuid: gpu(3).uuid,
+        gpu(9).uuid: gpu(0).uuid,
+        gpu(10).uuid: gpu(2).uuid,
+    }
 
 
 def test_the_same_gpus_visible_need_no_map() -> None:
     fake, steps = node(gpu(0), gpu(1), gpu(2))
     visible = sees(fake, steps, gpu(0), gpu(1))
-    assert steps.plan_restore(facts(gpu(0), gpu(1)), visible=visible) is None
+    on = (gpu(0), gpu(1), gpu(2))
+    assert steps.plan_restore(facts(gpu(0), gpu(1), on=on), visible=visible) is None
 
 
 def test_one_old_gpu_visible_stays_and_the_other_moves() -> None:
     fake, steps = node(gpu(0), gpu(1), gpu(2))
     visible = sees(fake, steps, gpu(1), gpu(2))
-    plan = steps.plan_restore(facts(gpu(0), gpu(1)), visible=visible)
-    assert plan == {gpu(0).uuid: gpu(2).uuid, gpu(1).uuid: gpu(1).uuid}
+    plan = steps.plan_restore(facts(gpu(0), gpu(1), on=(gpu(0), gpu(1), gpu(2))),
+                              visible=visible)
+    assert plan == {gpu(0).uuid: gpu(2).uuid, gpu(1).uuid: gpu(1).uuid,
+                    gpu(2).uuid: gpu(0).uuid}
 
 
 def test_a_container_seeing_one_gpu_is_refused_naming_both() -> None:
@@ -140,8 +156,10 @@ def test_a_map_target_the_container_does_not_see_is_refused() -> None:
 def test_a_map_onto_visible_gpus_is_used() -> None:
     fake, steps = node(gpu(0), gpu(1), gpu(2))
     visible = sees(fake, steps, gpu(2))
-    plan = steps.plan_restore(facts(gpu(0)), {gpu(0).uuid: gpu(2).uuid}, visible)
-    assert plan == {gpu(0).uuid: gpu(2).uuid}
+    on = (gpu(0), gpu(1), gpu(2))
+    plan = steps.plan_restore(facts(gpu(0), on=on), {gpu(0).uuid: gpu(2).uuid}, visible)
+    assert plan == {gpu(0).uuid: gpu(2).uuid, gpu(1).uuid: gpu(1).uuid,
+                    gpu(2).uuid: gpu(0).uuid}
 
 
 def test_every_problem_of_a_map_is_listed() -> None:
@@ -178,7 +196,8 @@ def test_a_caller_that_is_gone_cannot_be_inspected() -> None:
 
 def test_gpu_problems_pass_the_visible_gpus_on() -> None:
     fake, steps = node(gpu(0), gpu(1), gpu(2))
-    record = CheckpointRecord("ck-1", 4242, 0.0, "node-a", 0, gpu=facts(gpu(0), gpu(1)))
+    record = CheckpointRecord("ck-1", 4242, 0.0, "node-a", 0,
+                              gpu=facts(gpu(0), gpu(1), on=(gpu(0), gpu(1), gpu(2))))
     assert gpu_problems(record, steps, None) == []
     visible = sees(fake, steps, gpu(2))
     (line,) = gpu_problems(record, steps, None, visible)

@@ -20,7 +20,7 @@ from ckptd.domain import DumpRequest, PidState
 from ckptd.domain.model import ROOT
 from ckptd.testing import FakeClock, FakeProcessTable
 
-from .world import JOB, JOB_TREE, World, make_world
+from .world import JOB, JOB_TREE, guarded_world, make_world
 
 # ---- the verdict table ------------------------------------------------------------------------
 
@@ -183,57 +183,6 @@ def test_handles_of_a_pid_held_twice_or_of_an_unknown_operation_are_closed() -> 
 
 
 # ---- the recipe tells the guard, and the guard agrees with recovery -----------------------------
-
-
-class InProcessGuard:
-    """``TreeGuard`` feeding a ``TreeWatch`` in this process (the guard process's loop,
-    without the socket); records go into the world's journal as the guard's do."""
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.calls: list[str] = []
-        self.watch = TreeWatch(traced=lambda pid: False, record=self._record, clock=world.clock)
-
-    def _record(self, op_id: str, what: Verdict) -> bool:
-        del what
-        for pending, facts in self.world.journal.pending():
-            if pending == op_id:
-                self.world.journal.begin(op_id, {**facts, "guard": "resumed"})
-        return True
-
-    def watch_tree(self, op_id: str, members: Sequence[Sequence[int]],
-                   stopped_before: frozenset[int], leave_running: bool) -> None:
-        self.calls.append(f"watch {len(members)}")
-        self.watch.watch(op_id, leave_running, stopped_before)
-        handles = [self.world.processes.open(m[0], m[1]) for m in members]
-        self.watch.hold(op_id, [h for h in handles if h is not None])
-
-    def phase(self, op_id: str, phase: GuardPhase) -> None:
-        self.calls.append(f"phase {phase.value}")
-        self.watch.phase(op_id, phase)
-
-    def release(self, op_id: str) -> None:
-        self.calls.append("release")
-        self.watch.release(op_id)
-
-
-def guarded_world(tmp_path: Path) -> tuple[World, InProcessGuard]:
-    world = make_world(tmp_path)
-    guard = InProcessGuard(world)
-
-    class Port:
-        def watch(self, op_id: str, members: Sequence[Sequence[int]],
-                  stopped_before: frozenset[int], leave_running: bool) -> None:
-            guard.watch_tree(op_id, members, stopped_before, leave_running)
-
-        def phase(self, op_id: str, phase: GuardPhase) -> None:
-            guard.phase(op_id, phase)
-
-        def release(self, op_id: str) -> None:
-            guard.release(op_id)
-
-    world.dump_recipe._guard = Port()
-    return world, guard
 
 
 def test_a_dump_tells_its_guard_each_phase_and_releases_it(tmp_path: Path) -> None:

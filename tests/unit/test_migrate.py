@@ -19,6 +19,7 @@ from ckptd.core.recipe import ProgressSink
 from ckptd.core.store import packs as packs_module
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.core.store.index import pack_key
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -35,13 +36,14 @@ from ckptd.errors import CorruptCheckpoint, Incompatible, PeerError
 from ckptd.testing import FakeClock, LoopbackPeerConnector, LoopbackPeerSession
 
 PAGE = 4096
+KEYS = ManifestKeys.generate()
 USER = Caller(uid=1000)
 
 
 def store(root: Path, clock: FakeClock, objects: Path | None = None) -> ContentStore:
     return ContentStore(
         LocalBlobStore(objects or root / "objects"), StagingPolicy(None, root / "staging"),
-        clock=clock, is_pages_file=is_pages_image,
+        clock=clock, is_pages_file=is_pages_image, keys=KEYS,
     )
 
 

@@ -9,6 +9,8 @@ import signal
 import pytest
 
 from ckptd.core.dump import DumpContext
+from ckptd.core.recipe import record_undo
+from ckptd.core.undo import ResumeTree, decode_entry
 from ckptd.domain import DumpRequest, PidState
 from ckptd.domain.model import ROOT
 from ckptd.errors import TargetRefused
@@ -27,6 +29,7 @@ PID_NS = frozenset({"pid"})
 def _crash_after(world: World, step: str, request: DumpRequest) -> DumpContext:
     ctx = world.dump_recipe.new_context(ROOT, request)
     for s in world.dump_recipe.steps:
+        record_undo(s, ctx, ctx.undo_log)  # as run_steps does: the undo durable first
         s.do(ctx)
         if s.name == step:
             assert ctx.held is not None
@@ -203,5 +206,7 @@ def test_journal_of_a_dump_names_node_pids_with_start_times(ns_world: World) -> 
     ctx = _crash_after(ns_world, "criu-dump", DumpRequest(NS_JOB))
     (facts,) = [f for _op, f in ns_world.journal.pending()]
     starts = [ns_world.processes.processes[p].start_time for p in NS_TREE]
-    assert facts["members"] == [[p, s] for p, s in zip(NS_TREE, starts, strict=True)]
-    assert facts["checkpoint_id"] == ctx.checkpoint_id
+    entry = decode_entry(facts)
+    (resume,) = [u for u in entry.undos if isinstance(u, ResumeTree)]
+    assert resume.members == tuple(zip(NS_TREE, starts, strict=True))
+    assert entry.checkpoint_id == ctx.checkpoint_id

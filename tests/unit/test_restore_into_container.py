@@ -191,7 +191,9 @@ def _gpu_world(tmp_path: Path) -> tuple[World, FakeGpu]:
 
 
 def test_the_gpu_map_follows_the_gpus_the_container_sees(tmp_path: Path) -> None:
-    """Pod A used GPU 0; pod B was given GPU 2 only: the restore maps 0 -> 2."""
+    """Pod A used GPU 0; pod B was given GPU 2 only: the restore maps 0 -> 2, and every
+    other GPU of the node gets a pair too (the driver's rule): 2 -> 0, the rest onto
+    themselves."""
     world, fake = _gpu_world(tmp_path)
     _checkpoint_in_a(world)
     _container_b(world)
@@ -211,7 +213,10 @@ def test_the_gpu_map_follows_the_gpus_the_container_sees(tmp_path: Path) -> None
     restored_child = next(p for p, proc in world.processes.processes.items()
                           if proc.ns_pid == 1002 and proc.pidns_init == B_INIT)
     assert outcome.ns_pid == 1001
-    assert fake.restore_maps[restored_child] == {fake.gpus[0].uuid: fake.gpus[2].uuid}
+    g = [x.uuid for x in fake.gpus]
+    assert fake.restore_maps[restored_child] == {
+        g[0]: g[2], g[2]: g[0], **{u: u for u in g[1:] if u != g[2]}
+    }
 
 
 def test_a_container_without_the_gpus_the_job_needs_is_refused(tmp_path: Path) -> None:

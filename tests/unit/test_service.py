@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ckptd.core.dump import DumpContext
+from ckptd.core.recipe import record_undo
 from ckptd.domain import DumpRequest, PidState, RestoreRequest
 from ckptd.domain.model import ROOT
 from ckptd.errors import Busy, CheckpointNotFound, PermissionDenied
@@ -76,6 +77,7 @@ def _crash_after(world: World, step: str, request: DumpRequest) -> DumpContext:
     """Run the dump recipe's steps up to and including ``step``, then "crash" (stop)."""
     ctx = world.dump_recipe.new_context(ROOT, request)
     for s in world.dump_recipe.steps:
+        record_undo(s, ctx, ctx.undo_log)  # as run_steps does: the undo durable first
         s.do(ctx)
         if s.name == step:
             return ctx
@@ -256,3 +258,11 @@ def test_a_closing_service_refuses_new_dumps_but_still_restores(world: World) ->
     with pytest.raises(Cancelled, match="stopping"):
         world.dump(OTHER_JOB)
     assert world.restore(checkpoint_id=record.id).pid == JOB
+
+
+def test_recover_forgets_an_entry_it_cannot_read(world: World) -> None:
+    world.journal.begin("r1", {"version": 2, "op": "restore", "undo": [{"kind": "reboot"}]})
+    world.journal.begin("r2", {"version": 7, "op": "restore", "undo": []})
+    assert world.new_service().recover() == []
+    assert list(world.journal.pending()) == []
+    assert world.processes.signals == []

@@ -17,16 +17,18 @@ Cgroups (``world.cgroups``): every process of the table in ``DAEMON_CGROUP``; th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
-from ckptd.core.ports import CriuHooks
+from ckptd.core.guard import TreeWatch, Verdict
+from ckptd.core.ports import CriuHooks, GuardPhase
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.service import CheckpointService
+from ckptd.core.undo import with_guard_resumed
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -232,7 +234,7 @@ def make_world(
     restore_recipe = RestoreRecipe(
         criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,
         hooks=hooks, gpu=gpu_steps, node=node, files=files,
-        cgroups=cgroups if place_cgroups else None,
+        cgroups=cgroups if place_cgroups else None, journal=journal,
     )
     world = World(
         tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,
@@ -242,3 +244,57 @@ def make_world(
     )
     world.service = make_service(world)
     return world
+
+
+# ---- the dump guard in this process (docs/adr/0016) ------------------------------------------
+
+
+class InProcessGuard:
+    """``TreeGuard`` feeding a ``TreeWatch`` in this process (the guard process's loop,
+    without the socket); records go into the world's journal as the guard's do."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.calls: list[str] = []
+        self.watch = TreeWatch(traced=lambda pid: False, record=self._record, clock=world.clock)
+
+    def _record(self, op_id: str, what: Verdict) -> bool:
+        del what
+        for pending, facts in self.world.journal.pending():
+            if pending == op_id:
+                self.world.journal.begin(op_id, with_guard_resumed(facts))
+        return True
+
+    def watch_tree(self, op_id: str, members: Sequence[Sequence[int]],
+                   stopped_before: frozenset[int], leave_running: bool) -> None:
+        self.calls.append(f"watch {len(members)}")
+        self.watch.watch(op_id, leave_running, stopped_before)
+        handles = [self.world.processes.open(m[0], m[1]) for m in members]
+        self.watch.hold(op_id, [h for h in handles if h is not None])
+
+    def phase(self, op_id: str, phase: GuardPhase) -> None:
+        self.calls.append(f"phase {phase.value}")
+        self.watch.phase(op_id, phase)
+
+    def release(self, op_id: str) -> None:
+        self.calls.append("release")
+        self.watch.release(op_id)
+
+
+def guarded_world(tmp_path: Path) -> tuple[World, InProcessGuard]:
+    world = make_world(tmp_path)
+    guard = InProcessGuard(world)
+
+    class Port:
+        def watch(self, op_id: str, members: Sequence[Sequence[int]],
+                  stopped_before: frozenset[int], leave_running: bool) -> None:
+            guard.watch_tree(op_id, members, stopped_before, leave_running)
+
+        def phase(self, op_id: str, phase: GuardPhase) -> None:
+            guard.phase(op_id, phase)
+
+        def release(self, op_id: str) -> None:
+            guard.release(op_id)
+
+    world.dump_recipe._guard = Port()
+    return world, guard

@@ -35,6 +35,7 @@ from ckptd.adapters.criu.containers import (
     make_pids_free,
 )
 from ckptd.adapters.criu.images import read_dump_stats, read_pstree
+from ckptd.adapters.criu.imgstreamer import ImageStreamer, StreamGuard
 from ckptd.adapters.criu.pageserver import PageServer, PageServerError, wire_for
 from ckptd.core.ports import (
     CriuDumpJob,
@@ -42,9 +43,10 @@ from ckptd.core.ports import (
     CriuHooks,
     CriuPlacement,
     CriuRestoreJob,
+    ImageSource,
 )
 from ckptd.domain import CriuStatus
-from ckptd.errors import CriuFailed, CriuUnavailable
+from ckptd.errors import CorruptCheckpoint, CriuFailed, CriuUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class CriuSwrk:
         self._status: CriuStatus | None = None
         self._status_at = 0.0
         self._status_lock = threading.Lock()
+        self._streams: bool | None = None
 
     # ---- status -------------------------------------------------------------------------------
 
@@ -248,7 +251,17 @@ class CriuSwrk:
                     with contextlib.suppress(OSError):  # staging may be another file system
                         shutil.move(job.images_dir / name, job.work_dir / name)
 
+    def can_stream_restore(self) -> bool:
+        """This CRIU streams a restore's images through RPC (our patch, scripts/criu-patches:
+        ``criu check --feature rpc_stream``). Asked once."""
+        with self._status_lock:
+            if self._streams is None:
+                self._streams = self.feature("rpc_stream")
+            return self._streams
+
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
+        if job.images is not None:
+            return self._restore_streamed(job, job.images, hooks)
         if job.container is not None:
             return self._restore_in_container(job, job.container, hooks)
         with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
@@ -257,6 +270,51 @@ class CriuSwrk:
             fds = (images_fd, work_fd, *(i.fd for i in job.inherit_fds))
             resp = self._call(req, hooks, fds, job.work_dir / "restore.log", "restore", None,
                               started=hooks.criu_started)
+        return int(resp.restore.pid)
+
+    def _restore_streamed(self, job: CriuRestoreJob, images: ImageSource,
+                          hooks: CriuHooks) -> int:
+        """CRIU reads every image from ``images`` through its image-streamer protocol
+        (``imgstreamer``), switched on by an RPC configuration file (``stream``). A failure
+        of the source refuses CRIU's post-restore (and pre-resume) notification, so CRIU
+        kills what it created before any of it ran; it is raised naming the checkpoint and
+        the object, CRIU's own failure as its cause."""
+        if job.container is not None:
+            raise CriuFailed("a streamed restore inside a container is not supported",
+                             hint="restore from an image directory")
+        if not self.can_stream_restore():
+            raise CriuUnavailable(f"CRIU at {self._path} cannot stream a restore through RPC "
+                                  "(it lacks scripts/criu-patches; run scripts/install-criu.sh)")
+        config = job.work_dir / "stream.conf"
+        config.write_text("stream\n")
+        streamer = ImageStreamer(job.images_dir, images)
+        streamer.start()
+        try:
+            with _DirFd(job.images_dir) as images_fd, _DirFd(job.work_dir) as work_fd:
+                opts = self._restore_opts(images_fd, work_fd, job)
+                opts.config_file = str(config)
+                req = rpc_pb2.criu_req(type=rpc_pb2.RESTORE, opts=opts)
+                fds = (images_fd, work_fd, *(i.fd for i in job.inherit_fds))
+                resp = self._call(req, StreamGuard(hooks, streamer), fds,
+                                  job.work_dir / "restore.log", "restore", None,
+                                  started=hooks.criu_started)
+        except CriuFailed as exc:
+            streamer.close()
+            error = streamer.error
+            if error is None:
+                raise
+            raise CorruptCheckpoint(
+                f"{error.message} (the streamed restore was undone before any process of "
+                f"it ran; {exc.message})", hint=error.hint,
+                checkpoint_id=images.checkpoint_id,
+            ) from error
+        finally:
+            streamer.close()
+        if streamer.error is not None:  # after pre-resume: the tree runs, CRIU read it all
+            log.warning("streamed restore of %s: %s (after the tree had been restored)",
+                        images.checkpoint_id, streamer.error)
+        log.info("streamed restore of %s: %d images read from the store, %d absent",
+                 images.checkpoint_id, len(streamer.served), len(streamer.missing))
         return int(resp.restore.pid)
 
     def _restore_in_container(

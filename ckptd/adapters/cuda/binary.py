@@ -14,8 +14,18 @@ without the driver API: r550-r565). The utility exposes what the installed drive
 With only ``--toggle`` this backend keeps LOCKED as a state of its own: ``lock`` checks the
 process runs and remembers it, ``checkpoint`` toggles, ``restore`` toggles back (the process
 runs on at once and reads as LOCKED until ``unlock``, which only forgets it). The lock
-timeout cannot be honoured then. None of these forms can restore onto other GPUs.
+timeout cannot be honoured then.
+
+Restoring onto other GPUs is refused (``remap_refusal``, asked at restore planning, before
+CRIU touches anything): r580's utility has ``--device-map``, but its syntax and semantics
+are not verified here, and a remap needs the bindings anyway (cuda-bindings >= 13.0.2).
 (Unverified on hardware: the toggle-only path and the exact output of old utilities.)
+
+``--get-restore-tid`` failing is "no CUDA" only when its output names no CUDA error or one
+of ``NO_CUDA_CODES``; any other error is raised (never read as "no CUDA"). Queries are
+killed after ``QUERY_TIMEOUT_S``; a checkpoint or restore never is (killing it half-way
+could leave the driver out of sync): the adapter's worker bounds the wait instead and
+abandons it (``ckptd.adapters.cuda.worker``).
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ _STATES = {
     "failed": CudaState.FAILED,
 }
 _CUDA_ERROR = re.compile(r"CUDA_ERROR_[A-Z_]+")
+NO_CUDA_CODES = frozenset({"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND"})
+"""As ``ckptd.adapters.cuda.bindings.NO_CUDA_CODES``: the probe's "no CUDA context"."""
 
 
 def run_subprocess(argv: Sequence[str], timeout: float | None) -> tuple[int, str]:
@@ -85,7 +97,13 @@ class CudaCheckpointBinary:
             ["--get-restore-tid", "--pid", str(pid)], QUERY_TIMEOUT_S, "--get-restore-tid", pid
         )
         if rc != 0:
-            return None
+            found = _CUDA_ERROR.search(out)
+            if found is None or found.group() in NO_CUDA_CODES:
+                return None
+            raise self._failed(
+                f"cuda-checkpoint --get-restore-tid (cannot tell whether pid {pid} uses CUDA)",
+                pid, rc, out,
+            )
         try:
             return int(out.split()[0])
         except (IndexError, ValueError):
@@ -127,13 +145,17 @@ class CudaCheckpointBinary:
         self._toggle(pid, "checkpoint")
         self._locked.discard(pid)
 
+    def remap_refusal(self) -> str | None:
+        """Always a reason: this backend never restores onto other GPUs (module doc)."""
+        return (
+            "ckptd's cuda-checkpoint fallback does not restore onto other GPUs (its "
+            "--device-map is not supported by ckptd): install cuda-bindings >= 13.0.2 with "
+            "an r580 / CUDA 13.0 driver"
+        )
+
     def restore(self, pid: int, gpu_map: dict[str, str] | None) -> None:
         if gpu_map:
-            raise GpuUnavailable(
-                "the cuda-checkpoint fallback cannot restore onto other GPUs: that needs "
-                "cuda-bindings >= 13.0.2 and an r580 / CUDA 13.0 driver",
-                pid=pid,
-            )
+            raise GpuUnavailable(str(self.remap_refusal()), pid=pid)
         if self.has_actions:
             self._action("restore", pid)
             return

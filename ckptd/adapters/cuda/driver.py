@@ -1,88 +1,103 @@
 """``CudaDriverCheckpointer``: the ``GpuCheckpointer`` port over the CUDA driver's checkpoint API.
 
-Through ``from cuda.bindings import driver as cu`` (package cuda-bindings, pulled in by
-``cuda-python``; ``pip install 'ckptd[gpu]'``), imported at first use, never at module import:
-ckptd runs without it and without a driver.
+Through ``from cuda.bindings import driver as cu`` (package cuda-bindings;
+``pip install 'ckptd[gpu]'``), imported at first use, never at module import: ckptd runs
+without it and without a driver.
 
 Which versions need which (``cuDriverGetVersion()`` is 1000*major + 10*minor):
 
 ==============================================  ====================  ==================
 what                                            driver                cuda-bindings
 ==============================================  ====================  ==================
-lock / checkpoint / restore / unlock / state    r570, CUDA 12.8       >= 12.8.0
+lock / checkpoint / restore / unlock / state    r570, CUDA 12.8       >= 12.9.1 [#]_
 restore onto other GPUs (``gpu_map``)           r580, CUDA 13.0       >= 13.0.2 [#]_
 ``cuda-checkpoint --action ...`` (fallback)     r570                  (none)
 ``cuda-checkpoint --toggle`` (fallback)         r550                  (none)
 ==============================================  ====================  ==================
 
-.. [#] 13.0.0 and 13.0.1 have ``CUcheckpointGpuPair`` but lack ``cuCheckpointProcessRestore``.
+.. [#] 12.8.x has the API but holds the GIL during driver calls: a long checkpoint would
+   stall every thread of the daemon, the systemd watchdog ping included, so it is refused
+   (the ``cuda-checkpoint`` fallback, a subprocess, is used instead when present).
+.. [#] and ``CUcheckpointRestoreArgs``, looked for itself: 13.0.0 and 13.0.1 lack
+   ``cuCheckpointProcessRestore``, 13.3.0 lacks ``CUcheckpointRestoreArgs``.
 
-The backend is chosen at the first call: the bindings when they import, have every
-``cuCheckpointProcess*`` function and the driver says >= 12080; else, when a
-``cuda-checkpoint`` executable is on PATH, that (see ``ckptd.adapters.cuda.binary``); else
-every call raises ``GpuUnavailable`` saying what is missing. The choice (or the reason
+The backend is chosen at the first call: the bindings when they import, are not older than
+12.9.1, have every ``cuCheckpointProcess*`` function and the driver says >= 12080; else,
+when a ``cuda-checkpoint`` executable is on PATH, that (see ``ckptd.adapters.cuda.binary``);
+else every call raises ``GpuUnavailable`` saying what is missing. The choice (or the reason
 none works) is kept for the adapter's life: restart the daemon after installing a driver.
+``remap_refusal()`` says, before anything is restored, whether that backend can restore onto
+other GPUs (restore planning asks it).
 
 Invariants:
 
-- every driver call runs on one worker thread owned by the adapter (``close`` ends it): a
-  slow checkpoint never runs on a caller's (gRPC) thread, and calls are serialized (the
-  bindings release the GIL during driver calls from cuda-bindings 12.9.1 on; before that a
-  long checkpoint holds up the daemon's other Python threads);
-- ``cuInit(0)`` is called once, on that thread, before any checkpoint call (a restore needs
+- every driver call runs on the adapter's worker (``ckptd.adapters.cuda.worker``): never on a
+  caller's (gRPC) thread, one at a time, and each wait bounded — queries by
+  ``query_timeout_s``, a lock by its own timeout plus that, checkpoint / restore / unlock by
+  ``call_timeout_s``. A call past its bound raises ``GpuFailed`` code ``TIMEOUT``, is left
+  to finish on an abandoned thread (later calls get a new one; calls on that pid are refused
+  with code ``BUSY`` meanwhile), and when a late lock or checkpoint finishes, that process is
+  brought back towards RUNNING (its dump has failed by then). ``close`` never waits long;
+- ``cuInit(0)`` is called once, on the worker, before any checkpoint call (a restore needs
   it, or persistence mode);
 - pids are host pids of processes: a thread id (which the driver would accept and apply to
   its process) is refused with ``GpuFailed`` after a look at ``Tgid`` in /proc/PID/status;
-- a driver error becomes ``GpuFailed("<call> for pid <pid> failed: <CUDA_ERROR_NAME>")``
-  with ``call``, ``code`` (the error's name from ``cuGetErrorName``) and ``pid``; a missing
-  driver function (``RuntimeError`` from the bindings) becomes ``GpuUnavailable``.
+- no foreign exception leaves the adapter: a driver error becomes ``GpuFailed("<call> for
+  pid <pid> failed: <CUDA_ERROR_NAME>")`` with ``call``, ``code`` and ``pid``; a missing
+  function or type, or arguments the bindings refuse, ``GpuUnavailable``; anything else
+  ``GpuFailed`` code ``INTERNAL`` — each with the original as ``__cause__``.
 
-``uses_cuda`` is False for a process without a CUDA context, and when no backend works and
-the process has no ``/dev/nvidia*`` mapped (no driver, nothing to checkpoint). A process
-that does map NVIDIA devices while no backend works raises ``GpuUnavailable``: it cannot be
-checkpointed and must not be mistaken for a CPU-only one.
+``uses_cuda`` is False for a process without a CUDA context (the probe's "no context"
+errors only: any other error is raised), and when no backend works and the process has no
+``/dev/nvidia*`` mapped (no driver, nothing to checkpoint). A process that does map NVIDIA
+devices while no backend works raises ``GpuUnavailable``: it cannot be checkpointed and
+must not be mistaken for a CPU-only one.
 """
 
 from __future__ import annotations
 
-import ctypes
 import importlib
-import importlib.metadata
+import logging
 import shutil
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from ckptd.adapters.cuda.binary import CudaCheckpointBinary, Runner, run_subprocess
+from ckptd.adapters.cuda.binary import (
+    QUERY_TIMEOUT_S,
+    CudaCheckpointBinary,
+    Runner,
+    run_subprocess,
+)
+from ckptd.adapters.cuda.bindings import (
+    CHECKPOINT_FUNCTIONS,
+    DriverApi,
+    bindings_version,
+    gil_refusal,
+)
 from ckptd.adapters.cuda.support import (
-    CHECKPOINT_API_BINDINGS,
     CHECKPOINT_API_DRIVER,
+    GIL_RELEASE_BINDINGS,
     GPU_REMAP_BINDINGS,
-    GPU_REMAP_DRIVER,
     NOT_INSTALLED,
     format_cuda_version,
     maps_nvidia_devices,
     parse_version,
-    process_state,
     tgid,
-    uuid_to_bytes,
 )
+from ckptd.adapters.cuda.worker import CallWorker
 from ckptd.domain import CudaState
-from ckptd.errors import GpuFailed, GpuUnavailable
+from ckptd.errors import CkptdError, GpuFailed, GpuUnavailable
 
+__all__ = ["CHECKPOINT_FUNCTIONS", "CudaDriverCheckpointer", "DriverApi", "bindings_version"]
+
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CHECKPOINT_FUNCTIONS = (
-    "cuCheckpointProcessGetRestoreThreadId",
-    "cuCheckpointProcessGetState",
-    "cuCheckpointProcessLock",
-    "cuCheckpointProcessCheckpoint",
-    "cuCheckpointProcessRestore",
-    "cuCheckpointProcessUnlock",
-)
 DEFAULT_BINARY = "cuda-checkpoint"
+DEFAULT_CALL_TIMEOUT_S = 900.0
+"""Bound of a checkpoint / restore / unlock call (device memory of a big model moves at some
+GB/s: minutes at most)."""
 
 
 class Backend(Protocol):
@@ -91,7 +106,8 @@ class Backend(Protocol):
     def describe(self) -> str: ...
 
     def restore_tid(self, pid: int) -> int | None:
-        """The process's CUDA restore thread; None when it has no CUDA context."""
+        """The process's CUDA restore thread; None when it has no CUDA context. Raises when
+        the driver cannot tell."""
         ...
 
     def state(self, pid: int) -> CudaState: ...
@@ -104,162 +120,9 @@ class Backend(Protocol):
 
     def unlock(self, pid: int) -> None: ...
 
-
-def bindings_version() -> str:
-    """The installed cuda-bindings version ("" when unknown)."""
-    try:
-        return importlib.metadata.version("cuda-bindings")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    try:
-        module = importlib.import_module("cuda.bindings")
-    except ImportError:
-        return ""
-    return str(getattr(module, "__version__", ""))
-
-
-class DriverApi:
-    """Backend over ``cuda.bindings.driver`` (or any object with its API, for tests)."""
-
-    name = "cuda.bindings"
-
-    def __init__(self, cu: Any, driver_version: int, version: str) -> None:
-        self.cu = cu
-        self.driver_version = driver_version
-        self.bindings_version = version
-
-    def describe(self) -> str:
-        return (
-            f"cuda-bindings {self.bindings_version or '(unknown version)'}, "
-            f"driver CUDA {format_cuda_version(self.driver_version)}"
-        )
-
-    # ---- calls -------------------------------------------------------------------------------
-
-    def restore_tid(self, pid: int) -> int | None:
-        result = self._invoke("cuCheckpointProcessGetRestoreThreadId", pid, pid)
-        if result[0] != self.cu.CUresult.CUDA_SUCCESS:
-            return None
-        return int(result[1])
-
-    def state(self, pid: int) -> CudaState:
-        call = "cuCheckpointProcessGetState"
-        value = self._check(call, pid, self._invoke(call, pid, pid))[0]
-        raw = int(getattr(value, "value", value))
-        try:
-            return process_state(raw)
-        except ValueError:
-            name = getattr(value, "name", str(raw))
-            raise GpuFailed(
-                f"{call} for pid {pid} failed: unexpected state {name}",
-                call=call,
-                code=str(name),
-                pid=pid,
-            ) from None
-
-    def lock(self, pid: int, timeout_ms: int) -> None:
-        args = self.cu.CUcheckpointLockArgs()
-        args.timeoutMs = min(max(0, int(timeout_ms)), 0xFFFFFFFF)  # unsigned int
-        call = "cuCheckpointProcessLock"
-        self._check(call, pid, self._invoke(call, pid, pid, args))
-
-    def checkpoint(self, pid: int) -> None:
-        call = "cuCheckpointProcessCheckpoint"
-        self._check(call, pid, self._invoke(call, pid, pid, None))
-
-    def restore(self, pid: int, gpu_map: dict[str, str] | None) -> None:
-        call = "cuCheckpointProcessRestore"
-        if not gpu_map:
-            self._check(call, pid, self._invoke(call, pid, pid, None))
-            return
-        self.check_remap(pid)
-        pairs = [self.gpu_pair(old, new, pid) for old, new in sorted(gpu_map.items())]
-        args = self.cu.CUcheckpointRestoreArgs()
-        args.gpuPairs = pairs
-        args.gpuPairsCount = len(pairs)
-        self._check(call, pid, self._invoke(call, pid, pid, args))
-
-    def unlock(self, pid: int) -> None:
-        call = "cuCheckpointProcessUnlock"
-        self._check(call, pid, self._invoke(call, pid, pid, None))
-
-    # ---- GPU pairs ---------------------------------------------------------------------------
-
-    def check_remap(self, pid: int) -> None:
-        """Raise ``GpuUnavailable`` unless driver and bindings can restore onto other GPUs."""
-        if self.driver_version < GPU_REMAP_DRIVER:
-            raise GpuUnavailable(
-                f"restoring onto other GPUs needs an r580 / CUDA 13.0 driver; this driver is "
-                f"CUDA {format_cuda_version(self.driver_version)}",
-                pid=pid,
-            )
-        version = parse_version(self.bindings_version)
-        too_old = bool(version) and version < GPU_REMAP_BINDINGS
-        if too_old or not hasattr(self.cu, "CUcheckpointGpuPair"):
-            have = self.bindings_version or "an unknown version"
-            raise GpuUnavailable(
-                f"restoring onto other GPUs needs cuda-bindings >= 13.0.2; installed: {have}",
-                hint="pip install -U 'cuda-python>=13.0.2'",
-                pid=pid,
-            )
-
-    def cu_uuid(self, text: str) -> Any:
-        """A ``CUuuid`` holding the GPU UUID ``text`` (its ``bytes`` is read-only: filled
-        through ``ctypes.memmove`` on ``getPtr()``)."""
-        raw = uuid_to_bytes(text)
-        value = self.cu.CUuuid()
-        ctypes.memmove(value.getPtr(), raw, len(raw))
-        got = getattr(value, "bytes", raw)
-        if isinstance(got, (bytes, bytearray)) and bytes(got) != raw:
-            raise ValueError(f"CUuuid for {text} holds {bytes(got).hex()} after memmove")
-        return value
-
-    def gpu_pair(self, old: str, new: str, pid: int) -> Any:
-        call = "cuCheckpointProcessRestore"
-        try:
-            pair = self.cu.CUcheckpointGpuPair()
-            pair.oldUuid = self.cu_uuid(old)
-            pair.newUuid = self.cu_uuid(new)
-        except ValueError as exc:
-            raise GpuFailed(
-                f"{call} for pid {pid} failed: {exc}", call=call, code="INVALID_UUID", pid=pid
-            ) from exc
-        return pair
-
-    # ---- errors ------------------------------------------------------------------------------
-
-    def error_name(self, err: Any) -> str:
-        """``cuGetErrorName(err)``, else the enum's name, else the number."""
-        try:
-            status, name = self.cu.cuGetErrorName(err)
-        except Exception:
-            status, name = None, None
-        if status == self.cu.CUresult.CUDA_SUCCESS and name:
-            return name.decode() if isinstance(name, bytes) else str(name)
-        fallback = getattr(err, "name", None)
-        if fallback:
-            return str(fallback)
-        try:
-            return f"CUresult {int(err)}"
-        except (TypeError, ValueError):
-            return f"CUresult {err!r}"
-
-    def _invoke(self, call: str, pid: int, *args: Any) -> tuple[Any, ...]:
-        function = getattr(self.cu, call)
-        try:
-            result = function(*args)
-        except RuntimeError as exc:  # "Function ... not found" and the like: driver too old
-            raise GpuUnavailable(
-                f"the NVIDIA driver cannot do {call}: {exc}", pid=pid or None
-            ) from exc
-        return result if isinstance(result, tuple) else (result,)
-
-    def _check(self, call: str, pid: int, result: tuple[Any, ...]) -> tuple[Any, ...]:
-        err = result[0]
-        if err != self.cu.CUresult.CUDA_SUCCESS:
-            name = self.error_name(err)
-            raise GpuFailed(f"{call} for pid {pid} failed: {name}", call=call, code=name, pid=pid)
-        return result[1:]
+    def remap_refusal(self) -> str | None:
+        """Why this backend cannot restore onto other GPUs (None: it can)."""
+        ...
 
 
 class CudaDriverCheckpointer:
@@ -269,7 +132,8 @@ class CudaDriverCheckpointer:
     unusual set-ups): ``driver``, an object with the API of ``cuda.bindings.driver`` used
     instead of importing it, and ``driver_bindings_version`` its version; ``cuda_checkpoint``,
     the fallback utility's name or path (None: no fallback) and ``run`` how to run it;
-    ``proc``, where /proc is.
+    ``proc``, where /proc is; ``call_timeout_s`` / ``query_timeout_s``, the bounds of the
+    waits (module doc).
     """
 
     def __init__(
@@ -280,47 +144,81 @@ class CudaDriverCheckpointer:
         cuda_checkpoint: str | None = DEFAULT_BINARY,
         run: Runner = run_subprocess,
         proc: Path = Path("/proc"),
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        query_timeout_s: float = QUERY_TIMEOUT_S,
     ) -> None:
+        if call_timeout_s <= 0 or query_timeout_s <= 0:
+            raise ValueError("CUDA call timeouts must be positive")
         self._driver = driver
         self._driver_version_text = driver_bindings_version
         self._binary_name = cuda_checkpoint
         self._run = run
         self._proc = proc
+        self._call_timeout_s = call_timeout_s
+        self._query_timeout_s = query_timeout_s
         self._backend: Backend | None = None
         self._unavailable: GpuUnavailable | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptd-cuda")
-        self._closed = False
-        self._close_lock = threading.Lock()
+        self._worker = CallWorker("ckptd-cuda")
 
     # ---- the GpuCheckpointer port ------------------------------------------------------------
 
     def uses_cuda(self, pid: int) -> bool:
         """Whether ``pid`` has a CUDA context (see the module doc for the no-driver cases)."""
-        return self._on_worker(lambda: self._uses_cuda(pid))
+        call = "cuCheckpointProcessGetRestoreThreadId"
+        return self._on_worker(call, pid, lambda: self._uses_cuda(pid))
 
     def state(self, pid: int) -> CudaState:
-        return self._on_worker(lambda: self._call("cuCheckpointProcessGetState", pid).state(pid))
+        call = "cuCheckpointProcessGetState"
+        return self._on_worker(call, pid, lambda: self._call(call, pid).state(pid))
 
     def lock(self, pid: int, timeout_ms: int) -> None:
-        """RUNNING -> LOCKED, waiting up to ``timeout_ms`` (0: no limit)."""
-        self._on_worker(lambda: self._call("cuCheckpointProcessLock", pid).lock(pid, timeout_ms))
+        """RUNNING -> LOCKED, waiting up to ``timeout_ms`` (0: no limit in the driver; the
+        wait here is bounded all the same). A negative timeout is refused."""
+        call = "cuCheckpointProcessLock"
+        if timeout_ms < 0:
+            raise GpuFailed(
+                f"{call} for pid {pid} refused: negative lock timeout {timeout_ms} ms",
+                call=call, code="INVALID_TIMEOUT", pid=pid,
+            )
+        bound = timeout_ms / 1000 + self._query_timeout_s if timeout_ms else self._call_timeout_s
+        self._on_worker(
+            call, pid, lambda: self._call(call, pid).lock(pid, timeout_ms), bound,
+            late=True,
+        )
 
     def checkpoint(self, pid: int) -> None:
+        call = "cuCheckpointProcessCheckpoint"
         self._on_worker(
-            lambda: self._call("cuCheckpointProcessCheckpoint", pid).checkpoint(pid)
+            call, pid, lambda: self._call(call, pid).checkpoint(pid), self._call_timeout_s,
+            late=True,
         )
 
     def restore(self, pid: int, gpu_map: Mapping[str, str] | None = None) -> None:
         """CHECKPOINTED -> LOCKED. A ``gpu_map`` whose every pair is old == new is no remap
-        (and then needs no r580 driver)."""
+        (and then needs no r580 driver); else it is passed whole, identity pairs included."""
+        call = "cuCheckpointProcessRestore"
         pairs = dict(gpu_map or {})
         remap = pairs if any(old != new for old, new in pairs.items()) else None
         self._on_worker(
-            lambda: self._call("cuCheckpointProcessRestore", pid).restore(pid, remap)
+            call, pid, lambda: self._call(call, pid).restore(pid, remap), self._call_timeout_s
         )
 
     def unlock(self, pid: int) -> None:
-        self._on_worker(lambda: self._call("cuCheckpointProcessUnlock", pid).unlock(pid))
+        call = "cuCheckpointProcessUnlock"
+        self._on_worker(
+            call, pid, lambda: self._call(call, pid).unlock(pid), self._call_timeout_s
+        )
+
+    def remap_refusal(self) -> str | None:
+        """Why a restore onto other GPUs cannot be done here (the backend's reason, or why
+        there is no backend); None: it can."""
+        def ask() -> str | None:
+            try:
+                return self._ensure().remap_refusal()
+            except GpuUnavailable as exc:
+                return exc.message
+
+        return self._on_worker("remap check", None, ask)
 
     # ---- beyond the port ---------------------------------------------------------------------
 
@@ -332,23 +230,53 @@ class CudaDriverCheckpointer:
             except GpuUnavailable as exc:
                 return f"unavailable: {exc.message}"
 
-        return self._on_worker(what)
+        return self._on_worker("describe", None, what)
 
     def close(self) -> None:
-        """End the worker thread (after the call in progress). Later calls raise
-        ``GpuUnavailable``. Idempotent."""
-        with self._close_lock:
-            self._closed = True
-        self._executor.shutdown(wait=True)
+        """End the worker (after the call in progress, waiting a few seconds at most). Later
+        calls raise ``GpuUnavailable``. Idempotent."""
+        self._worker.close()
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _on_worker(self, work: Callable[[], T]) -> T:
-        with self._close_lock:
-            if self._closed:
-                raise GpuUnavailable("the CUDA checkpointer is closed (daemon stopping)")
-            future = self._executor.submit(work)
-        return future.result()
+    def _on_worker(
+        self,
+        call: str,
+        pid: int | None,
+        work: Callable[[], T],
+        timeout_s: float | None = None,
+        *,
+        late: bool = False,
+    ) -> T:
+        """``work()`` on the worker, bounded by ``timeout_s`` (default: the query bound),
+        foreign exceptions mapped (module doc). ``late``: a call that moves ``pid`` away
+        from RUNNING, settled back towards RUNNING when it finishes after being abandoned."""
+
+        def guarded() -> T:
+            try:
+                return work()
+            except CkptdError:
+                raise
+            except Exception as exc:
+                raise _foreign(call, pid, exc) from exc
+
+        settle = (lambda: self._settle(pid)) if late and pid is not None else None
+        return self._worker.run(
+            guarded, timeout_s or self._query_timeout_s, call=call, pid=pid, on_late=settle
+        )
+
+    def _settle(self, pid: int) -> None:
+        """After an abandoned lock / checkpoint returned at last (its dump failed): restore
+        if CHECKPOINTED, unlock if LOCKED — on the abandoned thread, directly."""
+        backend = self._ensure(pid)
+        state = backend.state(pid)
+        if state is CudaState.CHECKPOINTED:
+            backend.restore(pid, None)
+            state = backend.state(pid)
+        if state is CudaState.LOCKED:
+            backend.unlock(pid)
+        log.warning("pid %d: CUDA brought back to %s after its late call", pid,
+                    backend.state(pid).name)
 
     def _uses_cuda(self, pid: int) -> bool:
         group = tgid(pid, self._proc)
@@ -454,14 +382,19 @@ class CudaDriverCheckpointer:
             need = (
                 ".".join(map(str, GPU_REMAP_BINDINGS))
                 if parsed[:2] == (13, 0)
-                else ".".join(map(str, CHECKPOINT_API_BINDINGS))
+                else ".".join(map(str, GIL_RELEASE_BINDINGS))
             )
             reason = GpuUnavailable(
                 f"cuda-bindings {version or '(unknown version)'} lacks {', '.join(missing)}: "
                 f"needs cuda-bindings >= {need}",
-                hint=f"pip install -U 'cuda-python>={need}'",
+                hint=f"pip install -U 'cuda-bindings>={need}'",
             )
             return None, reason, False
+        too_old = gil_refusal(version)
+        if too_old is not None:
+            return None, GpuUnavailable(
+                too_old, hint="pip install -U 'cuda-bindings>=13.4.4'"
+            ), False
         api = DriverApi(cu, driver_version, version)
         try:
             status = cu.cuInit(0)[0]
@@ -477,3 +410,14 @@ class CudaDriverCheckpointer:
         if "/" in self._binary_name:
             return self._binary_name if Path(self._binary_name).is_file() else None
         return shutil.which(self._binary_name)
+
+
+def _foreign(call: str, pid: int | None, exc: Exception) -> CkptdError:
+    """A ckptd error for an exception from outside ckptd (the bindings, the utility's runner,
+    a bug): ``GpuUnavailable`` when it says the bindings lack or refuse something, else
+    ``GpuFailed`` code ``INTERNAL``. The caller keeps ``exc`` as the cause."""
+    where = f" for pid {pid}" if pid is not None else ""
+    text = f"{call}{where} failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, (AttributeError, ImportError, NotImplementedError, TypeError)):
+        return GpuUnavailable(f"{text} (the installed cuda-bindings do not fit)", pid=pid)
+    return GpuFailed(text, call=call, code="INTERNAL", pid=pid)

@@ -18,6 +18,15 @@ GPU_REMAP_DRIVER = 13000
 """First driver that restores onto other GPUs (``CUcheckpointGpuPair``): r580 / CUDA 13.0."""
 CHECKPOINT_API_BINDINGS = (12, 8, 0)
 """First cuda-bindings with ``cuCheckpointProcess*``."""
+GIL_RELEASE_BINDINGS = (12, 9, 1)
+"""First cuda-bindings that releases the GIL during driver calls (older ones would stall
+every Python thread of the daemon, its systemd watchdog ping included, for a whole
+checkpoint): the oldest the daemon uses."""
+SUPPORTED_BINDINGS = ("12.9.4", "13.0.3", "13.3.0", "13.4.4", "13.5.0")
+"""The cuda-bindings versions the contract test builds every argument struct against
+(tests/contract/test_cuda_bindings_versions.py; pyproject's ``gpu`` extra and the README
+say the same range). 12.9.x checkpoints on the same GPUs only; 13.3.0 too (it lacks
+CUcheckpointRestoreArgs); 13.0.2 and later others can remap."""
 GPU_REMAP_BINDINGS = (13, 0, 2)
 """First cuda-bindings with both ``CUcheckpointGpuPair`` and ``cuCheckpointProcessRestore``
 (13.0.0 and 13.0.1 lack the latter)."""

@@ -29,6 +29,7 @@ from ckptd.adapters.guard import wire
 from ckptd.adapters.procfs.pidfd import PidfdHandle
 from ckptd.adapters.storage.journal import annotate
 from ckptd.core.guard import TRACED_WAIT_S, TreeWatch, Verdict
+from ckptd.core.undo import with_guard_resumed
 
 log = logging.getLogger("ckptd-guard")
 PROC = Path("/proc")
@@ -50,8 +51,8 @@ def recorder(journal: Path) -> Callable[[str, Verdict], bool]:
     """Records a verdict in the dead daemon's journal entry (``recover`` reads it)."""
 
     def record(op_id: str, verdict: Verdict) -> bool:
-        del verdict  # only RECORD_RESUME is recorded
-        return annotate(journal, op_id, {"guard": "resumed"})
+        del verdict  # only RECORD_RESUME is recorded: a GuardResumed undo record
+        return annotate(journal, op_id, with_guard_resumed)
 
     return record
 

@@ -3,10 +3,14 @@
 pynvml is imported at the first ``inventory()``, never at module import: without it (or
 without a driver) the inventory says ``available=False`` and why.
 
-Invariants: ``inventory()`` never raises; each call initialises NVML and shuts it down again
-(``nvmlInit`` / ``nvmlShutdown``: a driver loaded or upgraded later is seen by the next call),
-and calls are serialized by a lock (NVML's init count is process-wide). Process ids in
-``uses`` are those NVML reports: host pids when the daemon runs in the host's pid namespace.
+Invariants: ``inventory()`` never raises; one GPU whose NVML calls fail does not make the
+inventory unavailable: it is listed with name ``UNKNOWN_GPU`` (its UUID if NVML still gives
+it, else "") and the reason in ``problems``, so the node's GPU count stays right (only when
+no GPU at all can be read is the inventory unavailable); each call initialises NVML and
+shuts it down again (``nvmlInit`` / ``nvmlShutdown``: a driver loaded or upgraded later is
+seen by the next call), and calls are serialized by a lock (NVML's init count is
+process-wide). Process ids in ``uses`` are those NVML reports: host pids when the daemon
+runs in the host's pid namespace.
 
 ``visible_to(pid)`` reads the process's device nodes and environment from /proc first (see
 ``ckptd.adapters.nvml.visibility``) and asks NVML only when something restricts it; when NVML
@@ -25,6 +29,7 @@ from typing import Any
 from ckptd.adapters.cuda.support import NOT_INSTALLED, format_cuda_version
 from ckptd.adapters.nvml.visibility import NodeGpu, read_view, visible_uuids
 from ckptd.domain import GpuInfo, GpuInventory, GpuUse
+from ckptd.domain.model import UNKNOWN_GPU
 
 log = logging.getLogger(__name__)
 
@@ -152,15 +157,25 @@ class NvmlInventory:
         count = int(self._call(nvml, "nvmlDeviceGetCount"))
         gpus: list[GpuInfo] = []
         uses: list[GpuUse] = []
+        problems: list[str] = []
         for index in range(count):
-            handle = self._call(nvml, "nvmlDeviceGetHandleByIndex", index, gpu=index)
-            gpu = self._gpu(nvml, index, handle)
+            try:
+                handle = self._call(nvml, "nvmlDeviceGetHandleByIndex", index, gpu=index)
+                gpu = self._gpu(nvml, index, handle)
+                found = self._call(
+                    nvml, "nvmlDeviceGetComputeRunningProcesses", handle, gpu=index
+                )
+            except _Failed as failed:  # this GPU only: listed as unknown, the rest go on
+                log.warning("GPU %d unknown: %s", index, failed.reason)
+                problems.append(f"GPU {index} unknown: {failed.reason}")
+                gpus.append(GpuInfo(index, UNKNOWN_GPU, self._uuid_or_empty(nvml, index), 0))
+                continue
             gpus.append(gpu)
-            for proc in self._call(
-                nvml, "nvmlDeviceGetComputeRunningProcesses", handle, gpu=index
-            ):
+            for proc in found:
                 memory = getattr(proc, "usedGpuMemory", None)
                 uses.append(GpuUse(int(proc.pid), gpu.uuid, int(memory or 0)))
+        if problems and len(problems) == len(gpus):  # not one GPU readable: NVML is broken
+            raise _Failed(problems[0].split(": ", 1)[1])
         if not gpus:
             return GpuInventory(
                 False,
@@ -169,14 +184,25 @@ class NvmlInventory:
                 cuda_version=cuda,
             )
         plural = "s" if len(gpus) != 1 else ""
+        unknown = f" ({len(problems)} unknown: see problems)" if problems else ""
         return GpuInventory(
             True,
-            f"{len(gpus)} NVIDIA GPU{plural}, driver {driver}, CUDA {format_cuda_version(cuda)}",
+            f"{len(gpus)} NVIDIA GPU{plural}{unknown}, driver {driver}, "
+            f"CUDA {format_cuda_version(cuda)}",
             driver_version=driver,
             cuda_version=cuda,
             gpus=tuple(gpus),
             uses=tuple(uses),
+            problems=tuple(problems),
         )
+
+    def _uuid_or_empty(self, nvml: Any, index: int) -> str:
+        """The UUID of GPU ``index`` when NVML still gives it, else ""."""
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            return _text(nvml.nvmlDeviceGetUUID(handle))
+        except Exception:
+            return ""
 
     def _gpu(self, nvml: Any, index: int, handle: Any) -> GpuInfo:
         memory = self._call(nvml, "nvmlDeviceGetMemoryInfo", handle, gpu=index)

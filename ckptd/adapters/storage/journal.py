@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,15 @@ class FileJournal:
             yield path.stem, facts
 
 
-def annotate(root: Path, op_id: str, facts: dict[str, Any]) -> bool:
-    """Add ``facts`` to the entry of ``op_id`` in the journal at ``root``, atomically and
-    durably. For a process other than the daemon that owns the journal (the guard), and only
-    once that daemon is dead. True when written, or when there is no entry (the operation
-    ended); False when the entry could not be read or written."""
+def annotate(
+    root: Path, op_id: str, update: Callable[[dict[str, Any]], dict[str, Any]]
+) -> bool:
+    """Replace the entry of ``op_id`` in the journal at ``root`` by ``update(entry)``,
+    atomically and durably (e.g. ``core.undo.with_guard_resumed``: a record appended to the
+    typed entry). For a process other than the daemon that owns the journal (the guard), and
+    only once that daemon is dead. True when written, or when there is no entry (the operation
+    ended); False when the entry could not be read, updated (``update`` raised ValueError) or
+    written."""
     path = root / f"{op_id}.json"
     try:
         entry = json.loads(path.read_text())
@@ -54,7 +58,7 @@ def annotate(root: Path, op_id: str, facts: dict[str, Any]) -> bool:
     if not isinstance(entry, dict):
         return False
     try:
-        write_atomic(path, json.dumps({**entry, **facts}).encode())
-    except OSError:
+        write_atomic(path, json.dumps(update(entry)).encode())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return False
     return True

@@ -4,11 +4,19 @@
 fails if the name exists), so an object is whole or absent. Files are not fsynced one by one:
 ``flush`` fsyncs every file put since the last flush and the directories they are in — one
 barrier before the manifest instead of one per object.
+
+Modes: objects are created 0600 and directories 0700, whatever the umask; at construction
+the root and every entry directly in it (the object directories, ``store.json``) lose any
+group and other permission they had (a store directory that existed 0755, objects an older
+ckptd wrote 0644 behind it), so nothing in the store is readable by other users, whatever
+existed before. Deeper objects are not walked (a big store opens fast): the 0700 directories
+above them keep them out of reach.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import stat
@@ -24,6 +32,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 IOV_MAX = 1024
+log = logging.getLogger(__name__)
 
 
 class LocalBlobStore:
@@ -34,6 +43,39 @@ class LocalBlobStore:
         self._lock = threading.Lock()
         self._unsynced: set[Path] = set()
         self._dirty_dirs: set[Path] = set()
+        self._tighten()
+
+    def _tighten(self) -> None:
+        """Drop group and other permissions of the root and of every entry directly in it
+        (module docstring); a file system that refuses (NFS with root squashing) is logged."""
+        try:
+            entries = [self.root, *self.root.iterdir()]
+        except OSError as exc:
+            log.warning("cannot list store %s to check its modes: %s", self.root, exc)
+            return
+        for path in entries:
+            try:
+                st = path.lstat()
+                if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
+                    continue
+                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+                log.warning("store: %s had mode %o, now %o", path, stat.S_IMODE(st.st_mode),
+                            stat.S_IMODE(st.st_mode) & 0o700)
+            except OSError as exc:
+                log.warning("store: cannot restrict the mode of %s: %s", path, exc)
+
+    def _mkdirs(self, path: Path) -> None:
+        """``path`` and its missing parents under the root, each created 0700."""
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            return
+        except FileNotFoundError:
+            if path == self.root or self.root not in path.parents:
+                raise
+            self._mkdirs(path.parent)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
 
     def _path(self, key: str) -> Path:
         if not key or key.startswith("/") or ".." in key.split("/"):
@@ -47,9 +89,12 @@ class LocalBlobStore:
         path = self._path(key)
         tmp = path.parent / f".tmp.{secrets.token_hex(6)}"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with open(tmp, "wb", buffering=0) as fh:
-                _write_all(fh.fileno(), parts)
+            self._mkdirs(path.parent)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                _write_all(fd, parts)
+            finally:
+                os.close(fd)
             if if_absent:
                 try:
                     os.link(tmp, path)

@@ -4,7 +4,9 @@ Dump: ``begin`` gives CRIU a staging directory (RAM-backed when it fits) and wri
 ``commit`` ingests it (new pages into packs, metadata images into blobs), makes every object
 durable (``flush``), then writes the manifest — the only thing that makes a checkpoint visible
 — and drops the staging and the lease. Restore: ``checkout`` rebuilds CRIU's image directory,
-verifying every byte. GC and the dumps/restores of this daemon exclude each other (``RWLock``);
+verifying every byte; ``checkout_streamed`` gives the images to read as CRIU asks for them
+(verified as they pass) instead. GC and the dumps/restores of this daemon exclude each other
+(``RWLock``);
 leases keep a crashed or foreign dump's fresh objects from being collected, and GC condemns
 objects a grace period before deleting them (``maintenance``): a dump never reuses a condemned
 object, and re-checks before its manifest that nothing it names has become due.
@@ -29,13 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ckptd.core.ports import BlobStore, Clock, PageSink
+from ckptd.core.ports import BlobStore, Clock, ImageSource, PageSink
 from ckptd.core.store import maintenance, pagelist, pagepath
 from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.export import FrameExport
 from ckptd.core.store.index import SLOT_SHIFT, PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
+from ckptd.core.store.integrity import Adoption, StartupCheck, adopt_unauthenticated, startup_check
 from ckptd.core.store.keep import KeptFrames, KeptPacks
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import (
     CONFIG_KEY,
@@ -48,6 +52,7 @@ from ckptd.core.store.objects import (
 )
 from ckptd.core.store.pagehash import ZERO_REF, PageHasher
 from ckptd.core.store.reader import CheckpointReader, PageSource
+from ckptd.core.store.restream import CheckpointImages
 from ckptd.core.store.rwlock import RWLock
 from ckptd.core.store.streaming import StreamedPages
 from ckptd.domain import CheckpointRecord, GcReport, GroupRecord, VerifyReport
@@ -106,6 +111,7 @@ class ContentStore:
         *,
         clock: Clock,
         is_pages_file: Callable[[str], bool],
+        keys: ManifestKeys,
         node: str = "",
         workers: int = 2,
         level: int = 1,
@@ -126,6 +132,7 @@ class ContentStore:
         # two: one assembles a pack (a native copy, no GIL) while the other writes one
         self._writer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packs")
         self._secret = self._load_secret()
+        self._keys = keys
         self._hashers: dict[int, PageHasher] = {}
         self._manifests: dict[str, Manifest] = {}
         self._listed_mtimes: dict[str, float] = {}
@@ -281,10 +288,10 @@ class ContentStore:
                 packs=tuple(packs),
                 blobs=tuple(sorted(result.blobs)),
             )
-            data = manifest.to_bytes()
+            data = manifest.to_bytes(self._keys, self.store_id)
             record = replace(record, bytes_new=record.bytes_new + len(data))
             manifest = replace(manifest, record=record)
-            data = manifest.to_bytes()
+            data = manifest.to_bytes(self._keys, self.store_id)
             if not self._blobs.put(manifest_key(record.id), data, if_absent=True):
                 raise StoreError(f"checkpoint {record.id} exists already", checkpoint_id=record.id)
             self._blobs.flush()
@@ -385,7 +392,7 @@ class ContentStore:
                 f"no checkpoint {checkpoint_id}", checkpoint_id=checkpoint_id
             ) from exc
         try:
-            manifest = Manifest.from_bytes(data, checkpoint_id)
+            manifest = Manifest.from_bytes(data, checkpoint_id, self._keys, self.store_id)
         except CorruptCheckpoint:
             with self._mutex:  # never serve a copy of what is now known to be damaged
                 self._manifests.pop(checkpoint_id, None)
@@ -444,11 +451,36 @@ class ContentStore:
         try:
             with self.rw.shared():
                 reader = self.reader(checkpoint_id)
+                reader.check_packs()  # magic, footer, trailer: before anything is written
                 for entry in manifest.files:
                     reader.materialize(entry, images / entry.name)
             yield images
         finally:
             _remove_soon(root)  # off the restore's critical path
+
+    @contextlib.contextmanager
+    def checkout_streamed(self, checkpoint_id: str) -> Iterator[tuple[Path, ImageSource]]:
+        """An empty directory (staging sized for the checkpoint's captured files, which a
+        restore writes there) and the checkpoint's images read from the store as asked for,
+        every byte verified (``CheckpointImages``), every pack's structure checked first as for
+        ``checkout``. GC waits until the context ends: the
+        packs are read while CRIU restores."""
+        manifest = self.manifest(checkpoint_id, fresh=True)
+        size = sum(f.size for f in manifest.record.files)
+        root = self._staging.choose(size) / f"restore-{checkpoint_id}-{secrets.token_hex(3)}"
+        images = root / "images"
+        images.mkdir(parents=True, mode=0o700)
+        try:
+            with self.rw.shared():
+                reader = self.reader(checkpoint_id)
+                reader.check_packs()  # magic, footer, trailer: before CRIU reads anything
+                source = CheckpointImages(reader, manifest)
+                try:
+                    yield images, source
+                finally:
+                    source.close()
+        finally:
+            _remove_soon(root)
 
     # ---- page exchange (migration) ----------------------------------------------------------
 
@@ -507,6 +539,22 @@ class ContentStore:
         """Page references per pages image (for tests and tools)."""
         reader = self.reader(checkpoint_id)
         return {f.name: reader.refs(f) for f in self.manifest(checkpoint_id).files if f.pagelist}
+
+    def startup_check(self) -> StartupCheck:
+        """What was found damaged when the index was built (``integrity``: every pack's
+        footer and trailer, read at construction); for the daemon's start-up log."""
+        return startup_check(self.index)
+
+    def adopt_unauthenticated(self) -> Adoption:
+        """Sign, once, the manifests written before manifests were authenticated (format 1)
+        with this node's key (``integrity.adopt_unauthenticated``): trusts the store as it
+        is now. The daemon calls it when it creates its key, or when asked to."""
+        with self.rw.exclusive():
+            adoption = adopt_unauthenticated(self._blobs, self._keys, self.store_id)
+        with self._mutex:
+            self._manifests.clear()
+            self._listed_mtimes.clear()
+        return adoption
 
     def verify(self, checkpoint_id: str = "") -> VerifyReport:
         return maintenance.verify(self, self._blobs, checkpoint_id)

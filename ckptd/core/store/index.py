@@ -51,7 +51,30 @@ def load_pack_index(blobs: BlobStore, pack_id: str) -> PackIndex:
         raise CorruptCheckpoint(f"pack {pack_id}: trailer outside the pack (damaged footer)")
     raw = blobs.get(key, offset, offset + length)
     check_trailer(pack_id, raw, checksum)
-    return decode_trailer(pack_id, raw)
+    pack = decode_trailer(pack_id, raw)
+    end = len(MAGIC)
+    for no, frame in enumerate(pack.frames):
+        if frame.offset != end or frame.length <= 0:
+            raise CorruptCheckpoint(f"pack {pack_id}: trailer misplaces frame {no} (damaged)")
+        end += frame.length
+    if end != offset:
+        raise CorruptCheckpoint(f"pack {pack_id}: trailer does not account for its frames")
+    return pack
+
+
+def check_pack(blobs: BlobStore, pack_id: str, known: PackIndex | None = None) -> PackIndex:
+    """Every structural part of a pack: its magic, its footer (end marker, where the trailer
+    is), its trailer (checksum, frames laid end to end from the magic to the trailer) and,
+    when the index ``known`` it, that the trailer still says what it did (three ranged reads;
+    the frames' pages are verified when read). For ``verify`` and before a restore; start-up
+    reads only what the index needs (``load_pack_index``)."""
+    key = pack_key(pack_id)
+    if blobs.get(key, 0, len(MAGIC)) != MAGIC:
+        raise CorruptCheckpoint(f"pack {pack_id}: bad magic (not a pack, or overwritten)")
+    pack = load_pack_index(blobs, pack_id)
+    if known is not None and pack.frames != known.frames:
+        raise CorruptCheckpoint(f"pack {pack_id}: trailer changed since it was indexed")
+    return pack
 
 
 class _Live:

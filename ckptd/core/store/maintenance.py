@@ -1,9 +1,11 @@
 """Store maintenance: garbage collection (mark, condemn, sweep), retention, verification.
 
-GC marks every pack and blob a manifest names. An unmarked object is a *candidate* unless it
-was written since the oldest live lease started (a dump in progress, here or on another node,
-may be about to name it). Candidates are not deleted at once: a run lists the new ones in a
-condemned list (``condemned.py``) and deletes only those an earlier run condemned at least
+GC marks every pack and blob a manifest names — any manifest, authenticated or not (ADR
+0013: one this node refuses may be another node's, or not adopted yet). An unmarked object
+is a *candidate* unless it was written since the oldest live lease started (a dump in
+progress, here or on another node, may be about to name it). Candidates are not deleted at
+once: a run lists the new ones in a condemned list (``condemned.py``) and deletes only those
+an earlier run condemned at least
 ``grace_s`` ago (by default the lease TTL) and that are still candidates now. Meanwhile dumps
 on every node store condemned objects again instead of reusing them, so an object that is due
 is named by no dump that began after it was condemned, and one that began before it ran for
@@ -20,17 +22,18 @@ only through ``MaintainedStore`` (what GC and verify need of it) and never impor
 from __future__ import annotations
 
 import builtins
+import contextlib
 from typing import Protocol
 
 from ckptd.core.ports import BlobStore, Clock
 from ckptd.core.store.condemned import Condemned, CondemnedList, condemned_key, load_condemned
-from ckptd.core.store.index import PACK_PREFIX, PageIndex, load_pack_index
-from ckptd.core.store.manifest import Manifest
+from ckptd.core.store.index import PACK_PREFIX, PageIndex, check_pack
+from ckptd.core.store.manifest import Manifest, names_unverified
 from ckptd.core.store.objects import BLOB_PREFIX, LEASE_PREFIX, MANIFEST_PREFIX
 from ckptd.core.store.reader import CheckpointReader
 from ckptd.core.store.rwlock import RWLock
 from ckptd.domain import CheckpointRecord, GcReport, VerifyReport
-from ckptd.errors import CkptdError, CorruptCheckpoint
+from ckptd.errors import BlobNotFound, CkptdError, CorruptCheckpoint
 
 DEFAULT_LEASE_TTL_S = 6 * 3600.0
 
@@ -71,10 +74,21 @@ def collect_garbage(
     with store.rw.exclusive():
         live_packs: set[str] = set()
         live_blobs: set[str] = set()
-        for record in store.list():
-            manifest = store.manifest(record.id)
-            live_packs.update(manifest.packs)
-            live_blobs.update(manifest.blobs)
+        listed = {r.id for r in store.list()}
+        for key, _mtime in blobs.list(MANIFEST_PREFIX):
+            cid = key[len(MANIFEST_PREFIX) :]
+            if cid in listed:
+                manifest = store.manifest(cid)
+                live_packs.update(manifest.packs)
+                live_blobs.update(manifest.blobs)
+                continue
+            # refused (unauthenticated, another node's key, edited): whatever it names is
+            # kept, so a node given the wrong key, or a manifest not adopted yet, never makes
+            # another node's data garbage (keeping too much costs space only)
+            with contextlib.suppress(BlobNotFound):
+                packs, named_blobs = names_unverified(blobs.get(key))
+                live_packs.update(packs)
+                live_blobs.update(named_blobs)
         now = clock.time()
         lease_starts = []
         for key, mtime in blobs.list(LEASE_PREFIX):
@@ -165,11 +179,17 @@ def _update_condemned(
 
 
 def verify(store: MaintainedStore, blobs: BlobStore, checkpoint_id: str = "") -> VerifyReport:
-    """Read back and check one checkpoint (every page and image against its hash), or the
-    whole store: every checkpoint, every manifest, every pack's trailer."""
+    """Read back and check one checkpoint, or the whole store: every checkpoint, and every
+    pack, named by a checkpoint or not.
+
+    A checkpoint is checked whole: its manifest (authenticated, naming this checkpoint and
+    store: ``Manifest.from_bytes``), the structure of every pack it names (magic, footer,
+    trailer: ``index.check_pack``), and every page and image against its hash. Each problem
+    names the checkpoint and the damaged object; a pack's structure is read once per run."""
     problems: builtins.list[str] = []
     ids: builtins.list[str] = []
     packs_checked = 0
+    pack_problems: dict[str, str] = {}
     with store.rw.shared():
         if checkpoint_id:
             ids = [checkpoint_id]
@@ -177,21 +197,45 @@ def verify(store: MaintainedStore, blobs: BlobStore, checkpoint_id: str = "") ->
             ids = [k[len(MANIFEST_PREFIX) :] for k, _ in blobs.list(MANIFEST_PREFIX)]
             for key, _ in blobs.list(PACK_PREFIX):
                 packs_checked += 1
+                pack_id = key.rsplit("/", 1)[-1]
                 try:
-                    load_pack_index(blobs, key.rsplit("/", 1)[-1])
+                    check_pack(blobs, pack_id, store.index.packs.get(pack_id))
                 except CkptdError as exc:
+                    pack_problems[pack_id] = exc.message
                     problems.append(f"{key}: {exc.message}")
         for cid in ids:
-            try:
-                manifest = store.manifest(cid, fresh=True)
-                reader = store.reader(cid)
-                for entry in manifest.files:
-                    reader.check(entry)
-                for pack_id in manifest.packs:
-                    if pack_id not in store.index.packs:
-                        problems.append(f"checkpoint {cid}: pack {pack_id} is missing")
-            except CorruptCheckpoint as exc:
-                problems.append(exc.message if cid in exc.message else f"{cid}: {exc.message}")
-            except CkptdError as exc:
-                problems.append(f"checkpoint {cid}: {exc.message}")
+            found = _verify_checkpoint(store, cid, pack_problems, whole=not checkpoint_id)
+            packs_checked += found.packs_checked
+            problems += [p for p in found.problems if p not in problems]
     return VerifyReport(checked=tuple(ids), problems=tuple(problems), packs_checked=packs_checked)
+
+
+def _verify_checkpoint(
+    store: MaintainedStore, cid: str, pack_problems: dict[str, str], *, whole: bool
+) -> VerifyReport:
+    """One checkpoint's problems; ``whole``: its packs' structure is in ``pack_problems``
+    already (every pack was checked), else it is checked here."""
+    problems: builtins.list[str] = []
+    checked = 0
+    try:
+        manifest = store.manifest(cid, fresh=True)
+        reader = store.reader(cid)
+        if whole:
+            bad = {p: pack_problems[p] for p in manifest.packs if p in pack_problems}
+        else:
+            bad = reader.pack_problems()
+            checked = len(manifest.packs)
+        problems += [f"checkpoint {cid}: {what}" for what in bad.values()]
+        for entry in manifest.files:
+            try:
+                reader.check(entry)
+            except CorruptCheckpoint as exc:
+                if not any(pack_id in exc.message for pack_id in bad):  # named already
+                    problems.append(
+                        exc.message if cid in exc.message else f"{cid}: {exc.message}"
+                    )
+    except CorruptCheckpoint as exc:
+        problems.append(exc.message if cid in exc.message else f"{cid}: {exc.message}")
+    except CkptdError as exc:
+        problems.append(f"checkpoint {cid}: {exc.message}")
+    return VerifyReport(checked=(cid,), problems=tuple(problems), packs_checked=checked)

@@ -3,30 +3,37 @@
 Each frame a file needs is fetched, decompressed (unless stored raw), verified and its runs of
 consecutive pages written (``pwrite``, into a sparse file: zero pages are never written)
 exactly once, a few frames in flight on an executor; all of it without the GIL (zstd,
-``pagepath``).
+``pagepath``). A streamed restore reads a file in order instead (``stream``): the same frames,
+verified the same way, yielded as slices in the file's order, a few frames held at a time.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Executor, Future, wait
 from pathlib import Path
 from typing import TypeVar
 
 from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagelist, pagepath
-from ckptd.core.store.index import IN_FRAME, SLOT_SHIFT, PageIndex, pack_key
+from ckptd.core.store.index import IN_FRAME, SLOT_SHIFT, PageIndex, check_pack, pack_key
 from ckptd.core.store.manifest import FileEntry, Manifest
 from ckptd.core.store.objects import get_blob
 from ckptd.core.store.packs import read_frame_data
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
-from ckptd.errors import BlobNotFound, CorruptCheckpoint
+from ckptd.errors import BlobNotFound, CkptdError, CorruptCheckpoint
 
 PREFETCH = 6
+STREAM_SEGMENTS_AHEAD = 4096
+"""A streamed image's runs queued ahead at most (their frames: at most PREFETCH)."""
+ZEROS = memoryview(bytes(1 << 20))
+"""What a streamed image's zero pages are read from (1 MiB at a time)."""
 
 FrameKey = tuple[str, int]
+Segment = tuple[int, FrameKey, int, int]
+"""A run of a streamed image: (page in the image, frame, first page in the frame, count)."""
 T = TypeVar("T")
 
 
@@ -95,6 +102,64 @@ class PageSource:
             runs.setdefault(frames[code >> SLOT_SHIFT], []).append((at, code & IN_FRAME, count))
         return runs
 
+    def _segments(self, refs: Sequence[bytes]) -> list[Segment]:
+        """``_plan``'s runs in the image's order (zero pages are the gaps between them)."""
+        return sorted(
+            (at, key, first, count)
+            for key, runs in self._plan(refs).items()
+            for at, first, count in runs
+        )
+
+    def stream_refs(self, refs: Sequence[bytes]) -> Iterator[memoryview]:
+        """The pages ``refs`` in order (``stream_segments`` of their plan)."""
+        return self.stream_segments(self._segments(refs), len(refs))
+
+    def stream_segments(
+        self, segments: Sequence[Segment], pages: int, window: Callable[[], int] | None = None
+    ) -> Iterator[memoryview]:
+        """The ``pages`` pages that ``segments`` (``_segments``) place, in order, zero pages
+        (the gaps) as zeros: each frame fetched, verified
+        (decompressed unless raw) on the executor, a few ahead of need, and yielded (slices
+        of it) only once verified. Bounded: at most ``window()`` (default PREFETCH, at least
+        1) frames are loaded or held at a time, plus the one being yielded (a frame the image
+        comes back to later is loaded again). Raises
+        CorruptCheckpoint (naming the checkpoint and the object) at the first frame that
+        fails, having yielded only the verified pages before it. When this ends, early or
+        not, no frame load of it runs any more."""
+        ahead: deque[tuple[Segment, Future[bytes]]] = deque()
+        loaded: dict[FrameKey, tuple[Future[bytes], int]] = {}  # future, segments queued
+        page = 0
+        nxt = 0
+        try:
+            while nxt < len(segments) or ahead:
+                while nxt < len(segments) and len(ahead) < STREAM_SEGMENTS_AHEAD:
+                    seg = segments[nxt]
+                    key = seg[1]
+                    held = loaded.get(key)
+                    if held is None:
+                        if loaded and len(loaded) >= (window() if window else PREFETCH):
+                            break
+                        held = (self._executor.submit(self._load_frame, *key), 0)
+                    loaded[key] = (held[0], held[1] + 1)
+                    ahead.append((seg, held[0]))
+                    nxt += 1
+                (at, key, first, count), future = ahead.popleft()
+                data = future.result()
+                future_, queued = loaded[key]
+                if queued == 1:
+                    del loaded[key]
+                else:
+                    loaded[key] = (future_, queued - 1)
+                yield from _zeros((at - page) * PAGE_SIZE)
+                yield memoryview(data)[first * PAGE_SIZE : (first + count) * PAGE_SIZE]
+                page = at + count
+            yield from _zeros((pages - page) * PAGE_SIZE)
+        finally:
+            pending = [f for f, _ in loaded.values()]
+            for future in pending:
+                future.cancel()
+            wait(pending)
+
     def _each_frame(self, keys: list[FrameKey], work: Callable[[FrameKey], T]) -> Iterator[T]:
         """``work`` of each frame of ``keys``, in order, run on the executor with a bounded
         number in flight. When this ends, early or not, no ``work`` runs any more (it may
@@ -162,6 +227,30 @@ class CheckpointReader(PageSource):
         super().__init__(blobs, index, hasher, executor, manifest.record.id, manifest.packs)
         self._m = manifest
 
+    def pack_problems(self, skip: Collection[str] = ()) -> dict[str, str]:
+        """Pack id -> what is wrong with its structure (``index.check_pack``: magic, footer,
+        trailer), for every pack the checkpoint names but those in ``skip``; read in
+        parallel on the executor. Empty: all intact."""
+        packs = [p for p in self._m.packs if p not in skip]
+
+        def problem(pack_id: str) -> str:
+            try:
+                check_pack(self._blobs, pack_id, self._index.packs.get(pack_id))
+            except BlobNotFound:
+                return f"pack {pack_id} is missing"
+            except CkptdError as exc:
+                return exc.message
+            return ""
+
+        found = zip(packs, self._executor.map(problem, packs), strict=True)
+        return {pack_id: what for pack_id, what in found if what}
+
+    def check_packs(self) -> None:
+        """Raise ``CorruptCheckpoint`` naming the checkpoint and the first damaged pack if
+        any pack it names is structurally damaged (before a restore writes anything)."""
+        for what in self.pack_problems().values():
+            raise CorruptCheckpoint(f"checkpoint {self._id}: {what}", checkpoint_id=self._id)
+
     def refs(self, entry: FileEntry) -> list[bytes]:
         data = get_blob(self._blobs, self._hasher, entry.pagelist, self._id)
         base: Sequence[bytes] | None = None
@@ -212,6 +301,22 @@ class CheckpointReader(PageSource):
         finally:
             os.close(fd)
 
+    def stream_plan(self, entry: FileEntry) -> tuple[list[Segment], int]:
+        """What ``stream`` of the pages image ``entry`` needs: its runs in order and its
+        number of pages (its page list read and every page located; CorruptCheckpoint if
+        one is in no pack)."""
+        return self._segments(self.sized_refs(entry)), entry.size // PAGE_SIZE
+
+    def stream(self, entry: FileEntry, plan: tuple[list[Segment], int] | None = None,
+               window: Callable[[], int] | None = None) -> Iterator[memoryview]:
+        """``entry``'s file in order, every byte verified before it is yielded (see
+        ``stream_segments``; an image stored whole is verified whole first). ``plan``:
+        ``stream_plan(entry)``, made beforehand."""
+        if entry.blob:
+            yield memoryview(self.blob(entry))
+            return
+        yield from self.stream_segments(*(plan or self.stream_plan(entry)), window)
+
     def check(self, entry: FileEntry) -> None:
         """Read back and verify ``entry`` without writing it anywhere."""
         if entry.blob:
@@ -220,3 +325,11 @@ class CheckpointReader(PageSource):
         keys = list(self._plan(self.sized_refs(entry)))
         for _ in self._each_frame(keys, lambda key: self._load_frame(*key)):
             pass
+
+
+def _zeros(size: int) -> Iterator[memoryview]:
+    """``size`` bytes of zeros, in chunks of ZEROS."""
+    while size > 0:
+        chunk = ZEROS[: min(size, len(ZEROS))]
+        size -= len(chunk)
+        yield chunk

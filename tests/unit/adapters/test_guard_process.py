@@ -17,9 +17,14 @@ import pytest
 
 from ckptd.adapters.guard.client import PidfdTreeGuard, wait_for_guards
 from ckptd.core.ports import GuardPhase
+from ckptd.core.undo import VERSION, AbortStaging, encode
 
 ROOT = Path(__file__).resolve().parents[3]
 OP = "ck-19700101-000000-guardtest"
+ENTRY = {"version": VERSION, "op": "dump", "checkpoint_id": OP,
+         "undo": [encode("stage", AbortStaging(OP))]}
+"""The journal entry of the dump in flight, as the recipe writes it (typed undo records)."""
+GUARD_RECORD = {"step": "guard", "kind": "guard-resumed", "checkpoint_id": OP}
 DAEMON = """
 import os, signal, sys
 from pathlib import Path
@@ -75,7 +80,7 @@ def job() -> Iterator[subprocess.Popen[bytes]]:
 @pytest.fixture
 def state(tmp_path: Path) -> Path:
     (tmp_path / "journal").mkdir()
-    (tmp_path / "journal" / f"{OP}.json").write_text(json.dumps({"op": "dump"}))
+    (tmp_path / "journal" / f"{OP}.json").write_text(json.dumps(ENTRY))
     return tmp_path
 
 
@@ -102,7 +107,7 @@ def test_daemon_killed_with_a_stopped_tree_gets_it_resumed(
     took = wait_until(lambda: state_of(job.pid) == "S", 5, "the tree resumed")
     print(f"resumed {took:.2f}s after the daemon's death by guard {guard}")
     guard_gone(state)
-    assert "guard" not in json.loads((state / "journal" / f"{OP}.json").read_text())
+    assert json.loads((state / "journal" / f"{OP}.json").read_text()) == ENTRY
 
 
 def test_daemon_killed_during_the_commit_records_then_resumes(
@@ -112,7 +117,18 @@ def test_daemon_killed_during_the_commit_records_then_resumes(
     wait_until(lambda: state_of(job.pid) == "S", 5, "the tree resumed")
     guard_gone(state)
     entry = json.loads((state / "journal" / f"{OP}.json").read_text())
-    assert entry == {"op": "dump", "guard": "resumed"}
+    assert entry == {**ENTRY, "undo": [*ENTRY["undo"], GUARD_RECORD]}
+
+
+def test_an_entry_the_guard_cannot_record_in_leaves_the_tree_to_the_next_start(
+    state: Path, job: subprocess.Popen[bytes],
+) -> None:
+    legacy = {"op": "dump", "pids": [job.pid]}  # not a typed entry: no record is written
+    (state / "journal" / f"{OP}.json").write_text(json.dumps(legacy))
+    kill_daemon_after(state, job, "unsure")
+    guard_gone(state)
+    assert state_of(job.pid) == "T"
+    assert json.loads((state / "journal" / f"{OP}.json").read_text()) == legacy
 
 
 def test_daemon_killed_once_committed_gets_the_tree_killed(
@@ -144,4 +160,4 @@ def test_a_guard_that_died_is_replaced_and_told_everything(
     guard._sock.close()  # type: ignore[union-attr]  # as the daemon's death would
     wait_until(lambda: state_of(job.pid) == "S", 5, "the tree resumed")
     guard_gone(state)
-    assert json.loads((state / "journal" / f"{OP}.json").read_text())["guard"] == "resumed"
+    assert json.loads((state / "journal" / f"{OP}.json").read_text())["undo"][-1] == GUARD_RECORD

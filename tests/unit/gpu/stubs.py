@@ -20,6 +20,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_NO_DEVICE = 100
     CUDA_ERROR_OPERATING_SYSTEM = 304
     CUDA_ERROR_ILLEGAL_STATE = 401
+    CUDA_ERROR_NOT_FOUND = 500
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_NOT_PERMITTED = 800
     CUDA_ERROR_NOT_SUPPORTED = 801
@@ -283,6 +284,8 @@ class StubNvml:
         self.driver = driver
         self.cuda = cuda
         self.fail: dict[str, Exception] = {}
+        self.fail_on: dict[tuple[str, int], Exception] = {}
+        """(function, device index) -> raised by that function for that device only."""
         self.inits = 0
         self.shutdowns = 0
         self.active = 0
@@ -327,8 +330,14 @@ class StubNvml:
         self._maybe_fail("nvmlDeviceGetUUID")
         return h.uuid
 
+    def _device_fails(self, name: str, h: StubDevice) -> None:
+        error = self.fail_on.get((name, self.devices.index(h)))
+        if error is not None:
+            raise error
+
     def nvmlDeviceGetMemoryInfo(self, h: StubDevice) -> _Memory:
         self._maybe_fail("nvmlDeviceGetMemoryInfo")
+        self._device_fails("nvmlDeviceGetMemoryInfo", h)
         return _Memory(h.total, h.free, h.total - h.free)
 
     def nvmlDeviceGetCudaComputeCapability(self, h: StubDevice) -> tuple[int, int]:
@@ -345,4 +354,5 @@ class StubNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: StubDevice) -> list[_Process]:
         self._maybe_fail("nvmlDeviceGetComputeRunningProcesses")
+        self._device_fails("nvmlDeviceGetComputeRunningProcesses", h)
         return [_Process(pid, used) for pid, used in h.processes]

@@ -134,8 +134,26 @@ def test_toggle_mode_refuses_checkpoint_of_a_running_process() -> None:
 
 def test_no_gpu_remap() -> None:
     backend = CudaCheckpointBinary("/opt/cuda-checkpoint", Utility(actions=True))
-    with pytest.raises(GpuUnavailable, match="cannot restore onto other GPUs"):
+    with pytest.raises(GpuUnavailable, match="does not restore onto other GPUs"):
         backend.restore(PID, {"GPU-a": "GPU-b"})
+    assert "--device-map is not supported by ckptd" in str(backend.remap_refusal())
+
+
+def test_a_probe_error_other_than_no_cuda_is_raised() -> None:
+    """Issue #15 (6): --get-restore-tid failing with, e.g., NOT_PERMITTED is no "no CUDA"."""
+
+    def run(argv: Sequence[str], timeout: float | None) -> tuple[int, str]:
+        return 1, "Could not get restore tid: CUDA_ERROR_NOT_PERMITTED\n"
+
+    with pytest.raises(GpuFailed) as info:
+        CudaCheckpointBinary("/opt/cuda-checkpoint", run).restore_tid(PID)
+    assert info.value.code == "CUDA_ERROR_NOT_PERMITTED"
+    assert f"cannot tell whether pid {PID} uses CUDA" in info.value.message
+
+    def no_cuda(argv: Sequence[str], timeout: float | None) -> tuple[int, str]:
+        return 1, "CUDA_ERROR_INVALID_VALUE\n"
+
+    assert CudaCheckpointBinary("/opt/cuda-checkpoint", no_cuda).restore_tid(PID) is None
 
 
 def test_unknown_state_output() -> None:

@@ -246,7 +246,7 @@ def test_the_reason_is_found_once(make: Any) -> None:
         ("12.6.0", tuple(
             f"cuCheckpointProcess{n}"
             for n in ("GetRestoreThreadId", "GetState", "Lock", "Checkpoint", "Restore", "Unlock")
-        ), "12.8.0"),
+        ), "12.9.1"),
     ],
 )
 def test_bindings_without_the_functions(
@@ -335,7 +335,7 @@ def test_restore_onto_other_gpus_fills_the_pairs(make: Any) -> None:
 
 def test_identity_map_is_no_remap(make: Any) -> None:
     cu = StubCu(version=12080, states={PID: 2})
-    make(cu, version="12.8.0").restore(PID, {OLD: OLD})
+    make(cu, version="12.9.4").restore(PID, {OLD: OLD})
     assert restore_args(cu) is None
 
 
@@ -352,7 +352,8 @@ def test_remap_needs_bindings_13_0_2(make: Any, version: str) -> None:
     cu = StubCu(version=13000, states={PID: 2})
     with pytest.raises(GpuUnavailable) as info:
         make(cu, version=version).restore(PID, {OLD: NEW})
-    assert f"needs cuda-bindings >= 13.0.2; installed: {version}" in info.value.message
+    assert "needs cuda-bindings >= 13.0.2 with CUcheckpointRestoreArgs" in info.value.message
+    assert f"installed: {version}" in info.value.message
 
 
 def test_remap_with_a_bad_uuid(make: Any) -> None:

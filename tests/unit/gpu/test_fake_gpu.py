@@ -120,9 +120,9 @@ def test_lock_timeout_leaves_the_process_running() -> None:
     gpu.fail_lock_timeout.add(PID)
     with pytest.raises(GpuFailed) as info:
         gpu.lock(PID, 250)
-    assert info.value.code == "CUDA_ERROR_TIMEOUT"
+    assert info.value.code == "CUDA_ERROR_NOT_READY"
     assert info.value.message.startswith(
-        f"cuCheckpointProcessLock for pid {PID} failed: CUDA_ERROR_TIMEOUT"
+        f"cuCheckpointProcessLock for pid {PID} failed: CUDA_ERROR_NOT_READY"
     )
     assert gpu.state(PID) is CudaState.RUNNING
     assert events == [f"gpu.lock-failed {PID}"]
@@ -210,10 +210,34 @@ def test_restore_needs_the_memory_back() -> None:
 def test_restore_onto_another_gpu() -> None:
     gpu = FakeGpu([H100, SECOND])
     gpu.add_cuda_process(PID, 4 * GIB, state=CudaState.CHECKPOINTED)
-    gpu.restore(PID, {H100.uuid: SECOND.uuid})
+    swap = {H100.uuid: SECOND.uuid, SECOND.uuid: H100.uuid}
+    gpu.restore(PID, swap)
     gpu.unlock(PID)
     assert gpu.inventory().uses == (GpuUse(PID, SECOND.uuid, 4 * GIB),)
-    assert gpu.restore_maps[PID] == {H100.uuid: SECOND.uuid}
+    assert gpu.restore_maps[PID] == swap
+
+
+def test_a_map_must_pair_every_gpu_of_the_node_not_only_those_used() -> None:
+    """The driver's rule (issue #15): a pair for every checkpointed GPU, identity pairs
+    included — a job on GPU 0 of a node of two needs two pairs."""
+    gpu = FakeGpu([H100, SECOND])
+    gpu.add_cuda_process(PID, 4 * GIB, state=CudaState.CHECKPOINTED)
+    with pytest.raises(GpuFailed) as info:
+        gpu.restore(PID, {H100.uuid: SECOND.uuid})
+    assert info.value.code == "CUDA_ERROR_INVALID_VALUE"
+    assert f"the GPU map lacks {SECOND.uuid}" in info.value.message
+    assert gpu.state(PID) is CudaState.CHECKPOINTED
+
+
+def test_a_restore_needs_the_same_gpu_count() -> None:
+    gpu = FakeGpu([H100, SECOND])
+    gpu.add_cuda_process(PID, state=CudaState.CHECKPOINTED)
+    gpu.gpus = [H100]
+    with pytest.raises(GpuFailed, match="checkpointed on 2 GPUs, this node has 1"):
+        gpu.restore(PID)
+    gpu.gpus = [H100, SECOND]
+    gpu.restore(PID)
+    assert gpu.state(PID) is CudaState.LOCKED
 
 
 def test_identity_map_needs_no_r580() -> None:
@@ -236,8 +260,10 @@ def test_remap_on_an_old_driver() -> None:
     ("pairs", "words"),
     [
         ({SECOND.uuid: H100.uuid}, "the GPU map lacks"),
-        ({H100.uuid: "GPU-00000000-0000-0000-0000-000000000000"}, "no GPU"),
-        ({H100.uuid: A100.uuid}, "is a NVIDIA A100-SXM4-80GB, not a NVIDIA H100"),
+        ({H100.uuid: "GPU-00000000-0000-0000-0000-000000000000", SECOND.uuid: SECOND.uuid,
+          A100.uuid: A100.uuid}, "no GPU"),
+        ({H100.uuid: A100.uuid, SECOND.uuid: SECOND.uuid, A100.uuid: H100.uuid}, "not a NVIDIA"),
+        ({H100.uuid: SECOND.uuid, SECOND.uuid: SECOND.uuid, A100.uuid: A100.uuid}, "two GPUs"),
     ],
 )
 def test_bad_maps(pairs: dict[str, str], words: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 from ckptd.adapters.cuda.support import NOT_INSTALLED
 from ckptd.adapters.nvml import NvmlInventory
 from ckptd.domain import GpuInfo, GpuUse
+from ckptd.domain.model import UNKNOWN_GPU
 
 from .stubs import (
     NVMLError,
@@ -96,6 +97,24 @@ def test_failure_while_reading_still_shuts_down() -> None:
     inv = NvmlInventory(nvml).inventory()
     assert not inv.available
     assert inv.message == "NVML nvmlDeviceGetComputeRunningProcesses (GPU 0): Unknown Error"
+    assert nvml.shutdowns == 1
+
+
+@pytest.mark.parametrize(
+    "call", ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses"]
+)
+def test_one_failing_gpu_is_unknown_not_the_whole_inventory(call: str) -> None:
+    """Issue #15: GPU 1's call fails; GPU 0 is still reported, GPU 1 listed as unknown (so
+    the node's GPU count stays right for a restore's whole-node map)."""
+    nvml = two_gpus()
+    nvml.fail_on[(call, 1)] = NVMLError(999)
+    inv = NvmlInventory(nvml).inventory()
+    assert inv.available
+    assert inv.gpus[0].uuid == UUID0 and inv.gpus[0].name == "NVIDIA H100 80GB HBM3"
+    assert inv.gpus[1] == GpuInfo(1, UNKNOWN_GPU, UUID1, 0)
+    assert inv.problems == (f"GPU 1 unknown: NVML {call} (GPU 1): Unknown Error",)
+    assert "1 unknown" in inv.message
+    assert {u.pid for u in inv.uses} == {1234, 1300}
     assert nvml.shutdowns == 1
 
 

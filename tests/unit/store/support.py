@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -12,6 +12,7 @@ from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.storage import LocalBlobStore
 from ckptd.core.ports import BlobStore
 from ckptd.core.store.cas import ContentStore, StagingPolicy
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.domain import CheckpointRecord, ProcessFact, new_checkpoint_id
 from ckptd.testing import FakeClock, MemoryBlobStore
 
@@ -58,16 +59,20 @@ class Backend:
     clock: FakeClock
     staging: Path
     root: Path | None = None
+    keys: ManifestKeys = field(default_factory=ManifestKeys.generate)
+    """The manifest keys every node of this store holds (unless a test gives others)."""
 
-    def store(self, gc_grace_s: float = 0.0) -> ContentStore:
+    def store(self, gc_grace_s: float = 0.0, keys: ManifestKeys | None = None) -> ContentStore:
         """A ContentStore on these objects (a second one is a daemon restart, or another
-        node sharing the storage). GC deletes unreferenced objects at once unless given a
-        ``gc_grace_s`` (two-phase GC: condemn, delete a grace period later)."""
+        node sharing the storage; with other ``keys``, a node that was not given the store's
+        key). GC deletes unreferenced objects at once unless given a ``gc_grace_s``
+        (two-phase GC: condemn, delete a grace period later)."""
         return ContentStore(
             self.blobs,
             StagingPolicy(None, self.staging),
             clock=self.clock,
             is_pages_file=is_pages_image,
+            keys=keys or self.keys,
             gc_grace_s=gc_grace_s,
         )
 

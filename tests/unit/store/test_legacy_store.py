@@ -15,6 +15,7 @@ from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.storage import LocalBlobStore
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.core.store.index import pack_key
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.core.store.pagehash import PAGE_SIZE
 from ckptd.testing import FakeClock
 
@@ -39,8 +40,10 @@ def legacy_store(tmp_path: Path) -> tuple[ContentStore, FakeClock]:
     clock.advance(10)
     store = ContentStore(
         LocalBlobStore(tmp_path / "objects"), StagingPolicy(None, tmp_path / "staging"),
-        clock=clock, is_pages_file=is_pages_image,
+        clock=clock, is_pages_file=is_pages_image, keys=ManifestKeys.generate(),
     )
+    # what the daemon does at its first start after the upgrade (it creates its key)
+    assert store.adopt_unauthenticated().adopted == (CHECKPOINT,)
     return store, clock
 
 

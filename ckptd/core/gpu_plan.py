@@ -1,0 +1,229 @@
+"""Restore-time GPU planning, pure: which of this node's GPUs take a checkpoint's.
+
+The driver restores a process's CUDA state onto other GPUs only with a map naming *every*
+GPU that was checkpointed — every GPU of the node the kernel-mode driver saw, identity
+pairs included, whatever the process used or CUDA_VISIBLE_DEVICES masked — onto as many
+distinct GPUs of the same chip. So a plan has two parts: the GPUs the job used go where it
+can use them (``match_gpus`` / a caller's map, ``check_gpu_map``), then ``complete_map``
+pairs every other GPU of the dumping node with a GPU of this one (itself when present,
+else one of the same model). A node with another GPU count cannot take a remap at all.
+
+Invariants: every function appends each blocking difference to ``problems`` (one line each)
+rather than stopping at the first; a map returned by ``complete_map`` without problems has
+one entry per GPU of the dumping node and its targets are distinct GPUs of this node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ckptd.domain import GpuFacts, GpuInfo, GpuUse, normalize_gpu_uuid
+from ckptd.domain.model import UNKNOWN_GPU
+
+
+def match_gpus(
+    wanted: Sequence[GpuInfo],
+    have: Sequence[GpuInfo],
+    uses: Sequence[GpuUse],
+    problems: list[str],
+    *,
+    node: Sequence[GpuInfo] | None = None,
+) -> dict[str, str]:
+    """Old UUID -> new UUID for every checkpointed GPU: the same GPU when present in
+    ``have``, else a free GPU of ``have`` of the same model with enough free memory. Appends
+    every blocking difference. ``node``: every GPU of this node, when ``have`` is only those
+    the restoring container sees (a shortage is then said per model, naming them)."""
+    need = {u.uuid: 0 for u in uses}
+    for u in uses:
+        need[u.uuid] += u.memory
+    by_uuid = {g.uuid: g for g in have if g.uuid}
+    mapping: dict[str, str] = {}
+    taken: set[str] = set()
+    for g in wanted:
+        if g.uuid in by_uuid:
+            mapping[g.uuid] = g.uuid
+            taken.add(g.uuid)
+    for g in wanted:
+        if g.uuid in mapping:
+            continue
+        for cand in have:
+            if cand.uuid in taken or cand.name != g.name:
+                continue
+            if cand.memory_free and cand.memory_free < need.get(g.uuid, 0):
+                continue
+            mapping[g.uuid] = cand.uuid
+            taken.add(cand.uuid)
+            break
+    missing = [g for g in wanted if g.uuid not in mapping]
+    if missing and node is not None:
+        problems.extend(_not_visible(wanted, missing, have, node, need))
+    elif missing:
+        want = _models(wanted)
+        got = _models(have) or "no GPU"
+        problems.append(f"GPU model or count differs: checkpoint has {want}, this node has {got}")
+    for old, new in mapping.items():
+        gpu = by_uuid[new]
+        if gpu.memory_free and gpu.memory_free < need.get(old, 0):
+            problems.append(
+                f"GPU {gpu.index} ({gpu.name}) has {gpu.memory_free >> 20} MiB free, the "
+                f"checkpoint needs {need.get(old, 0) >> 20} MiB"
+            )
+    return mapping
+
+
+def _not_visible(
+    wanted: Sequence[GpuInfo],
+    missing: Sequence[GpuInfo],
+    seen: Sequence[GpuInfo],
+    node: Sequence[GpuInfo],
+    need: Mapping[str, int],
+) -> list[str]:
+    """One line per GPU model of ``missing``: how many the checkpoint needs (its UUIDs),
+    which of them the container sees (and which of those lack free memory), how many this
+    node has, and what to do."""
+    lines: list[str] = []
+    for model in dict.fromkeys(g.name for g in missing):
+        used = [g for g in wanted if g.name == model]
+        most = max(need.get(g.uuid, 0) for g in used)
+        visible = [g for g in seen if g.name == model]
+        on_node = sum(1 for g in node if g.name == model)
+        n = len(used)
+        head = (
+            f"the checkpoint needs {n} {model} GPU{'s' if n != 1 else ''} "
+            f"({', '.join(g.uuid for g in used)})"
+        )
+        if visible:
+            short = {g.uuid for g in visible if g.memory_free and g.memory_free < most}
+            sees = f"the container sees {len(visible)} of this model: " + ", ".join(
+                f"{g.uuid} (GPU {g.index}, {g.memory_free >> 20} MiB free of {most >> 20} needed)"
+                if g.uuid in short
+                else f"{g.uuid} (GPU {g.index})"
+                for g in visible
+            )
+        else:
+            others = _models(seen)
+            sees = "the container sees none of this model " + (
+                f"(it sees {others})" if others else "(it sees no GPU at all)"
+            )
+        if on_node >= n:
+            todo = f"give the container {n} of this node's {on_node} {model} GPUs"
+        else:
+            todo = f"this node has only {on_node}: restore on a node with {n}"
+        lines.append(f"{head}; {sees}: {todo}")
+    return lines
+
+
+def check_gpu_map(
+    wanted: Mapping[str, str],
+    facts: GpuFacts,
+    have: Sequence[GpuInfo],
+    problems: list[str],
+    *,
+    visible: Sequence[str] | None = None,
+) -> dict[str, str]:
+    """A caller's map, checked: it names every GPU the checkpoint used, each onto a distinct
+    GPU of this node (one the restoring container sees, with ``visible``) of the same model
+    with enough free memory. UUIDs are compared normalised (``normalize_gpu_uuid``: any case,
+    with or without ``GPU-``); the map returned holds the record's and NVML's spellings."""
+    wanted = _normalized(wanted, facts.gpus, have)
+    by_uuid = {g.uuid: g for g in have if g.uuid}
+    old = {g.uuid: g for g in facts.gpus}
+    need: dict[str, int] = {}
+    for u in facts.uses:
+        need[u.uuid] = need.get(u.uuid, 0) + u.memory
+    for uuid in old:
+        if uuid not in wanted:
+            problems.append(f"--gpu-map does not name checkpointed GPU {uuid}")
+    for src, dst in wanted.items():
+        if src not in old:
+            problems.append(f"--gpu-map names {src}, which the checkpoint did not use")
+            continue
+        target = by_uuid.get(dst)
+        if target is None:
+            problems.append(f"--gpu-map target {dst} is not a GPU of this node")
+            continue
+        if visible is not None and dst not in visible:
+            sees = ", ".join(u for u in visible if u in by_uuid) or "no GPU"
+            problems.append(
+                f"--gpu-map target {dst} (GPU {target.index}) is not visible in the container "
+                f"(it sees {sees}): map onto a GPU it sees, or give the container that GPU"
+            )
+            continue
+        if target.name != old[src].name:
+            problems.append(
+                f"--gpu-map puts {old[src].name} ({src}) onto {target.name} ({dst}): models differ"
+            )
+        if target.memory_free and target.memory_free < need.get(src, 0):
+            problems.append(
+                f"GPU {target.index} ({target.name}) has {target.memory_free >> 20} MiB free, "
+                f"the checkpoint needs {need.get(src, 0) >> 20} MiB"
+            )
+    if len(set(wanted.values())) != len(wanted):
+        problems.append("--gpu-map puts two GPUs onto one")
+    return dict(wanted)
+
+
+def complete_map(
+    used: Mapping[str, str],
+    dumped: Sequence[GpuInfo],
+    have: Sequence[GpuInfo],
+    problems: list[str],
+) -> dict[str, str]:
+    """``used`` (the pairs of the GPUs the job used) extended to every GPU of the dumping
+    node (``dumped``, ``GpuFacts.node_gpus``): each other one onto itself when this node
+    (``have``) has it and it is not taken, else onto a free GPU of the same model. Appends a
+    problem when the counts differ or a GPU finds no partner (an unknown GPU pairs only with
+    itself)."""
+    full = dict(used)
+    if len(dumped) != len(have):
+        problems.append(
+            f"GPU count differs: the checkpoint was taken on a node of {len(dumped)} GPUs "
+            f"({_models(dumped)}), this node has {len(have)} ({_models(have) or 'none'}); "
+            "the driver restores onto other GPUs only with a pair for every GPU"
+        )
+        return full
+    here = {g.uuid for g in have if g.uuid}
+    taken = set(full.values())
+    for g in dumped:
+        if g.uuid not in full and g.uuid in here and g.uuid not in taken:
+            full[g.uuid] = g.uuid
+            taken.add(g.uuid)
+    for g in dumped:
+        if g.uuid in full:
+            continue
+        partner = next(
+            (c for c in have if c.uuid and c.uuid not in taken and c.name == g.name
+             and g.name != UNKNOWN_GPU),
+            None,
+        )
+        if partner is None:
+            problems.append(
+                f"no GPU of this node is left for the checkpoint's GPU {g.index} "
+                f"({g.name}, {g.uuid or 'UUID unknown'}): every GPU of the dumping node needs "
+                "a distinct GPU of the same model here"
+            )
+            continue
+        full[g.uuid] = partner.uuid
+        taken.add(partner.uuid)
+    return full
+
+
+def _normalized(
+    wanted: Mapping[str, str], old: Sequence[GpuInfo], new: Sequence[GpuInfo]
+) -> dict[str, str]:
+    """``wanted`` with each UUID spelled as the record (keys) / NVML (values) spell it, when
+    it names one of their GPUs in another spelling; others normalised (they match none)."""
+    olds = {normalize_gpu_uuid(g.uuid): g.uuid for g in old}
+    news = {normalize_gpu_uuid(g.uuid): g.uuid for g in new if g.uuid}
+    out: dict[str, str] = {}
+    for src, dst in wanted.items():
+        key, value = normalize_gpu_uuid(src), normalize_gpu_uuid(dst)
+        out[olds.get(key, key)] = news.get(value, value)
+    return out
+
+
+def _models(gpus: Sequence[GpuInfo]) -> str:
+    counts: dict[str, int] = {}
+    for g in gpus:
+        counts[g.name] = counts.get(g.name, 0) + 1
+    return ", ".join(f"{name} x{n}" for name, n in counts.items())

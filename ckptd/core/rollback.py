@@ -1,0 +1,220 @@
+"""``Undoer``: the one implementation of every undo that must outlive the daemon's process.
+
+The recipes call it for their in-process rollback (on held handles they already have), and
+``CheckpointService.recover`` for a killed daemon's operations (``replay``: the journaled
+records of ``core.undo``, newest first, on handles reopened with the recorded start times).
+So "kill the stopped tree", "resume the tree", "bring CUDA back" are each written once.
+
+Invariants: a process is signalled only through a handle opened on the process recorded (its
+start time checked; one recorded without start time only while it is stopped, as CRIU left
+it); a record's failure is logged and named in the summary, never stops the others; replay
+waits (bounded) for a CRIU the killed daemon started to let go of the tree before deciding.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ckptd.core.config import CoreConfig
+from ckptd.core.gpu import GpuSession, GpuSteps
+from ckptd.core.held import HeldTree
+from ckptd.core.ports import CheckpointStore, Clock, ProcessTable
+from ckptd.core.undo import (
+    AbortStaging,
+    Entry,
+    GuardResumed,
+    InDoubt,
+    KillTree,
+    Member,
+    RestoreHere,
+    ResumeCuda,
+    ResumeTree,
+    Undo,
+    tree_members,
+)
+from ckptd.domain import Caller, PidState, RestoreOutcome, RestoreRequest
+from ckptd.errors import CkptdError
+
+log = logging.getLogger(__name__)
+
+RestoreHereFn = Callable[[Caller, RestoreRequest], RestoreOutcome]
+
+
+@dataclass
+class _Replay:
+    """What one replay did, for its summary line."""
+
+    committed: dict[str, bool] = field(default_factory=dict)
+    killed: list[int] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
+    tree: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class Undoer:
+    def __init__(
+        self,
+        *,
+        processes: ProcessTable,
+        store: CheckpointStore,
+        clock: Clock,
+        config: CoreConfig,
+        gpu: GpuSteps | None = None,
+        restore_here: RestoreHereFn | None = None,
+    ) -> None:
+        self._processes = processes
+        self._store = store
+        self._clock = clock
+        self._config = config
+        self._gpu = gpu
+        self.restore_here = restore_here
+
+    # ---- shared with the recipes' in-process rollback -------------------------------------
+
+    @staticmethod
+    def resume_tree(held: HeldTree, stopped_before: Iterable[int] = ()) -> list[int]:
+        """SIGCONT every held process stopped now, except those stopped before."""
+        return held.resume(frozenset(stopped_before))
+
+    def kill_tree(
+        self, held: HeldTree, *, only_stopped: bool = False,
+        unverified: frozenset[int] = frozenset(), wait_s: float = 0.0,
+    ) -> list[int]:
+        """SIGKILL the held processes (with ``only_stopped``, and for ``unverified`` ones
+        whatever the flag, only those stopped now); with ``wait_s``, wait until each killed
+        one is dead (zombie or gone) and log those that are not. Returns those signalled."""
+        targets = [p for p in held.pids
+                   if not ((only_stopped or p in unverified)
+                           and held.state(p) is not PidState.STOPPED)]
+        killed = [p for p in targets if held.signal(p, signal.SIGKILL)]
+        if wait_s > 0 and killed:
+            alive = held.wait_exit(killed, wait_s, self._clock)
+            if alive:
+                log.error("pids %s still alive %.0fs after SIGKILL", alive, wait_s)
+        return killed
+
+    def resume_cuda(self, pids: Sequence[int], gpu_map: dict[str, str] | None = None) -> None:
+        """Whatever state the driver was left in, CUDA of ``pids`` back to RUNNING. Raises
+        the first failure (after trying every process)."""
+        if not pids or self._gpu is None:
+            return
+        self._gpu.resume(GpuSession(cuda_pids=tuple(pids), locked=list(pids),
+                                    checkpointed=list(pids)), gpu_map)
+
+    # ---- recovery --------------------------------------------------------------------------
+
+    def replay(self, entry: Entry) -> str:
+        """Run ``entry``'s records newest first; one line saying what was done ("" when the
+        entry records nothing)."""
+        if not entry.undos:
+            return ""
+        done = _Replay()
+        self._wait_untraced(tree_members(entry.undos))
+        for undo in reversed(entry.undos):
+            try:
+                self._run(undo, done)
+            except Exception as exc:
+                log.exception("recovery: %s failed", undo.kind)
+                done.notes.append(f"{undo.kind} failed: {exc}")
+        return _summary(entry, done)
+
+    def _run(self, undo: Undo, done: _Replay) -> None:
+        if isinstance(undo, AbortStaging):
+            self._store.abort(undo.checkpoint_id)  # its staging and lease; never a commit
+        elif isinstance(undo, KillTree):
+            if undo.if_committed and not self._committed(undo.if_committed, done):
+                return
+            with self._reopen(undo.members) as held:
+                done.killed += self.kill_tree(held, only_stopped=undo.only_stopped,
+                                              unverified=_unverified(undo.members))
+        elif isinstance(undo, ResumeTree):
+            if undo.unless_committed and self._committed(undo.unless_committed, done):
+                return
+            with self._reopen(undo.members) as held:
+                done.tree = held.pids
+                done.resumed += self.resume_tree(held, undo.stopped_before)
+        elif isinstance(undo, ResumeCuda):
+            if undo.unless_committed and self._committed(undo.unless_committed, done):
+                return
+            with self._reopen(undo.members) as held:  # after the tree runs: the driver
+                self.resume_cuda([p for p, _ in undo.members if p in held])  # needs it
+        elif isinstance(undo, RestoreHere):
+            self._restore_here(undo, done)
+        elif isinstance(undo, GuardResumed):
+            self._guard_resumed(undo, done)
+        elif isinstance(undo, InDoubt):
+            done.notes.append(
+                f"the daemon died while {undo.to} was restoring it: check there whether it "
+                f"runs; if not, `ckptctl restore {undo.checkpoint_id}` here")
+
+    def _guard_resumed(self, undo: GuardResumed, done: _Replay) -> None:
+        """The guard resumed the tree while the commit was unsure (docs/adr/0016): a
+        checkpoint that did get committed goes, the tree having run on, and counts as never
+        committed for the older records (nothing killed; tree and CUDA resumed)."""
+        committed = self._committed(undo.checkpoint_id, done)
+        done.committed[undo.checkpoint_id] = False  # even if the delete fails: never killed
+        done.notes.append("its guard resumed the tree while the commit was under way")
+        if committed:
+            self._store.delete(undo.checkpoint_id)
+            done.notes.append("the committed checkpoint was deleted")
+
+    def _restore_here(self, undo: RestoreHere, done: _Replay) -> None:
+        if not self._committed(undo.checkpoint_id, done):
+            done.notes.append("its checkpoint was never committed: the tree was not killed")
+            return
+        if self.restore_here is None:
+            done.notes.append(f"not restored here: `ckptctl restore {undo.checkpoint_id}`")
+            return
+        try:
+            outcome = self.restore_here(
+                Caller(uid=undo.uid), RestoreRequest(checkpoint_id=undo.checkpoint_id))
+        except CkptdError as exc:
+            done.notes.append(f"restoring it here failed ({exc.message}); its checkpoint is "
+                              f"kept: `ckptctl restore {undo.checkpoint_id}`")
+            return
+        done.notes.append(f"restored here as pid {outcome.pid}")
+
+    def _committed(self, checkpoint_id: str, done: _Replay) -> bool:
+        if checkpoint_id not in done.committed:
+            done.committed[checkpoint_id] = any(
+                r.id == checkpoint_id for r in self._store.list())
+        return done.committed[checkpoint_id]
+
+    def _reopen(self, members: Sequence[Member]) -> HeldTree:
+        return HeldTree.from_members(self._processes, [[p, s] for p, s in members])
+
+    def _wait_untraced(self, pids: Sequence[int]) -> None:
+        """A CRIU started by the killed daemon may still hold the tree (ptrace); it finishes
+        or gives up on its own. Wait for it (bounded) before deciding anything."""
+        deadline = self._clock.monotonic() + self._config.recovery_wait_s
+        while any(self._processes.status(p).traced for p in pids):
+            if self._clock.monotonic() >= deadline:
+                log.error("recovery: pids %s still traced after %.0fs", list(pids),
+                          self._config.recovery_wait_s)
+                return
+            self._clock.sleep(0.1)
+
+
+def _unverified(members: Sequence[Member]) -> frozenset[int]:
+    return frozenset(p for p, start in members if not start)
+
+
+def _summary(entry: Entry, done: _Replay) -> str:
+    ck = entry.checkpoint_id
+    notes = "".join(f"; {n}" for n in done.notes)
+    if entry.op == "dump":
+        if done.committed.get(ck):
+            return f"finished dump {ck}: it was committed" + notes
+        return (f"rolled back dump {ck}: nothing listed, tree {done.tree} resumed "
+                f"(SIGCONT to {done.resumed or 'none'})" + notes)
+    if entry.op == "held-restore":
+        return f"undid held group restore of {ck}: killed {done.killed or 'nothing'}" + notes
+    if entry.op == "restore":
+        return (f"undid interrupted restore of {ck}: killed {done.killed or 'nothing'}, "
+                "its checkpoint kept" + notes)
+    if entry.op == "migrate":
+        return f"migration of {ck or 'a tree'} interrupted" + notes
+    return f"undid {entry.op or 'an operation'} {ck}".rstrip() + notes
