@@ -269,8 +269,11 @@ def main() -> int:
                 stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
                     grpc.insecure_channel(f"unix:{sock}"))
                 rows = {"raw": raw(mib, kind, work),
-                        "grpc": via_grpc(mib, kind, work, stub, pid, staging),
-                        "cli": via_cli(mib, kind, work, sock)}
+                        "grpc": via_grpc(mib, kind, work, stub, pid, staging)}
+            # the CLI's run needs a store of its own too: bigmem's pages are the same in every
+            # run, and the gRPC run's packs stay (deleted checkpoints' data waits for GC)
+            with daemon_at(work / f"c-{mib}-{kind}") as (sock, pid, staging):
+                rows["cli"] = via_cli(mib, kind, work, sock)
             for n, setting in enumerate(args.also):
                 with daemon_at(work / f"d-{mib}-{kind}-{n}", setting) as (sock, pid, staging):
                     stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
