@@ -60,6 +60,11 @@ log = logging.getLogger(__name__)
 _IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_FRAME_PAGES = 4096
 """Largest frame accepted in one message (16 MiB decompressed)."""
+MAX_PAGES_IMAGE = 1 << 46
+"""Largest pages image offered (64 TiB: more than any node's memory; a file can have it)."""
+MAX_FILE_IMAGE = 1 << 32
+"""Largest image other than a pages image accepted whole (``offer_file``): what a zstd frame
+of unknown content size may be decompressed into."""
 
 Restorer = Callable[[RestoreRequest, "tuple[CheckpointRecord, Path] | None"], RestoreOutcome]
 """Restore a request; with (record, images): from those staged images."""
@@ -74,7 +79,10 @@ class _Session:
     hasher: PageHasher
     touched: float
     refs: dict[str, bytearray] = field(default_factory=dict)
-    """Per pages image: every page's reference, 16 bytes each, as offered."""
+    """Per pages image: every page's reference offered so far, 16 bytes each (grown as
+    offered: memory follows what the sender sent, not the size it declares)."""
+    pages: dict[str, int] = field(default_factory=dict)
+    """Per pages image: how many pages it has (its declared size)."""
     offered: dict[str, int] = field(default_factory=dict)
     missing: dict[str, set[int]] = field(default_factory=dict)
     received: dict[str, set[int]] = field(default_factory=dict)
@@ -165,7 +173,7 @@ class Receiver:
         _check_name(name, s.record.id)
         count, rest = divmod(len(refs), HASH_SIZE)
         total, partial = divmod(size, PAGE_SIZE)
-        if rest or partial or first < 0 or first + count > total:
+        if rest or partial or first < 0 or first + count > total or size > MAX_PAGES_IMAGE:
             raise InvalidTarget(
                 f"image {name}: {len(refs)} bytes of references at page {first} do not fit "
                 f"{size} bytes of pages",
@@ -173,22 +181,28 @@ class Receiver:
             )
         with s.lock:
             if first == 0:
-                s.refs[name] = bytearray(total * HASH_SIZE)
+                s.refs[name] = bytearray()
+                s.pages[name] = total
                 s.offered[name] = 0
                 s.missing[name] = set()
                 s.received[name] = set()
-                fd = os.open(images / name,
-                             os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                 try:
-                    os.ftruncate(fd, size)
-                finally:
-                    os.close(fd)
-            elif s.offered.get(name) != first:
+                    fd = os.open(images / name,
+                                 os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                    try:
+                        os.ftruncate(fd, size)
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    raise StoreError(f"image {name} of {size} bytes cannot be staged: "
+                                     f"{exc.strerror}", checkpoint_id=s.record.id) from exc
+            elif s.offered.get(name) != first or s.pages.get(name) != total:
                 raise InvalidTarget(
-                    f"image {name}: pages offered out of order (at {first}, expected "
-                    f"{s.offered.get(name, 0)})", checkpoint_id=s.record.id,
+                    f"image {name}: pages offered out of order (at {first} of {total}, "
+                    f"expected {s.offered.get(name, 0)} of {s.pages.get(name, 0)})",
+                    checkpoint_id=s.record.id,
                 )
-            s.refs[name][first * HASH_SIZE : (first + count) * HASH_SIZE] = refs
+            s.refs[name] += refs  # at its end: ``first`` is what was offered so far
             s.offered[name] = first + count
         chunk = [refs[i : i + HASH_SIZE] for i in range(0, len(refs), HASH_SIZE)]
         missing = [first + i for i in self._pages.lacks(s.record.uid, chunk)]
@@ -207,6 +221,9 @@ class Receiver:
             return
         _check_name(name, s.record.id)
         if size is not None:
+            if not 0 <= size <= MAX_FILE_IMAGE:
+                raise InvalidTarget(f"image {name}: {size} bytes offered whole",
+                                    checkpoint_id=s.record.id)
             data = _decompress(data, size, f"image {name}", s.record.id)
         (images / name).write_bytes(data)
 
@@ -312,9 +329,9 @@ class Receiver:
 
     def _assemble(self, s: _Session, images: Path) -> None:
         for name, refs in s.refs.items():
-            if s.offered[name] * HASH_SIZE != len(refs):
+            if s.offered[name] != s.pages[name]:
                 raise StoreError(
-                    f"image {name}: only {s.offered[name]} of {len(refs) // HASH_SIZE} pages "
+                    f"image {name}: only {s.offered[name]} of {s.pages[name]} pages "
                     "were offered",
                     checkpoint_id=s.record.id,
                 )

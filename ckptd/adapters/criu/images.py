@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
+
 from ckptd._gen.criu import pstree_pb2, stats_pb2
 
 IMG_SERVICE_MAGIC = 0x55105940
@@ -31,7 +33,10 @@ def read_dump_stats(work_dir: Path) -> stats_pb2.dump_stats_entry | None:
     if magic0 != IMG_SERVICE_MAGIC or magic1 != STATS_MAGIC or len(raw) < 12 + size:
         return None
     entry = stats_pb2.stats_entry()
-    entry.ParseFromString(raw[12 : 12 + size])
+    try:
+        entry.ParseFromString(raw[12 : 12 + size])
+    except DecodeError:
+        return None
     return entry.dump if entry.HasField("dump") else None
 
 
@@ -52,8 +57,13 @@ def read_pstree(images_dir: Path) -> tuple[int, ...]:
     while offset + 4 <= len(raw):
         (size,) = struct.unpack_from("<I", raw, offset)
         offset += 4
+        if offset + size > len(raw):
+            return ()  # an entry cut short
         entry = pstree_pb2.pstree_entry()
-        entry.ParseFromString(raw[offset : offset + size])
+        try:
+            entry.ParseFromString(raw[offset : offset + size])
+        except DecodeError:
+            return ()
         offset += size
         pids.append(entry.pid)
     return tuple(pids)

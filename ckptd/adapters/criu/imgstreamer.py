@@ -93,7 +93,10 @@ def read_request(sock: socket.socket) -> str | None:
         raise StreamProtocolError(f"request does not parse ({exc})") from exc
     if not request.IsInitialized() or not request.filename:
         raise StreamProtocolError("request without a file name")
-    return request.filename
+    name = request.filename
+    if not isinstance(name, str):  # a proto2 string that is not UTF-8 comes back as bytes
+        raise StreamProtocolError(f"request for a file name that is not UTF-8 ({name[:64]!r})")
+    return name
 
 
 def send_reply(sock: socket.socket, exists: bool) -> None:

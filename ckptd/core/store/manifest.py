@@ -137,7 +137,7 @@ class Manifest:
             raise _refused(name, f"is unreadable ({exc})") from exc
         if manifest.record.id != name:
             raise _refused(name, f"holds the record of checkpoint "
-                           f"{manifest.record.id[:80]} (swapped or replayed)")
+                           f"{str(manifest.record.id)[:80]} (swapped or replayed)")
         if manifest.record.uid != manifest.uid:
             raise _refused(name, f"names owner uid {manifest.uid} but its record uid "
                            f"{manifest.record.uid}")
@@ -151,7 +151,7 @@ def names_unverified(data: bytes) -> tuple[list[str], list[str]]:
     body = data.rstrip(b"\n").rpartition(b"\n")[0]
     try:
         raw = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         return [], []
     if not isinstance(raw, dict):
         return [], []
@@ -176,7 +176,7 @@ def _legacy_intact(body: bytes, checksum: bytes) -> bool:
 def _json(body: bytes, name: str) -> dict[str, Any]:
     try:
         raw = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise _refused(name, f"is unreadable ({exc})") from exc
     if not isinstance(raw, dict):
         raise _refused(name, "is unreadable (not a JSON object)")

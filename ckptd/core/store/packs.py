@@ -47,6 +47,9 @@ FRAME_ENTRY = struct.Struct("<QII")
 FRAME_PAGES = 1024
 TARGET_PACK_BYTES = 64 << 20
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+MAX_TRAILER = 64 << 20
+"""Largest decompressed trailer read (4 Mi pages: far more than a pack of TARGET_PACK_BYTES
+holds); a damaged one declaring more is refused before anything is allocated."""
 
 SealedPack = tuple[str, bytes, "PackIndex"]
 Frame = bytes | memoryview
@@ -81,16 +84,28 @@ def encode_trailer(frames: Iterable[FrameInfo]) -> bytes:
 
 
 def decode_trailer(pack_id: str, raw_trailer: bytes) -> PackIndex:
+    """The index a pack's trailer holds. Every length it declares is checked against the
+    bytes it has before anything is built: a damaged trailer is a CorruptCheckpoint, never a
+    huge allocation (fuzzed: tests/unit/test_fuzz_parsers.py)."""
     try:
-        data = zstandard.ZstdDecompressor().decompress(raw_trailer)
+        declared = zstandard.frame_content_size(raw_trailer)
+        if declared > MAX_TRAILER:
+            raise CorruptCheckpoint(
+                f"pack {pack_id}: unreadable trailer (declares {declared} bytes)"
+            )
+        data = zstandard.ZstdDecompressor().decompress(raw_trailer, max_output_size=MAX_TRAILER)
         (count,) = struct.unpack_from("<I", data, 0)
         pos = 4
+        if pos + count * FRAME_ENTRY.size > len(data):
+            raise struct.error(f"{count} frames in {len(data)} bytes")
         heads = []
         for _ in range(count):
             heads.append(FRAME_ENTRY.unpack_from(data, pos))
             pos += FRAME_ENTRY.size
         frames = []
         for offset, length, pages in heads:
+            if pos + pages * HASH_SIZE > len(data):
+                raise struct.error(f"frame of {pages} pages cut short")
             hashes = tuple(
                 data[pos + i * HASH_SIZE : pos + (i + 1) * HASH_SIZE] for i in range(pages)
             )

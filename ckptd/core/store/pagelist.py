@@ -90,8 +90,15 @@ def encode_delta(refs: Sequence[bytes], base: Sequence[bytes], base_hash: bytes)
 def base_of(data: bytes) -> bytes | None:
     """The base hash of a delta list, None for a full one."""
     _check(data)
+    start = len(MAGIC) + _HEAD.size
+    if len(data) < start:
+        raise CorruptCheckpoint("page list: truncated (no header)")
     kind, _ = _HEAD.unpack_from(data, len(MAGIC))
-    return data[len(MAGIC) + _HEAD.size : len(MAGIC) + _HEAD.size + HASH_SIZE] if kind else None
+    if not kind:
+        return None
+    if len(data) < start + HASH_SIZE:
+        raise CorruptCheckpoint("page list: truncated (no base hash)")
+    return data[start : start + HASH_SIZE]
 
 
 def _check(data: bytes) -> None:
@@ -99,11 +106,17 @@ def _check(data: bytes) -> None:
         raise CorruptCheckpoint("page list: bad magic")
 
 
-def decode(data: bytes, base: Sequence[bytes] | None = None) -> list[bytes]:
-    """The references of ``data``; a delta needs its decoded ``base``."""
+def decode(
+    data: bytes, base: Sequence[bytes] | None = None, *, pages: int | None = None
+) -> list[bytes]:
+    """The references of ``data``; a delta needs its decoded ``base``. ``pages``: how many
+    the caller knows it holds (its manifest entry's), checked against the header before
+    anything is built, so a header declaring billions of zero pages allocates nothing."""
     _check(data)
     try:
         kind, count = _HEAD.unpack_from(data, len(MAGIC))
+        if pages is not None and count != pages:
+            raise CorruptCheckpoint(f"page list: header says {count} references, not {pages}")
         pos = len(MAGIC) + _HEAD.size
         if kind == DELTA:
             pos += HASH_SIZE

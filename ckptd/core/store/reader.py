@@ -258,7 +258,7 @@ class CheckpointReader(PageSource):
             base_data = get_blob(self._blobs, self._hasher, entry.pagelist_base, self._id)
             base = pagelist.decode(base_data)
         try:
-            return pagelist.decode(data, base)
+            return pagelist.decode(data, base, pages=entry.pages or None)
         except CorruptCheckpoint as exc:
             raise CorruptCheckpoint(
                 f"checkpoint {self._id}: page list of {entry.name} is damaged ({exc.message})",

@@ -89,8 +89,16 @@ def record_bytes(record: CheckpointRecord) -> bytes:
 def record_from(data: bytes) -> CheckpointRecord:
     try:
         return CheckpointRecord.from_json(json.loads(data))
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise InvalidTarget(f"the sender's checkpoint record is malformed: {exc}") from exc
+
+
+def missing_from(data: bytes, address: str) -> list[int]:
+    """The page indices an ``OfferResponse`` asks for (u32 each)."""
+    if len(data) % 4:
+        raise PeerError(f"the daemon at {address} answered an offer with {len(data)} bytes "
+                        "of page indices (not a multiple of 4)", address=address)
+    return [index for (index,) in struct.iter_unpack("<I", data)]
 
 
 RUN = struct.Struct("<4I")
@@ -292,7 +300,7 @@ class GrpcPeerSession:
             pb.OfferRequest(session=self.session, name=name, size=size, refs=refs, pages=True,
                             first=first),
             timeout=CALL_TIMEOUT_S))
-        return list(struct.unpack(f"<{len(r.missing) // 4}I", r.missing))
+        return missing_from(r.missing, self._link.address)
 
     def offer_file(self, name: str, data: bytes, size: int | None = None) -> None:
         self._link._rpc(lambda: self._stub.Offer(
