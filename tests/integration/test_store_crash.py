@@ -85,6 +85,8 @@ RANDOM_ITERATIONS = 8
 TIME_BUDGET_S = 75.0
 """Random iterations stop early once the loop has run this long (the chosen ones still run)."""
 MAX_DELAY_S = 1.5
+"""At least this; more when an undisturbed dump takes longer here (``_dump_time``): the random
+kills must span the whole dump, its commit included, whatever the machine's speed."""
 MIB = 256
 REF_STEPS = 300
 INTERVAL = 50
@@ -145,6 +147,21 @@ def restore(d: Daemon, procs: Procs, ck_id: str) -> tuple[int, Path]:
 # ---- dumps --------------------------------------------------------------------------------------
 
 
+def _dump_time(ds: Daemons, procs: Procs, cmd: list[str]) -> float:
+    """Wall time of one undisturbed killing dump of ``cmd``'s job (then deleted): the longer
+    of the two kinds, its commit and kill included."""
+    d = ds.start()
+    job = Job(procs, cmd)
+    job.reader.read_lines(3, timeout=30)
+    started = time.monotonic()
+    ck = assert_ok(d.ctl("dump", job.pid), "calibration dump")
+    took = time.monotonic() - started
+    job.kill()
+    assert_ok(d.ctl("delete", ck["id"]), "delete")
+    Daemons.stop(d)
+    return took
+
+
 def _trigger(kind: str, ds: Daemons, pid: int) -> tuple[list[tuple[Path, int]], Any]:
     """What to watch, and which event kills the daemon, for a chosen crash point."""
     if kind == "after-criu":
@@ -172,6 +189,8 @@ def test_daemon_killed_during_dumps_recovers(
     ref = reference(with_interval(
         workload("bigmem", "--mib", MIB, "--rewrite-pct", 1, "--steps", REF_STEPS), 0
     ))
+    max_delay = max(MAX_DELAY_S, 1.5 * _dump_time(ds, procs, cmd))
+    print(f"random kills within {max_delay:.2f}s")
     plan: list[tuple[str, bool]] = [("random", i % 2 == 1) for i in range(RANDOM_ITERATIONS)]
     plan += [("during-criu", False), ("after-criu", False), ("after-manifest", False)]
     known: set[str] = set()
@@ -189,7 +208,7 @@ def test_daemon_killed_during_dumps_recovers(
         low = len(job.reader.drain())
         ctl = d1.popen("dump", job.pid, *(["--leave-running"] if leave else []))
         if kind == "random":
-            delay = rng.uniform(0.0, MAX_DELAY_S)
+            delay = rng.uniform(0.0, max_delay)
             time.sleep(delay)
             Daemons.kill9(d1)
             how = f"after {delay:.3f}s"
