@@ -21,6 +21,9 @@
  *   concat_digest(parts) -> (bytes, bytes)
  *   digest_parts(parts) -> bytes
  *       the parts concatenated (a pack), and its xxh3-128 (unseeded, canonical: its name).
+ *   slot_counts(buffers, pages) -> dict[int, int]
+ *       (GIL held) the references of every buffer looked up in the dict `pages` (hash ->
+ *       code): how many distinct codes each slot (code >> 32) has (a commit's footprint).
  *   code_runs(codes, refs, start=0) -> (list[tuple[int, int, int]], list[int])
  *       (GIL held) for a restore's plan: the runs (position, first code, count) of
  *       consecutive index codes, and where a page is neither located nor ZERO_REF.
@@ -545,6 +548,100 @@ done:
     return result;
 }
 
+/* ---- slot_counts --------------------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static PyObject *slot_counts(PyObject *self, PyObject *args)
+{
+    PyObject *buffers, *pages, *seq = NULL, *key = NULL, *result = NULL;
+    static const unsigned char zeros[HASH];
+    uint64_t *codes = NULL;
+    size_t n = 0, cap = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!:slot_counts", &buffers, &PyDict_Type, &pages))
+        return NULL;
+    if ((seq = PySequence_Fast(buffers, "buffers must be a sequence")) == NULL)
+        return NULL;
+    for (Py_ssize_t b = 0; b < PySequence_Fast_GET_SIZE(seq); b++) {
+        Py_buffer refs;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, b), &refs, PyBUF_SIMPLE) < 0)
+            goto done;
+        if (refs.len % HASH != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "references of %zd bytes are not a whole number of %d", refs.len, HASH);
+            PyBuffer_Release(&refs);
+            goto done;
+        }
+        const unsigned char *r = refs.buf;
+        size_t count = (size_t)refs.len / HASH;
+        if (n + count > cap) {
+            size_t want = n + count;
+            uint64_t *grown = realloc(codes, want * sizeof *codes);
+            if (grown == NULL && want) {
+                PyBuffer_Release(&refs);
+                PyErr_NoMemory();
+                goto done;
+            }
+            codes = grown;
+            cap = want;
+        }
+        for (size_t i = 0; i < count; i++) {
+            const unsigned char *h = r + i * HASH;
+            if (memcmp(h, zeros, HASH) == 0)
+                continue;
+            if ((key = PyBytes_FromStringAndSize((const char *)h, HASH)) == NULL) {
+                PyBuffer_Release(&refs);
+                goto done;
+            }
+            PyObject *code = PyDict_GetItemWithError(pages, key); /* borrowed */
+            Py_CLEAR(key);
+            if (code == NULL) {
+                if (PyErr_Occurred()) {
+                    PyBuffer_Release(&refs);
+                    goto done;
+                }
+                continue;
+            }
+            unsigned long long c = PyLong_AsUnsignedLongLong(code);
+            if (c == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyBuffer_Release(&refs);
+                goto done;
+            }
+            codes[n++] = (uint64_t)c;
+        }
+        PyBuffer_Release(&refs);
+    }
+    if (n > 1)
+        qsort(codes, n, sizeof *codes, cmp_u64);
+    if ((result = PyDict_New()) == NULL)
+        goto done;
+    for (size_t i = 0; i < n;) {
+        uint64_t slot = codes[i] >> 32;
+        size_t distinct = 0;
+        for (; i < n && codes[i] >> 32 == slot; i++)
+            if (i == 0 || codes[i] != codes[i - 1])
+                distinct++;
+        PyObject *k = PyLong_FromUnsignedLongLong(slot), *v = PyLong_FromSize_t(distinct);
+        int rc = (k == NULL || v == NULL) ? -1 : PyDict_SetItem(result, k, v);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (rc < 0) {
+            Py_CLEAR(result);
+            goto done;
+        }
+    }
+done:
+    free(codes);
+    Py_XDECREF(key);
+    Py_XDECREF(seq);
+    return result;
+}
+
 /* ---- code_runs ---------------------------------------------------------------------------- */
 
 static PyObject *code_runs(PyObject *self, PyObject *args)
@@ -781,6 +878,9 @@ static PyMethodDef methods[] = {
     {"digest_parts", digest_parts, METH_O,
      "digest_parts(parts) -> bytes: the xxh3-128 (unseeded, canonical) of the parts as if "
      "concatenated, without a copy."},
+    {"slot_counts", slot_counts, METH_VARARGS,
+     "slot_counts(buffers, pages) -> dict: for the references (16 bytes each) of every buffer, "
+     "located in the dict pages (hash -> code), the distinct codes per slot (code >> 32)."},
     {"code_runs", code_runs, METH_VARARGS,
      "code_runs(codes, refs) -> (runs, missing): runs (position, first code, count) of "
      "consecutive codes, and the positions whose code is None but whose ref is not ZERO_REF."},
