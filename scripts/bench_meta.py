@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptd.adapters.storage.localfs import LocalBlobStore
-from ckptd.core.store import cas
+from ckptd.core.store import cas, pagelist
 from ckptd.core.store.index import PageIndex
 from ckptd.core.store.ingest import ingest
 from ckptd.core.store.pagehash import PageHasher
@@ -72,6 +72,14 @@ class Peak:
         self._thread.join()
 
 
+def index_bytes(index: PageIndex) -> int:
+    """The page index's own memory, estimated: its dict, a code (int) and a hash (bytes)
+    per page, the frames' tuples of hashes."""
+    pages = index._tables[0]
+    tuples = sum(sys.getsizeof(f.hashes) for p in index.packs.values() for f in p.frames)
+    return sys.getsizeof(pages) + len(pages) * (32 + 56) + tuples
+
+
 def fill(buf: bytearray, i: int) -> None:
     for p in range(0, CHUNK, 4096):  # distinct pages in every chunk
         buf[p : p + 8] = (i * 1024 + p).to_bytes(8, "little")
@@ -89,7 +97,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=4096)
     ap.add_argument("--mode", choices=("stream", "staged"), default="stream")
+    ap.add_argument("--known", action="store_true",
+                    help="the pages are in the store already (a second dump of them)")
+    ap.add_argument("--parent", action="store_true",
+                    help="--known, and the first dump is the parent: page lists as deltas")
     args = ap.parse_args()
+    args.known |= args.parent
     root = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="bench-meta-"))
     images = root / "images"
     images.mkdir()
@@ -104,8 +117,27 @@ def main() -> int:
         index = PageIndex()
         blobs = NullBlobs(root / "blobs")
         hasher = PageHasher(b"k", 0)
-        gc.collect()
         with ThreadPoolExecutor(2) as pool, ThreadPoolExecutor(1) as writer:
+            if args.known:  # a first dump of the same pages, not measured
+                first = StreamedPages(blobs=blobs, index=index, hasher=hasher, executor=pool,
+                                      writer=writer)
+                first.begin_image("pages-1.img")
+                for i in range(args.mib // 4):
+                    fill(buf, i)
+                    first.pages("pages-1.img", i * CHUNK, memoryview(buf))
+                first.finish()
+                parent = pagelist.encode_full(first.refs["pages-1.img"])
+                del first
+            base_for: Any = lambda _n: None  # noqa: E731
+            if args.parent:  # as ContentStore._bases_from: the parent's list decoded at ingest
+                packed = hasattr(pagelist, "decode_full_packed")
+
+                def base_for(_name: str) -> Any:
+                    if packed:
+                        return "ab" * 16, pagelist.decode_full_packed(parent)
+                    return "ab" * 16, pagelist.decode(parent)
+            index_before = index_bytes(index)
+            gc.collect()
             peak = Peak()
             t0 = time.monotonic()
             streamed = None
@@ -121,7 +153,7 @@ def main() -> int:
                 rows.append(("pages streamed", peak.mib()))
             result = ingest(images, blobs=blobs, index=index, hasher=hasher,
                             is_pages_file=lambda n: n.startswith("pages-"),
-                            base_for=lambda _n: None, executor=pool, writer=writer,
+                            base_for=base_for, executor=pool, writer=writer,
                             streamed=streamed)
             rows.append(("+ ingest", peak.mib()))
             packs, stored = footprint(index, blobs, result)
@@ -132,6 +164,8 @@ def main() -> int:
         print(f"{args.mode}, {args.mib} MiB ({pages} distinct pages), {dt:.1f} s, "
               f"{len(packs)} packs, footprint {stored >> 20} MiB, index {len(index)} pages")
         print("| phase | peak RssAnon growth | per page |\n|---|---|---|")
+        rows.append(("(of which the index's growth, est.)",
+                     (index_bytes(index) - index_before) / 1048576))
         for label, mib in rows:
             print(f"| {label} | {mib:.0f} MiB | {mib * 1048576 / pages:.0f} B |")
     finally:

@@ -324,7 +324,7 @@ class ContentStore:
 
     def _bases_from(
         self, parent_id: str, uid: int
-    ) -> Callable[[str], tuple[str, Sequence[bytes]] | None]:
+    ) -> Callable[[str], tuple[str, bytes] | None]:
         parent: Manifest | None = None
         if parent_id:
             with contextlib.suppress(CheckpointNotFound, CorruptCheckpoint):
@@ -334,13 +334,14 @@ class ContentStore:
         entries = {f.name: f for f in parent.files if f.pagelist}
         hasher = self.hasher(uid)
 
-        def base_for(name: str) -> tuple[str, Sequence[bytes]] | None:
+        def base_for(name: str) -> tuple[str, bytes] | None:
             entry = entries.get(name)
             if entry is None:
                 return None
             full = entry.pagelist_base or entry.pagelist
             try:
-                return full, pagelist.decode(get_blob(self._blobs, hasher, full, parent_id))
+                data = get_blob(self._blobs, hasher, full, parent_id)
+                return full, pagelist.decode_full_packed(data)  # 16 B/page (issue #13)
             except CorruptCheckpoint:
                 return None
 

@@ -23,8 +23,9 @@ from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, PageHasher
 from ckptd.core.store.streaming import StreamedPages
 
-BaseLookup = Callable[[str], tuple[str, Sequence[bytes]] | None]
-"""For a pages image name: (hash of the full page list to delta against, its references)."""
+BaseLookup = Callable[[str], tuple[str, bytes] | None]
+"""For a pages image name: (hash of the full page list to delta against, its references
+concatenated)."""
 
 
 @dataclass
@@ -192,7 +193,7 @@ def _store_page_list(
     encoded, base_hash = full, ""
     base = base_for(name)
     if base is not None and base[0] not in condemned_blobs:
-        delta = pagelist.encode_delta(pagelist.Refs(refs), base[1], bytes.fromhex(base[0]))
+        delta = pagepath.encode_delta(refs, base[1], bytes.fromhex(base[0]))
         if len(delta) * 2 < len(full):
             encoded, base_hash = delta, base[0]
     list_hash, written = put_blob(blobs, hasher, encoded, condemned=condemned_blobs)

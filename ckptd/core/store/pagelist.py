@@ -89,13 +89,14 @@ def _encode_full_packed(raw: bytes | bytearray) -> bytes:
     if len(raw) % HASH_SIZE:
         raise ValueError(f"references of {len(raw)} bytes are not a whole number")
     n = len(raw) // HASH_SIZE
-    out = [MAGIC, _HEAD.pack(FULL, n)]
+    view = memoryview(raw)  # literal runs joined from it: one copy, not three
+    out: list[bytes | memoryview] = [MAGIC, _HEAD.pack(FULL, n)]
     i = 0
     while i < n:
         z = _next_zero(raw, i)
         if z > i:
             out.append(_OP.pack(OP_LITERAL, z - i))
-            out.append(bytes(raw[i * HASH_SIZE : z * HASH_SIZE]))
+            out.append(view[i * HASH_SIZE : z * HASH_SIZE])
         if z == n:
             break
         j = z + 1
@@ -105,7 +106,11 @@ def _encode_full_packed(raw: bytes | bytearray) -> bytes:
             j += 1
         out.append(_OP.pack(OP_ZERO, j - z))
         i = j
-    return b"".join(out)
+    try:
+        return b"".join(out)
+    finally:
+        out.clear()  # the slices first: then ``raw`` (a bytearray) may be resized again
+        view.release()
 
 
 def _next_zero(raw: bytes | bytearray, i: int) -> int:
@@ -176,6 +181,45 @@ def base_of(data: bytes) -> bytes | None:
 def _check(data: bytes) -> None:
     if not data.startswith(MAGIC):
         raise CorruptCheckpoint("page list: bad magic")
+
+
+def decode_full_packed(data: bytes, *, pages: int | None = None) -> bytes:
+    """The references of the full list ``data``, concatenated (16 bytes a page: a delta's
+    base without an object per page); checked as ``decode`` checks it. A delta list raises
+    CorruptCheckpoint (a base is always full)."""
+    _check(data)
+    try:
+        kind, count = _HEAD.unpack_from(data, len(MAGIC))
+        if pages is not None and count != pages:
+            raise CorruptCheckpoint(f"page list: header says {count} references, not {pages}")
+        if kind == DELTA:
+            raise CorruptCheckpoint("page list: delta without its base")
+        pos = len(MAGIC) + _HEAD.size
+        parts: list[bytes] = []
+        have = 0
+        while pos < len(data):
+            op, n = _OP.unpack_from(data, pos)
+            pos += _OP.size
+            if have + n > count:
+                raise CorruptCheckpoint(
+                    f"page list: more references than the header says ({count})"
+                )
+            if op == OP_LITERAL:
+                end = pos + n * HASH_SIZE
+                if end > len(data):
+                    raise CorruptCheckpoint("page list: truncated (literal references cut short)")
+                parts.append(data[pos:end])
+                pos = end
+            elif op == OP_ZERO:
+                parts.append(bytes(n * HASH_SIZE))
+            else:
+                raise CorruptCheckpoint(f"page list: bad op {op}")
+            have += n
+    except struct.error as exc:
+        raise CorruptCheckpoint(f"page list: truncated ({exc})") from exc
+    if have != count:
+        raise CorruptCheckpoint(f"page list: {have} references, header says {count}")
+    return b"".join(parts)
 
 
 def decode(

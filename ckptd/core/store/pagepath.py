@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import xxhash
 import zstandard
 
+from ckptd.core.store import pagelist
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_PAGE, ZERO_REF
 
 if TYPE_CHECKING:
@@ -134,6 +135,14 @@ def slot_counts(buffers: Sequence[Buffer], pages: dict[bytes, int]) -> dict[int,
     if _native is not None:
         return _native.slot_counts(buffers, pages)
     return py_slot_counts(buffers, pages)
+
+
+def encode_delta(refs: bytes | bytearray, base: bytes | bytearray, base_hash: bytes) -> bytes:
+    """``pagelist.encode_delta`` (the same bytes) of packed references against a packed full
+    list: natively with a table of 4 bytes a slot, no object per page (issue #13)."""
+    if _native is not None:
+        return _native.encode_delta(refs, base, base_hash)
+    return pagelist.encode_delta(pagelist.Refs(refs), pagelist.Refs(base), base_hash)
 
 
 def compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryview:

@@ -16,6 +16,7 @@ from ckptd.core.store.ingest import IngestResult, ingest
 from ckptd.core.store.objects import put_blob
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.core.store.streaming import StreamedPages
+from ckptd.errors import CorruptCheckpoint
 from ckptd.testing import MemoryBlobStore
 
 HASHER = PageHasher(b"k", 0)
@@ -150,3 +151,68 @@ def test_page_lists_and_footprint_as_before(data_path: str, tmp_path: Path, stre
     before = Counter(code >> SLOT_SHIFT for code in codes if code is not None)
     per_slot, frames_now = index.slot_counts(result.pages)
     assert per_slot == before and frames_now == frames
+
+
+def _refs_like_a_child(seed: int, base: list[bytes], n: int) -> list[bytes]:
+    """A child's references against ``base``: copied runs (moved too), zero runs, new ones."""
+    rng = random.Random(seed)
+    refs: list[bytes] = []
+    while len(refs) < n:
+        kind = rng.choice(("same", "moved", "zero", "new"))
+        run = rng.randrange(1, 40)
+        if kind == "same" and len(refs) < len(base):
+            refs += base[len(refs) : len(refs) + run]
+        elif kind == "moved" and base:
+            at = rng.randrange(len(base))
+            refs += base[at : at + run]
+        elif kind == "zero":
+            refs += [ZERO_REF] * run
+        else:
+            refs += [rng.randbytes(HASH_SIZE) for _ in range(run)]
+    return refs[:n]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_delta_is_the_lists(data_path: str, seed: int) -> None:
+    rng = random.Random(seed)
+    pool = [rng.randbytes(HASH_SIZE) for _ in range(50)]
+    base = [rng.choice([*pool, ZERO_REF]) for _ in range(rng.randrange(0, 600))]  # repeats
+    refs = _refs_like_a_child(seed, base, rng.randrange(0, 700))
+    want = pagelist.encode_delta(refs, base, REF)
+    assert pagepath.encode_delta(b"".join(refs), b"".join(base), REF) == want
+    assert pagepath.encode_delta(bytearray(b"".join(refs)), b"".join(base), REF) == want
+    assert pagelist.decode(want, base) == refs
+
+
+def test_packed_delta_edge_cases(data_path: str) -> None:
+    for refs, base in (([], []), ([REF], []), ([], [REF]), ([ZERO_REF] * 3, [ZERO_REF]),
+                       ([REF, ZERO_REF, REF], [REF, ZERO_REF, REF]), ([TAIL0] * 4, [TAIL0])):
+        want = pagelist.encode_delta(refs, base, REF)
+        assert pagepath.encode_delta(b"".join(refs), b"".join(base), REF) == want
+    if pagepath.is_native():
+        with pytest.raises(ValueError):
+            pagepath.encode_delta(bytes(17), b"", REF)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_base_is_the_decoded_list(seed: int) -> None:
+    rng = random.Random(seed)
+    base = _refs_like_a_child(seed, [], rng.randrange(0, 500))
+    data = pagelist.encode_full(base)
+    assert pagelist.decode_full_packed(data) == b"".join(pagelist.decode(data))
+    assert pagelist.decode_full_packed(data, pages=len(base)) == b"".join(base)
+    for cut in {0, 3, len(data) // 2, len(data) - 1}:  # damaged: rejected as decode rejects it
+        bad = data[:cut] + bytes([data[cut] ^ 0xFF]) + data[cut + 1 :] if data else data
+        try:
+            want: bytes | type[Exception] = b"".join(pagelist.decode(bad))
+        except CorruptCheckpoint:
+            want = CorruptCheckpoint
+        if want is CorruptCheckpoint:
+            with pytest.raises(CorruptCheckpoint):
+                pagelist.decode_full_packed(bad)
+        else:
+            assert pagelist.decode_full_packed(bad) == want
+    with pytest.raises(CorruptCheckpoint):
+        pagelist.decode_full_packed(data, pages=len(base) + 1)
+    with pytest.raises(CorruptCheckpoint):
+        pagelist.decode_full_packed(pagelist.encode_delta(base, base, REF))
