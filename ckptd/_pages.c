@@ -21,6 +21,11 @@
  *   concat_digest(parts) -> (bytes, bytes)
  *   digest_parts(parts) -> bytes
  *       the parts concatenated (a pack), and its xxh3-128 (unseeded, canonical: its name).
+ *   slot_counts(buffers, pages) -> dict[int, int]
+ *       (GIL held) the references of every buffer looked up in the dict `pages` (hash ->
+ *       code): how many distinct codes each slot (code >> 32) has (a commit's footprint).
+ *   encode_delta(refs, base, base_hash) -> bytes
+ *       pagelist.encode_delta, the same bytes, of packed references against a packed base.
  *   code_runs(codes, refs, start=0) -> (list[tuple[int, int, int]], list[int])
  *       (GIL held) for a restore's plan: the runs (position, first code, count) of
  *       consecutive index codes, and where a page is neither located nor ZERO_REF.
@@ -545,6 +550,247 @@ done:
     return result;
 }
 
+/* ---- slot_counts --------------------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static PyObject *slot_counts(PyObject *self, PyObject *args)
+{
+    PyObject *buffers, *pages, *seq = NULL, *key = NULL, *result = NULL;
+    static const unsigned char zeros[HASH];
+    uint64_t *codes = NULL;
+    size_t n = 0, cap = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!:slot_counts", &buffers, &PyDict_Type, &pages))
+        return NULL;
+    if ((seq = PySequence_Fast(buffers, "buffers must be a sequence")) == NULL)
+        return NULL;
+    for (Py_ssize_t b = 0; b < PySequence_Fast_GET_SIZE(seq); b++) {
+        Py_buffer refs;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, b), &refs, PyBUF_SIMPLE) < 0)
+            goto done;
+        if (refs.len % HASH != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "references of %zd bytes are not a whole number of %d", refs.len, HASH);
+            PyBuffer_Release(&refs);
+            goto done;
+        }
+        const unsigned char *r = refs.buf;
+        size_t count = (size_t)refs.len / HASH;
+        if (n + count > cap) {
+            size_t want = n + count;
+            uint64_t *grown = realloc(codes, want * sizeof *codes);
+            if (grown == NULL && want) {
+                PyBuffer_Release(&refs);
+                PyErr_NoMemory();
+                goto done;
+            }
+            codes = grown;
+            cap = want;
+        }
+        for (size_t i = 0; i < count; i++) {
+            const unsigned char *h = r + i * HASH;
+            if (memcmp(h, zeros, HASH) == 0)
+                continue;
+            if ((key = PyBytes_FromStringAndSize((const char *)h, HASH)) == NULL) {
+                PyBuffer_Release(&refs);
+                goto done;
+            }
+            PyObject *code = PyDict_GetItemWithError(pages, key); /* borrowed */
+            Py_CLEAR(key);
+            if (code == NULL) {
+                if (PyErr_Occurred()) {
+                    PyBuffer_Release(&refs);
+                    goto done;
+                }
+                continue;
+            }
+            unsigned long long c = PyLong_AsUnsignedLongLong(code);
+            if (c == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyBuffer_Release(&refs);
+                goto done;
+            }
+            codes[n++] = (uint64_t)c;
+        }
+        PyBuffer_Release(&refs);
+    }
+    if (n > 1)
+        qsort(codes, n, sizeof *codes, cmp_u64);
+    if ((result = PyDict_New()) == NULL)
+        goto done;
+    for (size_t i = 0; i < n;) {
+        uint64_t slot = codes[i] >> 32;
+        size_t distinct = 0;
+        for (; i < n && codes[i] >> 32 == slot; i++)
+            if (i == 0 || codes[i] != codes[i - 1])
+                distinct++;
+        PyObject *k = PyLong_FromUnsignedLongLong(slot), *v = PyLong_FromSize_t(distinct);
+        int rc = (k == NULL || v == NULL) ? -1 : PyDict_SetItem(result, k, v);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (rc < 0) {
+            Py_CLEAR(result);
+            goto done;
+        }
+    }
+done:
+    free(codes);
+    Py_XDECREF(key);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* ---- encode_delta ------------------------------------------------------------------------- */
+
+typedef struct {
+    unsigned char *data;
+    size_t len, cap;
+} outbuf_t;
+
+static int out_put(outbuf_t *o, const void *src, size_t n)
+{
+    if (o->len + n > o->cap) {
+        size_t cap = o->cap ? o->cap : 4096;
+        while (cap < o->len + n)
+            cap *= 2;
+        unsigned char *grown = realloc(o->data, cap);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        o->data = grown;
+        o->cap = cap;
+    }
+    memcpy(o->data + o->len, src, n);
+    o->len += n;
+    return 0;
+}
+
+static int out_op(outbuf_t *o, unsigned op, size_t n)
+{
+    unsigned char b[5] = {(unsigned char)op, (unsigned char)n, (unsigned char)(n >> 8),
+                          (unsigned char)(n >> 16), (unsigned char)(n >> 24)};
+    return out_put(o, b, 5);
+}
+
+static int out_u32(outbuf_t *o, size_t v)
+{
+    unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                          (unsigned char)(v >> 24)};
+    return out_put(o, b, 4);
+}
+
+static size_t ref_slot(const unsigned char *h, int shift)
+{
+    uint64_t a, b;
+    memcpy(&a, h, 8);
+    memcpy(&b, h + 8, 8);
+    return (size_t)(((a ^ b) * 0x9E3779B97F4A7C15ULL) >> shift);
+}
+
+/* pagelist.encode_delta, byte for byte, for packed references: the base's first position of
+ * every reference in an open-addressing table of u32 (8 bytes a base page at most). */
+static PyObject *encode_delta(PyObject *self, PyObject *args)
+{
+    Py_buffer refs, base, base_hash;
+    static const unsigned char zeros[HASH];
+    uint32_t *table = NULL;
+    outbuf_t o = {NULL, 0, 0};
+    PyObject *result = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*:encode_delta", &refs, &base, &base_hash))
+        return NULL;
+    if (refs.len % HASH != 0 || base.len % HASH != 0 || base_hash.len != HASH) {
+        PyErr_SetString(PyExc_ValueError, "references and the base hash are 16 bytes each");
+        goto done;
+    }
+    size_t n = (size_t)refs.len / HASH, nb = (size_t)base.len / HASH;
+    if (n > UINT32_MAX || nb >= UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "too many references for a page list");
+        goto done;
+    }
+    const unsigned char *r = refs.buf, *bs = base.buf;
+    int bits = 1;
+    while (((size_t)1 << bits) < 2 * nb)
+        bits++;
+    size_t mask = ((size_t)1 << bits) - 1;
+    int shift = 64 - bits;
+    if ((table = calloc(mask + 1, sizeof *table)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t p = 0; p < nb; p++) {
+        const unsigned char *h = bs + p * HASH;
+        if (memcmp(h, zeros, HASH) == 0)
+            continue;
+        size_t slot = ref_slot(h, shift);
+        while (table[slot] && memcmp(bs + (size_t)(table[slot] - 1) * HASH, h, HASH) != 0)
+            slot = (slot + 1) & mask;
+        if (!table[slot])
+            table[slot] = (uint32_t)(p + 1); /* the first occurrence only */
+    }
+    unsigned char head[6] = {'C', 'K', 'P', 'L', '1', 1};
+    if (out_put(&o, head, 6) < 0 || out_u32(&o, n) < 0 || out_put(&o, base_hash.buf, HASH) < 0)
+        goto done;
+    size_t lit_first = 0, lit_n = 0, i = 0;
+#define FLUSH_LITERAL()                                                                        \
+    do {                                                                                       \
+        if (lit_n) {                                                                           \
+            if (out_op(&o, 0, lit_n) < 0 || out_put(&o, r + lit_first * HASH, lit_n * HASH) < 0) \
+                goto done;                                                                     \
+            lit_n = 0;                                                                         \
+        }                                                                                      \
+    } while (0)
+    while (i < n) {
+        const unsigned char *h = r + i * HASH;
+        if (memcmp(h, zeros, HASH) == 0) {
+            size_t j = i;
+            while (j < n && memcmp(r + j * HASH, zeros, HASH) == 0)
+                j++;
+            FLUSH_LITERAL();
+            if (out_op(&o, 1, j - i) < 0)
+                goto done;
+            i = j;
+            continue;
+        }
+        size_t slot = ref_slot(h, shift);
+        while (table[slot] && memcmp(bs + (size_t)(table[slot] - 1) * HASH, h, HASH) != 0)
+            slot = (slot + 1) & mask;
+        if (!table[slot]) {
+            if (!lit_n)
+                lit_first = i;
+            lit_n++;
+            i++;
+            continue;
+        }
+        size_t start = table[slot] - 1, length = 1;
+        while (i + length < n && start + length < nb &&
+               memcmp(r + (i + length) * HASH, bs + (start + length) * HASH, HASH) == 0) {
+            if (memcmp(r + (i + length) * HASH, zeros, HASH) == 0)
+                break;
+            length++;
+        }
+        FLUSH_LITERAL();
+        if (out_op(&o, 2, length) < 0 || out_u32(&o, start) < 0)
+            goto done;
+        i += length;
+    }
+    FLUSH_LITERAL();
+#undef FLUSH_LITERAL
+    result = PyBytes_FromStringAndSize((const char *)o.data, (Py_ssize_t)o.len);
+done:
+    free(table);
+    free(o.data);
+    PyBuffer_Release(&refs);
+    PyBuffer_Release(&base);
+    PyBuffer_Release(&base_hash);
+    return result;
+}
+
 /* ---- code_runs ---------------------------------------------------------------------------- */
 
 static PyObject *code_runs(PyObject *self, PyObject *args)
@@ -781,6 +1027,12 @@ static PyMethodDef methods[] = {
     {"digest_parts", digest_parts, METH_O,
      "digest_parts(parts) -> bytes: the xxh3-128 (unseeded, canonical) of the parts as if "
      "concatenated, without a copy."},
+    {"slot_counts", slot_counts, METH_VARARGS,
+     "slot_counts(buffers, pages) -> dict: for the references (16 bytes each) of every buffer, "
+     "located in the dict pages (hash -> code), the distinct codes per slot (code >> 32)."},
+    {"encode_delta", encode_delta, METH_VARARGS,
+     "encode_delta(refs, base, base_hash) -> bytes: pagelist.encode_delta of packed references "
+     "(16 bytes each) against the packed full list base."},
     {"code_runs", code_runs, METH_VARARGS,
      "code_runs(codes, refs) -> (runs, missing): runs (position, first code, count) of "
      "consecutive codes, and the positions whose code is None but whose ref is not ZERO_REF."},

@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -35,7 +34,7 @@ from ckptd.core.ports import BlobStore, Clock, ImageSource, PageSink
 from ckptd.core.store import maintenance, pagelist, pagepath
 from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.export import FrameExport
-from ckptd.core.store.index import SLOT_SHIFT, PageIndex, pack_key
+from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
 from ckptd.core.store.integrity import Adoption, StartupCheck, adopt_unauthenticated, startup_check
 from ckptd.core.store.keep import KeptFrames, KeptPacks
@@ -257,7 +256,7 @@ class ContentStore:
                     streamed=streamed,
                 )
                 result.written_packs |= kept_packs.written
-                packs, stored = self._packs_and_footprint(result.refs, result.blobs)
+                packs, stored = self._packs_and_footprint(result.pages, result.blobs)
                 gone = {p for p in packs if not self._blobs.exists(pack_key(p))}
                 # another node's GC may have condemned what this dump reuses since it began:
                 # what is due now (and was not just stored again) is stored again
@@ -305,12 +304,12 @@ class ContentStore:
         return record
 
     def _packs_and_footprint(
-        self, refs: set[bytes], blobs: set[str]
+        self, pages: Sequence[bytes | bytearray], blobs: set[str]
     ) -> tuple[builtins.list[str], int]:
-        """The packs ``refs`` live in, and the bytes the checkpoint occupies if it were alone:
-        its pages' share of their compressed frames, plus its blobs."""
-        codes, frames = self.index.locate(refs)
-        per_slot = Counter(code >> SLOT_SHIFT for code in codes if code is not None)
+        """The packs the pages of ``pages`` (each image's references, concatenated) live in,
+        and the bytes the checkpoint occupies if it were alone: its distinct pages' share of
+        their compressed frames, plus its blobs."""
+        per_slot, frames = self.index.slot_counts(pages)
         packs: set[str] = set()
         total = 0.0
         for slot, count in per_slot.items():
@@ -325,7 +324,7 @@ class ContentStore:
 
     def _bases_from(
         self, parent_id: str, uid: int
-    ) -> Callable[[str], tuple[str, Sequence[bytes]] | None]:
+    ) -> Callable[[str], tuple[str, bytes] | None]:
         parent: Manifest | None = None
         if parent_id:
             with contextlib.suppress(CheckpointNotFound, CorruptCheckpoint):
@@ -335,13 +334,14 @@ class ContentStore:
         entries = {f.name: f for f in parent.files if f.pagelist}
         hasher = self.hasher(uid)
 
-        def base_for(name: str) -> tuple[str, Sequence[bytes]] | None:
+        def base_for(name: str) -> tuple[str, bytes] | None:
             entry = entries.get(name)
             if entry is None:
                 return None
             full = entry.pagelist_base or entry.pagelist
             try:
-                return full, pagelist.decode(get_blob(self._blobs, hasher, full, parent_id))
+                data = get_blob(self._blobs, hasher, full, parent_id)
+                return full, pagelist.decode_full_packed(data)  # 16 B/page (issue #13)
             except CorruptCheckpoint:
                 return None
 

@@ -7,10 +7,12 @@ backend lists). Thread-safe.
 from __future__ import annotations
 
 import threading
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ckptd.core.ports import BlobStore
+from ckptd.core.store import pagepath
 from ckptd.core.store.packs import (
     FOOTER,
     MAGIC,
@@ -21,6 +23,9 @@ from ckptd.core.store.packs import (
 )
 from ckptd.core.store.pagehash import ZERO_REF
 from ckptd.errors import CkptdError, CorruptCheckpoint
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 PACK_PREFIX = "packs/"
 
@@ -134,6 +139,13 @@ class PageIndex:
         frame number), ``code & IN_FRAME`` the index in the frame."""
         pages, frames = self._tables
         return list(map(pages.get, refs)), frames
+
+    def slot_counts(self, refs: Sequence[Buffer]) -> tuple[dict[int, int], Frames]:
+        """For the pages of ``refs`` (buffers of concatenated references) that are indexed:
+        how many distinct pages each frame slot holds, and the frames the slots refer to, from
+        one snapshot (``pagepath.slot_counts``: no object per page)."""
+        pages, frames = self._tables
+        return pagepath.slot_counts(refs, pages), frames
 
     def add_pack(self, pack: PackIndex) -> None:
         with self._lock:

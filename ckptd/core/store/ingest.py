@@ -20,17 +20,20 @@ from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.manifest import FileEntry
 from ckptd.core.store.objects import put_blob
 from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts
-from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
+from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, PageHasher
 from ckptd.core.store.streaming import StreamedPages
 
-BaseLookup = Callable[[str], tuple[str, Sequence[bytes]] | None]
-"""For a pages image name: (hash of the full page list to delta against, its references)."""
+BaseLookup = Callable[[str], tuple[str, bytes] | None]
+"""For a pages image name: (hash of the full page list to delta against, its references
+concatenated)."""
 
 
 @dataclass
 class IngestResult:
     files: list[FileEntry] = field(default_factory=list)
-    refs: set[bytes] = field(default_factory=set)
+    pages: list[bytes | bytearray] = field(default_factory=list)
+    """Each pages image's references, concatenated (16 bytes a page, ZERO_REF for a zero
+    page): no object per page (issue #13); ``ContentStore`` finds their packs from them."""
     blobs: set[str] = field(default_factory=set)
     bytes_logical: int = 0
     bytes_new: int = 0
@@ -74,8 +77,7 @@ def ingest(
             result.bytes_logical += size
             if is_pages_file(path.name) and size % PAGE_SIZE == 0:
                 refs = _split_pages(path, size, hasher, index, builder, fresh, maps)
-                result.refs.update(refs)
-                result.refs.discard(ZERO_REF)
+                result.pages.append(refs)
                 entry = _store_page_list(
                     path.name, size, refs, blobs, hasher, base_for, result, condemned_blobs
                 )
@@ -118,7 +120,7 @@ def _add_streamed(
     for name, refs in streamed.refs.items():
         size = streamed.sizes[name]
         result.bytes_logical += size
-        result.refs.update(r for r in refs if r != ZERO_REF)
+        result.pages.append(refs)
         result.files.append(
             _store_page_list(name, size, refs, blobs, hasher, base_for, result, condemned_blobs)
         )
@@ -148,26 +150,26 @@ def _split_pages(
     builder: PackBuilder,
     fresh: set[bytes],
     maps: contextlib.ExitStack,
-) -> list[bytes]:
-    """References of every page of a pages image; new pages go to ``builder`` in runs of
-    consecutive pages, straight from the file's mapping (no copy until compression, none
-    at all for a frame that does not compress until its pack is assembled: the mapping
-    stays until ``maps`` closes).
+) -> bytes:
+    """References of every page of a pages image, concatenated (``hash_pages``, 16 bytes a
+    page); new pages go to ``builder`` in runs of consecutive pages, straight from the
+    file's mapping (no copy until compression, none at all for a frame that does not
+    compress until its pack is assembled: the mapping stays until ``maps`` closes).
 
     Two native calls per image (``pagepath``): every page hashed (zero pages found) across
     the CPUs without the GIL, then the runs of pages that are neither zero, in the index nor
     seen earlier in this ingest."""
     if size == 0:
-        return []
+        return b""
     with open(path, "rb") as fh:
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     maps.callback(_quietly, mm.close)
     view = memoryview(mm)[:size]
     maps.callback(_quietly, view.release)
     digests = pagepath.hash_pages(view, hasher.seed, zero_ref=True)
-    refs, runs = pagepath.plan_new(digests, index.live(), fresh)
-    builder.add_runs(refs, view, runs)  # a frame holds pages of one image
-    return refs
+    new, runs = pagepath.plan_runs(digests, index.live(), fresh)
+    builder.add_runs(new, view, runs, in_runs=True)  # a frame holds pages of one image
+    return digests
 
 
 def _quietly(close: Callable[[], None]) -> None:
@@ -180,7 +182,7 @@ def _quietly(close: Callable[[], None]) -> None:
 def _store_page_list(
     name: str,
     size: int,
-    refs: list[bytes],
+    refs: bytes | bytearray,
     blobs: BlobStore,
     hasher: PageHasher,
     base_for: BaseLookup,
@@ -191,7 +193,7 @@ def _store_page_list(
     encoded, base_hash = full, ""
     base = base_for(name)
     if base is not None and base[0] not in condemned_blobs:
-        delta = pagelist.encode_delta(refs, base[1], bytes.fromhex(base[0]))
+        delta = pagepath.encode_delta(refs, base[1], bytes.fromhex(base[0]))
         if len(delta) * 2 < len(full):
             encoded, base_hash = delta, base[0]
     list_hash, written = put_blob(blobs, hasher, encoded, condemned=condemned_blobs)
@@ -202,5 +204,6 @@ def _store_page_list(
     if base_hash:
         result.blobs.add(base_hash)
     return FileEntry(
-        name=name, size=size, pagelist=list_hash, pagelist_base=base_hash, pages=len(refs)
+        name=name, size=size, pagelist=list_hash, pagelist_base=base_hash,
+        pages=len(refs) // HASH_SIZE,
     )

@@ -262,22 +262,33 @@ class PackBuilder:
                 self.cut_frame()
 
     def add_runs(
-        self, hashes: Sequence[bytes], pages: memoryview, runs: Iterable[tuple[int, int]]
+        self,
+        hashes: Sequence[bytes],
+        pages: memoryview,
+        runs: Iterable[tuple[int, int]],
+        *,
+        in_runs: bool = False,
     ) -> None:
         """Queue the pages of every run (first page, count) of ``pages``, page i having hash
-        ``hashes[i]``. A frame made of several runs is gathered (``pagepath.gather_pages``,
-        one native copy) on the executor, just before its compression: no Python object per
-        page, nor per run beyond the run itself."""
+        ``hashes[i]``; ``in_runs``: ``hashes`` has only the runs' pages', in order
+        (``pagepath.plan_runs``). A frame made of several runs is gathered
+        (``pagepath.gather_pages``, one native copy) on the executor, just before its
+        compression: no Python object per page, nor per run beyond the run itself."""
         self.cut_frame()  # a frame of runs holds pages of ``pages`` only
         limit = FRAME_PAGES
         spans: list[tuple[int, int]] = []
         frame_hashes: list[bytes] = []
+        at = 0  # in_runs: where the next page's hash is
         for run_first, run_count in runs:
             first, count = run_first, run_count
             while count:
                 take = min(count, limit - len(frame_hashes))
                 spans.append((first, take))
-                frame_hashes.extend(hashes[first : first + take])
+                if in_runs:
+                    frame_hashes.extend(hashes[at : at + take])
+                    at += take
+                else:
+                    frame_hashes.extend(hashes[first : first + take])
                 first, count = first + take, count - take
                 if len(frame_hashes) == limit:
                     self._queue_spans(pages, spans, frame_hashes)

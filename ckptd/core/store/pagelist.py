@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import overload
 
 from ckptd.core.store.pagehash import HASH_SIZE, ZERO_REF
 from ckptd.errors import CorruptCheckpoint
@@ -25,7 +26,47 @@ _OP = struct.Struct("<BI")
 _HEAD = struct.Struct("<BI")
 
 
-def encode_full(refs: Sequence[bytes]) -> bytes:
+class Refs(Sequence[bytes]):
+    """The references packed in ``raw`` (16 bytes each, as ``pagepath.hash_pages`` gives them)
+    as a sequence: a page list held as 16 bytes a page, an object made only per item read
+    (issue #13)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes | bytearray) -> None:
+        if len(raw) % HASH_SIZE:
+            raise ValueError(f"references of {len(raw)} bytes are not a whole number")
+        self.raw = raw
+
+    def __len__(self) -> int:
+        return len(self.raw) // HASH_SIZE
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("reference index out of range")
+        return bytes(self.raw[i * HASH_SIZE : (i + 1) * HASH_SIZE])
+
+
+_ZERO_BLOCK = 1024
+_ZEROS = bytes(HASH_SIZE * _ZERO_BLOCK)
+
+
+def encode_full(refs: Sequence[bytes] | bytes | bytearray) -> bytes:
+    """The full list of ``refs``: a sequence of references or, without an object per page,
+    ``bytes``/``bytearray`` of them concatenated (the same encoding either way)."""
+    if isinstance(refs, bytes | bytearray):
+        return _encode_full_packed(refs)
     out = [MAGIC, _HEAD.pack(FULL, len(refs))]
     i = 0
     n = len(refs)
@@ -42,6 +83,42 @@ def encode_full(refs: Sequence[bytes]) -> bytes:
             out.append(b"".join(refs[i:j]))
         i = j
     return b"".join(out)
+
+
+def _encode_full_packed(raw: bytes | bytearray) -> bytes:
+    if len(raw) % HASH_SIZE:
+        raise ValueError(f"references of {len(raw)} bytes are not a whole number")
+    n = len(raw) // HASH_SIZE
+    view = memoryview(raw)  # literal runs joined from it: one copy, not three
+    out: list[bytes | memoryview] = [MAGIC, _HEAD.pack(FULL, n)]
+    i = 0
+    while i < n:
+        z = _next_zero(raw, i)
+        if z > i:
+            out.append(_OP.pack(OP_LITERAL, z - i))
+            out.append(view[i * HASH_SIZE : z * HASH_SIZE])
+        if z == n:
+            break
+        j = z + 1
+        while j + _ZERO_BLOCK <= n and raw.startswith(_ZEROS, j * HASH_SIZE):
+            j += _ZERO_BLOCK
+        while j < n and raw.startswith(ZERO_REF, j * HASH_SIZE):
+            j += 1
+        out.append(_OP.pack(OP_ZERO, j - z))
+        i = j
+    try:
+        return b"".join(out)
+    finally:
+        out.clear()  # the slices first: then ``raw`` (a bytearray) may be resized again
+        view.release()
+
+
+def _next_zero(raw: bytes | bytearray, i: int) -> int:
+    """The first reference from the ``i``-th that is ZERO_REF (aligned), or the count."""
+    pos = raw.find(ZERO_REF, i * HASH_SIZE)
+    while pos != -1 and pos % HASH_SIZE:
+        pos = raw.find(ZERO_REF, (pos // HASH_SIZE + 1) * HASH_SIZE)
+    return len(raw) // HASH_SIZE if pos == -1 else pos // HASH_SIZE
 
 
 def encode_delta(refs: Sequence[bytes], base: Sequence[bytes], base_hash: bytes) -> bytes:
@@ -104,6 +181,45 @@ def base_of(data: bytes) -> bytes | None:
 def _check(data: bytes) -> None:
     if not data.startswith(MAGIC):
         raise CorruptCheckpoint("page list: bad magic")
+
+
+def decode_full_packed(data: bytes, *, pages: int | None = None) -> bytes:
+    """The references of the full list ``data``, concatenated (16 bytes a page: a delta's
+    base without an object per page); checked as ``decode`` checks it. A delta list raises
+    CorruptCheckpoint (a base is always full)."""
+    _check(data)
+    try:
+        kind, count = _HEAD.unpack_from(data, len(MAGIC))
+        if pages is not None and count != pages:
+            raise CorruptCheckpoint(f"page list: header says {count} references, not {pages}")
+        if kind == DELTA:
+            raise CorruptCheckpoint("page list: delta without its base")
+        pos = len(MAGIC) + _HEAD.size
+        parts: list[bytes] = []
+        have = 0
+        while pos < len(data):
+            op, n = _OP.unpack_from(data, pos)
+            pos += _OP.size
+            if have + n > count:
+                raise CorruptCheckpoint(
+                    f"page list: more references than the header says ({count})"
+                )
+            if op == OP_LITERAL:
+                end = pos + n * HASH_SIZE
+                if end > len(data):
+                    raise CorruptCheckpoint("page list: truncated (literal references cut short)")
+                parts.append(data[pos:end])
+                pos = end
+            elif op == OP_ZERO:
+                parts.append(bytes(n * HASH_SIZE))
+            else:
+                raise CorruptCheckpoint(f"page list: bad op {op}")
+            have += n
+    except struct.error as exc:
+        raise CorruptCheckpoint(f"page list: truncated ({exc})") from exc
+    if have != count:
+        raise CorruptCheckpoint(f"page list: {have} references, header says {count}")
+    return b"".join(parts)
 
 
 def decode(

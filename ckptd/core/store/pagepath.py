@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import xxhash
 import zstandard
 
+from ckptd.core.store import pagelist
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_PAGE, ZERO_REF
 
 if TYPE_CHECKING:
@@ -91,6 +92,57 @@ def plan_new(
         out += part
         runs += part_runs
     return out, runs
+
+
+def plan_runs(
+    refs: Buffer, known: Container[bytes], fresh: set[bytes]
+) -> tuple[list[bytes], list[tuple[int, int]]]:
+    """``plan_new`` without the list of every reference: the references of the pages to
+    store only (the runs' pages, in order: the same objects as added to ``fresh``), and the
+    runs. Planned GIL_CHUNK pages at a time, so at most that many references exist as
+    objects at once besides the new ones (issue #13: a page list stays ``refs``, 16 bytes
+    a page)."""
+    view = memoryview(refs).cast("B")
+    if len(view) % HASH_SIZE:
+        raise ValueError(f"references of {len(view)} bytes are not a whole number")
+    plan = _native.plan_new if _native is not None else _py_plan_new_at
+    new: list[bytes] = []
+    runs: list[tuple[int, int]] = []
+    step = GIL_CHUNK * HASH_SIZE
+    for at in range(0, len(view), step):
+        first = at // HASH_SIZE
+        part, part_runs = plan(view[at : at + step], known, fresh, first)
+        new += [part[i - first] for start, count in part_runs for i in range(start, start + count)]
+        if runs and part_runs and sum(runs[-1]) == part_runs[0][0]:  # a run across chunks
+            runs[-1] = (runs[-1][0], runs[-1][1] + part_runs[0][1])
+            del part_runs[0]
+        runs += part_runs
+    return new, runs
+
+
+def _py_plan_new_at(
+    refs: Buffer, known: Container[bytes], fresh: set[bytes], start: int
+) -> tuple[list[bytes], list[tuple[int, int]]]:
+    out, runs = py_plan_new(refs, known, fresh)
+    return out, [(first + start, count) for first, count in runs]
+
+
+def slot_counts(buffers: Sequence[Buffer], pages: dict[bytes, int]) -> dict[int, int]:
+    """For the references (16 bytes each) of all ``buffers`` found in ``pages`` (an index's
+    hash -> code), how many distinct codes (so distinct pages) each slot (``code >> 32``)
+    has: a checkpoint's footprint, in one native pass with no object per page (a sort of 8
+    bytes a located page)."""
+    if _native is not None:
+        return _native.slot_counts(buffers, pages)
+    return py_slot_counts(buffers, pages)
+
+
+def encode_delta(refs: bytes | bytearray, base: bytes | bytearray, base_hash: bytes) -> bytes:
+    """``pagelist.encode_delta`` (the same bytes) of packed references against a packed full
+    list: natively with a table of 4 bytes a slot, no object per page (issue #13)."""
+    if _native is not None:
+        return _native.encode_delta(refs, base, base_hash)
+    return pagelist.encode_delta(pagelist.Refs(refs), pagelist.Refs(base), base_hash)
 
 
 def compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryview:
@@ -210,6 +262,22 @@ def py_plan_new(
     if count:
         runs.append((first, count))
     return out, runs
+
+
+def py_slot_counts(buffers: Sequence[Buffer], pages: dict[bytes, int]) -> dict[int, int]:
+    codes: set[int] = set()
+    for buffer in buffers:
+        raw = bytes(buffer)
+        if len(raw) % HASH_SIZE:
+            raise ValueError(f"references of {len(raw)} bytes are not a whole number")
+        for i in range(0, len(raw), HASH_SIZE):
+            code = pages.get(raw[i : i + HASH_SIZE])
+            if code is not None:
+                codes.add(code)
+    counts: dict[int, int] = {}
+    for code in codes:
+        counts[code >> 32] = counts.get(code >> 32, 0) + 1
+    return counts
 
 
 def py_compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryview:

@@ -58,9 +58,14 @@ class StreamedPages:
         self._max_packs = max_packs
         self.builder = PackBuilder(executor, level, pack_bytes)
         self.fresh: set[bytes] = set()
-        self.refs: dict[str, list[bytes]] = {}
+        """New pages of this dump not yet in the index (their pack not written): once a pack
+        is indexed its pages are ``known`` and leave this set, so it holds the pages of the
+        packs in flight only, not every new page of the dump."""
+        self.refs: dict[str, bytearray] = {}
+        """Each pages image's references, concatenated (16 bytes a page: no object per
+        page; ``pagelist.Refs`` reads them as a sequence)."""
         self.sizes: dict[str, int] = {}
-        self.writes: list[Future[None]] = []
+        self.writes: list[Future[Sequence[tuple[bytes, ...]]]] = []
         self.new_packs: list[str] = []
         self.written_packs: set[str] = set()
         self.bytes_new = 0
@@ -68,7 +73,7 @@ class StreamedPages:
     # ---- PageSink ----------------------------------------------------------------------------
 
     def begin_image(self, name: str) -> None:
-        self.refs[name] = []
+        self.refs[name] = bytearray()
         self.sizes[name] = 0
 
     def pages(self, name: str, offset: int, data: memoryview) -> None:
@@ -76,10 +81,9 @@ class StreamedPages:
         runs of new pages), then one native copy of only the new pages: ``data`` is the
         receiver's and is reused once this returns."""
         digests = pagepath.hash_pages(data, self.seed, zero_ref=True)
-        refs, runs = pagepath.plan_new(digests, self._index.live(), self.fresh)
-        self.refs[name].extend(refs)
+        fresh, runs = pagepath.plan_runs(digests, self._index.live(), self.fresh)
+        self.refs[name] += digests
         if runs:
-            fresh = [refs[i] for first, count in runs for i in range(first, first + count)]
             self.builder.add_run(fresh, memoryview(pagepath.gather_pages(data, runs)))
         self.sizes[name] = offset + len(data)
         self._flow()
@@ -96,6 +100,7 @@ class StreamedPages:
         for write in self.writes:
             write.result()
         self.writes = []
+        self.fresh = set()
         self._blobs.flush()  # once, here: not on CRIU's (frozen) path
 
     # ---- internals ---------------------------------------------------------------------------
@@ -103,14 +108,21 @@ class StreamedPages:
     def _flow(self) -> None:
         self.builder.throttle(self._max_frames)
         self._submit_sealed()
+        indexed: list[tuple[bytes, ...]] = []
         while len(self.writes) > self._max_packs:
-            self.writes.pop(0).result()
+            indexed += self.writes.pop(0).result()
+        if indexed:
+            for hashes in indexed:
+                self.fresh.difference_update(hashes)
+            self.fresh = set(self.fresh)  # a set never shrinks its table: a right-sized copy
 
     def _submit_sealed(self) -> None:
         for frames in self.builder.take_sealed():
             self.writes.append(self._writer.submit(self._put_pack, frames))
 
-    def _put_pack(self, frames: Frames) -> None:
+    def _put_pack(self, frames: Frames) -> Sequence[tuple[bytes, ...]]:
+        """Write and index a pack; its pages' hashes (each frame's), to leave ``fresh``: the
+        index has them now, unless the pack is one GC condemned (then none)."""
         pack_id, parts, pack_index = build_pack_parts(frames)
         again = pack_id in self._index.condemned
         if self._blobs.put_parts(pack_key(pack_id), parts, if_absent=not again):
@@ -118,3 +130,4 @@ class StreamedPages:
             self.written_packs.add(pack_id)
         self._index.add_pack(pack_index)
         self.new_packs.append(pack_id)
+        return () if again else [hashes for _, hashes in frames]
