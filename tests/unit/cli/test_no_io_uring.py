@@ -134,8 +134,13 @@ def test_without_the_filter_the_same_child_may_use_io_uring() -> None:
 
 @needs_filter
 def test_a_filter_that_cannot_be_installed_says_so_and_the_job_runs() -> None:
-    broken = nu.Filter(())  # an empty program: the kernel answers EINVAL
-    res = subprocess.run(["true"], preexec_fn=broken.install,
+    # In a fresh interpreter: this test process may hold grpc's threads (other tests), whose
+    # fork handlers can log into the child's stderr, which is what is compared here.
+    script = ("import subprocess, sys\n"
+              "from ckptd.transport.cli import no_io_uring as nu\n"
+              "broken = nu.Filter(())  # an empty program: the kernel answers EINVAL\n"
+              "sys.exit(subprocess.run(['true'], preexec_fn=broken.install).returncode)\n")
+    res = subprocess.run([sys.executable, "-c", script],
                          capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 0
     assert res.stderr == ("ckptctl run: cannot keep io_uring away from the job (seccomp: "
