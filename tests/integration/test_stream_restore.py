@@ -43,6 +43,7 @@ from .support import (
     workload,
 )
 from .test_continuity import dump_and_restore_via_pipe
+from .test_pageserver import _criu, _dirs
 from .test_store_corruption import dump_killing
 
 pytestmark = pytest.mark.integration
@@ -65,19 +66,6 @@ def _needs_streaming_criu() -> None:
     reason = _no_stream_reason()
     if reason is not None:
         pytest.skip(reason)
-
-
-def _criu(tmp_path: Path) -> CriuSwrk:
-    path = criu_path()
-    assert path is not None
-    return CriuSwrk(path, plugin_dir=tmp_path / "plugins")
-
-
-def _dirs(root: Path) -> tuple[Path, Path]:
-    images, work = root / "images", root / "work"
-    images.mkdir(parents=True)
-    work.mkdir()
-    return images, work
 
 
 def test_criu_restores_from_images_streamed_out_of_a_directory(
