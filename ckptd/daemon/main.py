@@ -37,6 +37,7 @@ from ckptd.daemon import logs, sdnotify
 from ckptd.daemon.background import Background
 from ckptd.daemon.config import DaemonConfig, load
 from ckptd.daemon.probe import gpu_summary
+from ckptd.daemon.statedir import StateDirUnusable, open_lock, open_state_dir
 from ckptd.daemon.wiring import Wired, tls_files, wire
 from ckptd.domain.model import ROOT
 from ckptd.errors import CkptdError
@@ -138,8 +139,13 @@ class Daemon:
         self._stop = threading.Event()
 
     def _lock_state_dir(self) -> int | None:
-        self.config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.config.state_dir / "ckptd.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        """The state dir's lock (None: another daemon holds it), once the directory is
+        checked and tightened (``statedir``); raises ``StateDirUnusable``."""
+        dir_fd = open_state_dir(self.config.state_dir, os.geteuid())
+        try:
+            fd = open_lock(dir_fd, self.config.state_dir)
+        finally:
+            os.close(dir_fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -166,7 +172,11 @@ class Daemon:
 
     def run(self) -> int:
         cfg = self.config
-        lock_fd = self._lock_state_dir()
+        try:
+            lock_fd = self._lock_state_dir()
+        except StateDirUnusable as exc:
+            print(f"ckptd: {exc}", file=sys.stderr)
+            return 2
         if lock_fd is None:
             print(
                 f"ckptd: another ckptd is running with state dir {cfg.state_dir}; stop it first",
