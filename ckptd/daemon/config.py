@@ -106,13 +106,21 @@ class DaemonConfig:
     max_connections: int = 512
     """Connections of all uids but root together."""
     max_calls_per_uid: int = 8
-    """Calls in progress one uid other than root may have (a stream such as ``ckptctl events
-    --follow`` counts until it ends); more are refused at once (RESOURCE_EXHAUSTED)."""
+    """Calls in progress one uid other than root may have (a dump's or restore's progress
+    stream counts until it ends; an open stream such as ``events --follow`` does not: see
+    ``max_open_streams_per_uid``); more are refused at once (RESOURCE_EXHAUSTED)."""
     max_user_calls: int = 12
     """Calls in progress of all uids but root together: below ``max_workers``, so that
     ``max_workers - max_user_calls`` workers always serve root."""
     max_operations_per_uid: int = 2
     """Dumps, restores and migrations one uid other than root may run at once."""
+    max_open_streams_per_uid: int = 4
+    """Streams that stay open as long as their client likes (``ckptctl events --follow``,
+    health Watch, reflection) one uid other than root may hold; they take no call slot, so
+    idle ones never block anyone's calls. More are refused at once (RESOURCE_EXHAUSTED)."""
+    max_user_open_streams: int = 8
+    """Such streams of all uids but root together; the local API has this many workers more
+    than ``max_workers`` to serve them."""
     max_streams_per_connection: int = 16
     """HTTP/2 streams (calls queued or running) per connection: with the connection limit,
     it bounds the work a uid may queue."""
@@ -236,6 +244,7 @@ def _check_limits(config: DaemonConfig) -> None:
                 raise ValueError(str(exc)) from exc
     for key in ("max_workers", "max_connections_per_uid", "max_connections",
                 "max_calls_per_uid", "max_user_calls", "max_operations_per_uid",
+                "max_open_streams_per_uid", "max_user_open_streams",
                 "max_streams_per_connection", "max_queued_calls"):
         value = getattr(config, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

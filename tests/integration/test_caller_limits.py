@@ -42,6 +42,17 @@ print(len(held), refused, flush=True)
 sys.stdin.read()
 """
 
+HELD_STREAMS = """
+import grpc, sys, time
+from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb, ckptd_pb2_grpc
+channel = grpc.insecure_channel("unix:" + {path!r})
+stub = ckptd_pb2_grpc.CheckpointerStub(channel)
+calls = [stub.Watch(pb.WatchRequest(follow=True), timeout=60) for _ in range({n})]
+time.sleep(2.0)
+print(" ".join("OPEN" if not c.done() else c.code().name for c in calls), flush=True)
+sys.stdin.read()
+"""
+
 STREAMS = """
 import grpc, sys
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb, ckptd_pb2_grpc
@@ -70,7 +81,7 @@ def open_daemon(start_daemon: Any) -> Iterator[Daemon]:
     try:
         sock_dir.chmod(0o755)
         yield start_daemon(config={"socket_mode": "666", "max_connections_per_uid": PER_UID,
-                                   "max_calls_per_uid": 3},
+                                   "max_calls_per_uid": 3, "max_open_streams_per_uid": 3},
                            socket_dir=sock_dir / "run")
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
@@ -82,10 +93,10 @@ def threads_and_fds(pid: int) -> tuple[int, int]:
     return threads, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def as_nobody(code: str) -> subprocess.Popen[str]:
-    argv, env = cli_for_uid(NOBODY)
+def as_nobody(code: str, uid: int = NOBODY) -> subprocess.Popen[str]:
+    argv, env = cli_for_uid(uid)
     return subprocess.Popen(
-        [argv[0], "-c", code], user=NOBODY, group=NOBODY, extra_groups=[], cwd="/",
+        [argv[0], "-c", code], user=uid, group=uid, extra_groups=[], cwd="/",
         env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
 
@@ -123,7 +134,8 @@ def test_a_users_calls_beyond_its_limit_are_refused_and_root_is_served(
     open_daemon: Daemon
 ) -> None:
     """uid 65534 opens 6 ``events --follow`` streams (each holds a worker until it ends):
-    3 are served, 3 refused at once; root's calls go on meanwhile."""
+    3 are served, 3 refused at once (``max_open_streams_per_uid``: issue 21 took such streams
+    out of the call slots); root's calls go on meanwhile."""
     d = open_daemon
     streams = as_nobody(STREAMS.format(n=6, path=str(d.socket)))
     try:
@@ -137,4 +149,49 @@ def test_a_users_calls_beyond_its_limit_are_refused_and_root_is_served(
         streams.kill()
         streams.wait()
     assert codes == ["DEADLINE_EXCEEDED"] * 3 + ["RESOURCE_EXHAUSTED"] * 3, codes
-    assert "too many calls from uid 65534: 3 in progress (max_calls_per_uid 3)" in d.log()
+    assert ("too many open streams from uid 65534: 3 open (max_open_streams_per_uid 3)"
+            in d.log())
+
+
+OTHER_USER = 65533
+
+
+@pytest.fixture
+def default_limits_daemon(start_daemon: Any) -> Iterator[Daemon]:
+    """A daemon any uid may reach, with the default per-uid limits."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="ckptd-it-streams-", dir="/tmp"))
+    try:
+        sock_dir.chmod(0o755)
+        yield start_daemon(config={"socket_mode": "666"}, socket_dir=sock_dir / "run")
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_two_users_idle_follow_streams_never_block_their_calls(
+    default_limits_daemon: Daemon
+) -> None:
+    """Issue 21 (10): two users each open 6 idle ``events --follow`` streams. Before, they
+    took the 12 call slots of all users (``max_user_calls``) for as long as they stayed open,
+    and every user's `list` was refused. Now each uid has 4 stream slots of its own (the 5th
+    and 6th are refused at once, with the setting named) and both users' calls are served."""
+    d = default_limits_daemon
+    holders = [as_nobody(HELD_STREAMS.format(n=6, path=str(d.socket)), uid)
+               for uid in (NOBODY, OTHER_USER)]
+    try:
+        codes = []
+        for h in holders:
+            assert h.stdout is not None
+            codes.append(h.stdout.readline().split())
+        for uid in (NOBODY, OTHER_USER, None):
+            started = time.monotonic()
+            assert assert_ok(d.ctl("list", user=uid), f"list as {uid} beside idle streams") == []
+            assert time.monotonic() - started < 20
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    for got in codes:
+        assert sorted(got) == ["OPEN"] * 4 + ["RESOURCE_EXHAUSTED"] * 2, codes
+    for uid in (NOBODY, OTHER_USER):
+        assert (f"too many open streams from uid {uid}: 4 open (max_open_streams_per_uid 4)"
+                in d.log())

@@ -208,6 +208,28 @@ def test_a_user_is_limited_and_root_never_is() -> None:
         pass  # released
 
 
+def test_open_streams_have_slots_of_their_own() -> None:
+    """Issue 21 (10): long-lived streams never take a call slot; their own bound per uid and
+    for all users; root is never refused."""
+    limits = CallLimits(Limits(per_uid=1, shared=1, open_streams_per_uid=2,
+                               shared_open_streams=3))
+    user, other = Caller(uid=1000), Caller(uid=2000)
+    with limits.open_stream(user), limits.open_stream(user):
+        with pytest.raises(TooManyRequests, match=r"max_open_streams_per_uid 2\)"), \
+                limits.open_stream(user):
+            pass
+        with limits.call(user):  # the user's own call is served beside its streams
+            assert limits.calls() == {1000: 1}
+        with limits.open_stream(other):
+            with pytest.raises(TooManyRequests, match="max_user_open_streams 3"), \
+                    limits.open_stream(Caller(uid=3000)):
+                pass
+            with limits.open_stream(ROOT), limits.open_stream(ROOT), limits.open_stream(ROOT):
+                pass
+        assert limits.open_streams() == {1000: 2}
+    assert limits.open_streams() == {}
+
+
 # ---- the daemon's own settings ---------------------------------------------------------------
 
 
