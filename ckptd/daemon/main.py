@@ -222,9 +222,12 @@ class Daemon:
 
         limits = CallLimits(Limits(per_uid=cfg.max_calls_per_uid,
                                    operations_per_uid=cfg.max_operations_per_uid,
-                                   shared=cfg.max_user_calls))
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="rpc"),
+                                   shared=cfg.max_user_calls,
+                                   open_streams_per_uid=cfg.max_open_streams_per_uid,
+                                   shared_open_streams=cfg.max_user_open_streams))
+        server = grpc.server(  # users' open streams have workers of their own
+            futures.ThreadPoolExecutor(max_workers=cfg.max_workers + cfg.max_user_open_streams,
+                                       thread_name_prefix="rpc"),
             interceptors=(LimitInterceptor(limits, peers),),
             options=(("grpc.max_concurrent_streams", cfg.max_streams_per_connection),),
             maximum_concurrent_rpcs=cfg.max_queued_calls,
