@@ -11,8 +11,8 @@ import grpc
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.core.groups import GroupMembers
-from ckptd.domain import Caller, CheckpointRecord, DumpRequest, RestoreOutcome
-from ckptd.errors import PermissionDenied
+from ckptd.domain import Caller, CheckpointRecord, DumpRequest, GroupRecord, RestoreOutcome
+from ckptd.errors import BadRequest, PermissionDenied
 from ckptd.transport import validate as v
 from ckptd.transport.grpc import convert
 
@@ -75,12 +75,12 @@ class GroupRpcs:
         groups = self._group_members(context)
 
         def record(caller: Caller) -> None:
-            group = convert.group_from(request)
+            group = _checked_group(request)
             if not groups.owned_by(group, caller):
                 raise PermissionDenied(
                     f"group {group.id} names checkpoints here that are not the caller's"
                 )
-            groups.record(group)
+            groups.record(group, self._node)
 
         self._unary(context, record)
         return request
@@ -91,6 +91,19 @@ class GroupRpcs:
                                                 if groups.owned_by(g, c)])
         return pb.ListGroupsResponse(groups=[convert.group(g) for g in found])
 
+
+def _checked_group(msg: pb.Group) -> GroupRecord:
+    """A group record from a caller, held to the edge's rules: its id a name, every member
+    a checkpoint id (and a pid when given)."""
+    group_id = v.group_id(msg.id)
+    v.name(msg.name, "group name")
+    if not msg.members:
+        raise BadRequest(f"group {group_id} has no member; a group record names every "
+                         "member's checkpoint", field="members", hint="")
+    for m in msg.members:
+        v.checkpoint_id(m.checkpoint_id, "group member checkpoint id")
+        v.pid(m.pid, "group member pid", required=False)
+    return convert.group_from(msg)
 
 
 def _timeout(seconds: float) -> float:
