@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -565,6 +566,35 @@ def _timed_out(args: argparse.Namespace, timeout: float) -> str:
             f"with `{PROG} events` (and `{PROG} list`) before retrying")
 
 
+_CONNECTION_LOST = re.compile(
+    r"socket closed|connection reset|broken pipe|goaway|connection aborted|stream removed",
+    re.IGNORECASE)
+"""What gRPC says when an established connection broke (the daemon killed or stopped mid-call);
+never reaching it says ``failed to connect to all addresses``."""
+
+
+def _went_away(args: argparse.Namespace | None, details: str) -> str:
+    """What a connection lost during ``args``'s call means: an operation may have completed."""
+    lost = f"ckptd went away during the {{}} (connection lost: {details})"
+    command = args.command if args is not None else ""
+    if command not in _STILL_RUNNING:
+        return (f"{lost.format('request')}; check that it runs (`systemctl status ckptd`) "
+                "and retry")
+    assert args is not None
+    pid = getattr(args, "pid", None)
+    if command == "dump":
+        what = f"dump of pid {pid}" if pid else "dump"
+        check = f"`{PROG} list --pid {pid}`" if pid else f"`{PROG} list`"
+        return (f"{lost.format(what)}; the checkpoint may have committed: run {check} to see "
+                "before retrying")
+    if command == "migrate":
+        return (f"{lost.format(f'migration of pid {pid}')}; the checkpoint may have committed "
+                f"and the job may run on the target: run `{PROG} list` (here and on the "
+                "target) to see before retrying")
+    return (f"{lost.format(command)}; it may have completed: run `{PROG} list` and "
+            f"`{PROG} events` to see before retrying")
+
+
 def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
                args: argparse.Namespace | None = None, late: bool = False) -> int:
     code_fn = getattr(err, "code", None)
@@ -578,6 +608,8 @@ def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
     if code == grpc.StatusCode.UNAVAILABLE and from_daemon:
         _err(details)  # the daemon could not reach another daemon (migration)
         exit_code = EXIT_FAILURE
+    elif code == grpc.StatusCode.UNAVAILABLE and _CONNECTION_LOST.search(details):
+        _err(_went_away(args, details))
     elif code == grpc.StatusCode.UNAVAILABLE:
         if os.path.exists(socket) and not os.access(socket, os.R_OK | os.W_OK):
             _err(
