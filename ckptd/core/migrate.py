@@ -1,6 +1,8 @@
 """The migrate recipe: a running tree moves to another node's daemon.
 
-Order, and what undoes each step if a later one fails:
+Order, and what undoes each step if a later one fails (before any, the preview of the dump
+here: the local refusals, pid 1, no such pid, not the caller's, come before the target is
+contacted):
 
     connect     a mutual-TLS link to the target daemon                  close it
     probe       the target checks a preview of the checkpoint (this     -
@@ -96,6 +98,8 @@ class MigrateContext:
     progress: ProgressSink
     started: float = 0.0
     link: PeerLink | None = None
+    preview: CheckpointRecord | None = None
+    """The record a dump would make, taken before the target is contacted (local refusals)."""
     probe: PeerProbe | None = None
     record: CheckpointRecord | None = None
     session: PeerSession | None = None
@@ -158,6 +162,9 @@ class MigrateRecipe:
         if self._journal is not None:
             ctx.undo_log = UndoLog(self._journal, f"m-{secrets.token_hex(6)}", "migrate")
         try:
+            # the local refusals (pid 1, no such pid, not the caller's) before the target is
+            # contacted: an unreachable or slow peer never delays them
+            ctx.preview = self._preview(caller, self._dump_request(ctx))
             run_steps(self.steps, ctx, progress, ctx.undo_log)
         except Exception as exc:
             if ctx.undo_log is not None:
@@ -224,8 +231,9 @@ class MigrateRecipe:
 
     def _probe(self, ctx: MigrateContext) -> None:
         assert ctx.link is not None
-        preview = self._preview(ctx.caller, self._dump_request(ctx))
-        ctx.probe = ctx.link.probe(preview)
+        if ctx.preview is None:
+            ctx.preview = self._preview(ctx.caller, self._dump_request(ctx))
+        ctx.probe = ctx.link.probe(ctx.preview)
         report = ctx.probe.report
         if report.blocking or (report.warnings and not ctx.request.ignore_warnings):
             parts = [f"blocking: {b}" for b in report.blocking]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from .support import (
     assert_ok,
     assert_one_line_error,
     assert_running,
+    free_pid,
     read_lines_file,
     reference,
     start_detached,
@@ -221,6 +223,22 @@ def test_without_peer_listen_there_is_no_tcp_listener_and_migrate_says_why(
     res = unreachable.ctl("migrate", pid, "--to", f"127.0.0.1:{free_port()}")
     assert_one_line_error(res, 1, "cannot reach the ckptd peer listener")
     assert_running(pid, "after a failed migration")
+
+
+@pytest.mark.parametrize("target", ["pid 1", "no such pid"])
+def test_a_local_refusal_does_not_wait_for_the_peer(
+    start_daemon: Callable[..., Daemon], pki: Pki, target: str
+) -> None:
+    """Issue 21 (11g): refused here at once, not after CONNECT_TIMEOUT_S spent on a target
+    that does not answer (192.0.2.1: TEST-NET-1, never routed)."""
+    d = start_daemon(*pki.flags("node-a", ["127.0.0.1"]))
+    pid = 1 if target == "pid 1" else free_pid()
+    started = time.monotonic()
+    res = d.ctl("migrate", pid, "--to", "192.0.2.1:7443")
+    took = time.monotonic() - started
+    assert_one_line_error(res, 2, f"pid {pid}")
+    assert "cannot reach" not in res.err, res.err
+    assert took < 2.0, f"refused after {took:.1f}s: {res.err.strip()}"
 
 
 def test_two_daemons_with_sockets_in_one_directory_each_serve_their_own(

@@ -32,7 +32,7 @@ from ckptd.domain import (
     RestoreRequest,
     new_checkpoint_id,
 )
-from ckptd.errors import CorruptCheckpoint, Incompatible, PeerError
+from ckptd.errors import CorruptCheckpoint, Incompatible, PeerError, TargetRefused
 from ckptd.testing import FakeClock, LoopbackPeerConnector, LoopbackPeerSession
 
 PAGE = 4096
@@ -150,6 +150,23 @@ def test_an_unreachable_target_dumps_nothing(world) -> None:  # type: ignore[no-
     with pytest.raises(PeerError, match="cannot reach"):
         run(recipe, to="nowhere:1")
     assert a.dumps == []
+
+
+@pytest.mark.parametrize("to", ["b:7443", "nowhere:1"], ids=["reachable", "unreachable"])
+def test_a_local_refusal_comes_before_the_target_is_contacted(  # type: ignore[no-untyped-def]
+    world, monkeypatch, to: str
+) -> None:
+    """Issue 21 (11g): `migrate 1` refuses at once, not after waiting for the peer."""
+    a, b, connector, recipe = world
+
+    def refuse(caller: Caller, request: DumpRequest) -> CheckpointRecord:
+        raise TargetRefused(f"pid {request.pid} is init", pid=request.pid)
+
+    monkeypatch.setattr(recipe, "_preview", refuse)
+    with pytest.raises(TargetRefused, match="pid 4321 is init"):
+        run(recipe, to=to)
+    assert connector.links == []
+    assert a.dumps == [] and b.restored == []
 
 
 def test_a_failure_after_the_dump_restores_the_job_here(world) -> None:  # type: ignore[no-untyped-def]
