@@ -109,7 +109,8 @@ def test_an_unprivileged_caller_dumps_and_restores_its_own_process(
     if not has_cap_sys_resource():
         # CRIU cannot read the rlimits of another uid's process: the dump must fail cleanly
         res = d.ctl("dump", job.pid, user=NOBODY)
-        assert_one_line_error(res, 1, f"pid {job.pid}", "rlimit", "not permitted")
+        assert_one_line_error(res, 1, f"pid {job.pid}", "rlimit", "not permitted",
+                              "CAP_SYS_RESOURCE")
         assert_running(job.pid, "after a failed dump")
         assert d.checkpoints_of(job.pid) == []
         before = len(reader.drain())

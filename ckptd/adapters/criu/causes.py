@@ -22,7 +22,14 @@ _TRACED = re.compile(
 _EXTERNAL_UNIX = re.compile(r"External socket (is used|found in image)", re.IGNORECASE)
 _CAPABILITY = re.compile(
     r"CAP_SYS_ADMIN or the CAP_CHECKPOINT_RESTORE|Effective capability \d+ missing")
+_RLIMIT = re.compile(r"Can't get rlimit \d+: Operation not permitted")
+"""prlimit(2) on a process of another uid, refused without CAP_SYS_RESOURCE (CRIU's own
+RLIMIT_NOFILE notice at its start is harmless and not this)."""
 _PID_IN = re.compile(r"(?:SEIZE|detach(?: from)?|non-zombie|the) (\d+)")
+
+
+_CAPS_HINT = ("run ckptd as root with its full capabilities (check the unit's "
+              "CapabilityBoundingSet, or the container's --cap-add / --privileged)")
 
 
 @dataclass(frozen=True)
@@ -40,9 +47,15 @@ def explain(what: str, log_text: str, pid: int | None, proc: Path = Path("/proc"
     if _CAPABILITY.search(log_text):
         return Cause(
             f"CRIU {what} failed: CRIU lacks the capabilities it needs (CAP_SYS_ADMIN or "
-            "CAP_CHECKPOINT_RESTORE)",
-            "run ckptd as root with its full capabilities (check the unit's "
-            "CapabilityBoundingSet, or the container's --cap-add / --privileged)")
+            "CAP_CHECKPOINT_RESTORE, and CAP_SYS_RESOURCE for processes of other uids)",
+            _CAPS_HINT)
+    if _RLIMIT.search(log_text):
+        tree = f"the tree of pid {pid}" if pid is not None else "the tree"
+        return Cause(
+            f"CRIU {what} failed: CRIU may not read the rlimits of a process of {tree} "
+            "(prlimit: Operation not permitted): the daemon lacks CAP_SYS_RESOURCE, which "
+            "processes of another uid need",
+            f"give ckptd CAP_SYS_RESOURCE: {_CAPS_HINT}")
     if _EXTERNAL_UNIX.search(log_text):
         return Cause(
             f"CRIU {what} failed: the tree has a Unix socket connected to a process outside "
