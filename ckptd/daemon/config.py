@@ -38,14 +38,18 @@ class DaemonConfig:
     """Allow a plain-HTTP ``store_endpoint``."""
     manifest_keys: str = ""
     """File of the keys that authenticate the store's manifests (HMAC-SHA256; one key a line,
-    the first signs, all are accepted: rotation), kept outside the store; created with one
-    fresh key (mode 0600) if missing. Every daemon sharing a store needs the same file.
-    Empty: ``state_dir/manifest.keys``. docs/adr/0014-authenticated-manifests.md."""
+    the first signs, all are accepted: rotation), kept outside the store: a regular file of
+    root's, mode 0600 (anything else stops the start). Created with one fresh key if missing
+    — unless the store already holds manifests signed by a key this node lacks: then the
+    daemon does not start (a mistyped path or a wiped state dir). Every daemon sharing a store
+    needs the same file. Empty: ``state_dir/manifest.keys``.
+    docs/adr/0014-authenticated-manifests.md."""
     adopt_unauthenticated: bool = False
-    """At start, sign every intact manifest written before manifests were authenticated (or
-    by a ckptd that does not sign them) with this node's key, trusting the store as it is.
-    Done anyway when the key file is created (the upgrade); set it once, for one start, to
-    adopt manifests an older node wrote since."""
+    """At start, sign every intact unauthenticated manifest (format 1: written before
+    manifests were authenticated, by a ckptd that does not sign them — or planted by someone
+    who can write the store) with this node's key, trusting the store as it is. Never done
+    without it (not even when the key file is created): such manifests are not listed or
+    restored, and the start-up log counts them. Set it for one start, after an upgrade."""
     state_dir: Path = Path("/var/lib/ckptd/state")
     """Journal of operations in flight, CRIU logs, restored jobs' output."""
     fast_staging_dir: str = "/dev/shm/ckptd"

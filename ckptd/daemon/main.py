@@ -33,6 +33,7 @@ from ckptd import __version__
 from ckptd._gen.ckptd.v1 import ckptd_pb2, ckptd_pb2_grpc
 from ckptd.adapters.cloud.spot import sources_from
 from ckptd.adapters.guard.client import wait_for_guards
+from ckptd.core.store.cas import ContentStore
 from ckptd.daemon import logs, sdnotify
 from ckptd.daemon.background import Background
 from ckptd.daemon.config import DaemonConfig, load
@@ -67,7 +68,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--state-dir", dest="state_dir", help="journal, logs (default STORE/state)")
     p.add_argument("--manifest-keys", dest="manifest_keys",
                    help="file of the keys authenticating manifests, the same on every node "
-                        "of a shared store (default STATE_DIR/manifest.keys; created 0600)")
+                        "of a shared store (default STATE_DIR/manifest.keys; created 0600 "
+                        "unless the store holds manifests signed by another key)")
+    p.add_argument("--adopt-unauthenticated", dest="adopt_unauthenticated",
+                   action="store_true", default=None,
+                   help="sign the store's unauthenticated (format 1) manifests with this "
+                        "node's key at start, trusting the store as it is (once, after an "
+                        "upgrade)")
     p.add_argument("--criu", dest="criu_path", help="path of the criu binary")
     p.add_argument("--socket-group", dest="socket_group", help="group allowed on the socket")
     p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR")
@@ -115,22 +122,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return Daemon(config).run()
 
 
-def _check_store(cfg: DaemonConfig, wired: Wired) -> None:
+def _check_store(cfg: DaemonConfig, store: ContentStore) -> None:
     """Log what the index found damaged when it was built (every pack's footer and trailer),
-    and adopt unauthenticated manifests when the key was just created or when asked."""
-    check = wired.store.startup_check()
+    adopt unauthenticated manifests when asked to (never otherwise), and count the store's
+    manifests by key: those signed with keys this node lacks, those left unadopted."""
+    check = store.startup_check()
     for line in check.lines():
         log.error("%s", line)
     (log.warning if check.damaged else log.info)("%s", check.summary())
-    if wired.keys_created or cfg.adopt_unauthenticated:
-        why = "new manifest key" if wired.keys_created else "adopt_unauthenticated"
-        adoption = wired.store.adopt_unauthenticated()
-        if adoption.adopted:
-            log.warning("%s: signed %d manifest(s) written before manifests were "
-                        "authenticated: %s", why, len(adoption.adopted),
-                        ", ".join(adoption.adopted))
+    if cfg.adopt_unauthenticated:
+        adoption = store.adopt_unauthenticated()
+        log.warning("adopt_unauthenticated: signed %d manifest(s) written before manifests "
+                    "were authenticated%s", len(adoption.adopted),
+                    f": {', '.join(adoption.adopted)}" if adoption.adopted else "")
         for line in adoption.refused:
             log.error("not adopted: %s", line)
+    census = store.manifest_census()
+    (log.warning if census.foreign else log.info)("%s", census.summary())
+    if census.legacy and not cfg.adopt_unauthenticated:
+        log.warning("%s", census.unadopted())
 
 
 class Daemon:
@@ -192,7 +202,7 @@ class Daemon:
             print(f"ckptd: {exc}", file=sys.stderr)
             os.close(lock_fd)
             return 2
-        _check_store(cfg, wired)
+        _check_store(cfg, wired.store)
         for line in wired.service.recover():
             log.warning("recovered: %s", line)
         wired.guard.start()

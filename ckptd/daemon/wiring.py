@@ -31,11 +31,13 @@ from ckptd.core.groups import GroupMembers
 from ckptd.core.jobfiles import chunked_images
 from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.policies import PolicyService
-from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort
+from ckptd.core.ports import BlobStore, GpuCheckpointer, GpuInventoryPort
 from ckptd.core.receive import Receiver
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.service import CheckpointService
 from ckptd.core.store.cas import ContentStore, StagingPolicy
+from ckptd.core.store.integrity import manifest_census
+from ckptd.core.store.keys import ManifestKeys
 from ckptd.daemon.config import DaemonConfig
 from ckptd.daemon.probe import NodeProbe
 from ckptd.domain.model import ROOT
@@ -59,7 +61,7 @@ class Wired:
     guard: PidfdTreeGuard
     cgroups: CgroupFs | None = None
     keys_created: bool = False
-    """The manifest key file was created by this start (the upgrade: adopt old manifests)."""
+    """The manifest key file was created by this start (it adopts nothing by itself)."""
 
 
 def tls_files(config: DaemonConfig) -> TlsFiles | None:
@@ -90,6 +92,35 @@ def gpu_adapters(
     except ImportError:
         return None, None
     return CudaDriverCheckpointer(call_timeout_s=config.gpu_call_timeout_s), NvmlInventory()
+
+
+def manifest_keys(config: DaemonConfig, blobs: BlobStore) -> tuple[ManifestKeys, bool]:
+    """The node's manifest keys (``manifest_keys``), and whether this call created the file.
+
+    Invariant: a key is created only for a store that holds no manifest signed with a key
+    (format 2). A store that does was written with another key file, so the path is wrong (a
+    mistyped ``--manifest-keys``, a wiped state dir): a new key would hide every checkpoint
+    and sign what it writes with a key the other nodes lack. Raises ValueError (one line:
+    what is wrong, what to do) then, and for a key file ``keyfile`` refuses."""
+    path = Path(config.manifest_keys) if config.manifest_keys else (
+        config.state_dir / "manifest.keys")
+    keys = keyfile.load(path)
+    if keys is not None:
+        return keys, False
+    census = manifest_census(blobs, held=())
+    if census.foreign_count:
+        raise ValueError(
+            f"manifest key file {path} does not exist, but the store {config.store} holds "
+            f"{census.foreign_count} manifest(s) signed with keys this node lacks "
+            f"({census.foreign_keys()}): not creating a new key, which would hide them; "
+            "point manifest_keys (--manifest-keys) at the key file they were signed with, or "
+            "copy it here from another node of the cluster (install -m 600)"
+        )
+    keys, created = keyfile.create(path)
+    if created:
+        log.warning("created manifest key file %s (key %s): give every other node sharing "
+                    "this store a copy before it starts", path, keys.signing_id)
+    return keys, created
 
 
 def wire(config: DaemonConfig) -> Wired:
@@ -129,9 +160,7 @@ def wire(config: DaemonConfig) -> Wired:
     )
     if not isinstance(blobs, LocalBlobStore | ObjectBlobStore):  # pragma: no cover
         raise TypeError(f"unexpected blob store {type(blobs).__name__} for {config.store}")
-    keys, keys_created = keyfile.load_or_create(
-        Path(config.manifest_keys) if config.manifest_keys else state / "manifest.keys"
-    )
+    keys, keys_created = manifest_keys(config, blobs)
     # One daemon's staging must never be another's (each cleans its own at start-up).
     tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
     fast = Path(config.fast_staging_dir) / tag if config.fast_staging_dir else None

@@ -36,7 +36,14 @@ from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.export import FrameExport
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.ingest import ingest
-from ckptd.core.store.integrity import Adoption, StartupCheck, adopt_unauthenticated, startup_check
+from ckptd.core.store.integrity import (
+    Adoption,
+    ManifestCensus,
+    StartupCheck,
+    adopt_unauthenticated,
+    manifest_census,
+    startup_check,
+)
 from ckptd.core.store.keep import KeptFrames, KeptPacks
 from ckptd.core.store.keys import ManifestKeys
 from ckptd.core.store.manifest import Manifest
@@ -548,13 +555,18 @@ class ContentStore:
     def adopt_unauthenticated(self) -> Adoption:
         """Sign, once, the manifests written before manifests were authenticated (format 1)
         with this node's key (``integrity.adopt_unauthenticated``): trusts the store as it
-        is now. The daemon calls it when it creates its key, or when asked to."""
+        is now. The daemon calls it only when asked to (``adopt_unauthenticated``)."""
         with self.rw.exclusive():
             adoption = adopt_unauthenticated(self._blobs, self._keys, self.store_id)
         with self._mutex:
             self._manifests.clear()
             self._listed_mtimes.clear()
         return adoption
+
+    def manifest_census(self) -> ManifestCensus:
+        """Every manifest counted by the key id it names (``integrity.manifest_census``):
+        for the daemon's start-up log."""
+        return manifest_census(self._blobs, self._keys.ids)
 
     def verify(self, checkpoint_id: str = "") -> VerifyReport:
         return maintenance.verify(self, self._blobs, checkpoint_id)

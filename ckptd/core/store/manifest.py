@@ -34,7 +34,8 @@ SHARE_KEYS_HINT = (
 )
 ADOPT_HINT = (
     "if the store was not tampered with, adopt its old manifests once: start ckptd with "
-    "adopt_unauthenticated = true (docs/store-format.md, 'Upgrading')"
+    "adopt_unauthenticated = true or --adopt-unauthenticated (docs/store-format.md, "
+    "'Upgrading')"
 )
 
 
@@ -167,6 +168,19 @@ def is_legacy(data: bytes) -> bool:
     intact or not."""
     last = data.rstrip(b"\n").rpartition(b"\n")[2]
     return b" " not in last
+
+
+def signer(data: bytes) -> str | None:
+    """The key id a format-2 manifest names (16 hex digits), *without authenticating it*:
+    only to count manifests by key. None when ``data`` does not have that shape."""
+    kid, _, mac = data.rstrip(b"\n").rpartition(b"\n")[2].partition(b" ")
+    if len(kid) != 16 or len(mac) != 64 or not _hex(kid) or not _hex(mac):
+        return None
+    return kid.decode("ascii")
+
+
+def _hex(token: bytes) -> bool:
+    return all(c in b"0123456789abcdef" for c in token)
 
 
 def _legacy_intact(body: bytes, checksum: bytes) -> bool:

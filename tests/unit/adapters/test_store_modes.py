@@ -84,12 +84,15 @@ def test_the_key_file_is_created_once_0600(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["manifest.keys"]  # no temporary left
 
 
-def test_a_loosened_key_file_is_tightened(tmp_path: Path) -> None:
+def test_a_loosened_key_file_is_refused_not_repaired(tmp_path: Path) -> None:
+    """Group or others may have read the key: tightening it silently would hide that (ADR
+    0014, Amended). The daemon does not start; the operator fixes the mode and rotates."""
     path = tmp_path / "manifest.keys"
     keyfile.load_or_create(path)
     path.chmod(0o644)
-    keyfile.load_or_create(path)
-    assert mode(path) == 0o600
+    with pytest.raises(ValueError, match=r"has mode 644: group or others .* chmod 600"):
+        keyfile.load_or_create(path)
+    assert mode(path) == 0o644
 
 
 def test_several_keys_the_first_signs(tmp_path: Path) -> None:

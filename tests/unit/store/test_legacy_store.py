@@ -42,7 +42,7 @@ def legacy_store(tmp_path: Path) -> tuple[ContentStore, FakeClock]:
         LocalBlobStore(tmp_path / "objects"), StagingPolicy(None, tmp_path / "staging"),
         clock=clock, is_pages_file=is_pages_image, keys=ManifestKeys.generate(),
     )
-    # what the daemon does at its first start after the upgrade (it creates its key)
+    # what the daemon does at a start with adopt_unauthenticated (the upgrade)
     assert store.adopt_unauthenticated().adopted == (CHECKPOINT,)
     return store, clock
 
