@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.ports import JobFiles, Precopy, PutBack, WrittenFile
+from ckptd.core.undo import Member, UndoLog, UndoPutBack
 from ckptd.domain import CapturedFile, CheckpointRecord, ProcessFact
 from ckptd.errors import TargetRefused
 
@@ -133,19 +134,27 @@ def aside_path(path: str, op_id: str) -> str:
 
 @dataclass
 class PutBackAll:
-    """Every captured file of a checkpoint put back, in order; ``undo`` reverses them all."""
+    """Every captured file of a checkpoint put back, in order; ``undo`` reverses them all.
+
+    Invariant: before each effect on a file exists (its aside, a created file), its
+    ``UndoPutBack`` is in ``undo_log`` (when there is one): a daemon killed during the
+    put-back has its successor finish the undo (``core.rollback``)."""
 
     files: JobFiles
     record: CheckpointRecord
+    undo_log: UndoLog | None = None
+    root: Member = (0, 0)
+    """The container's init whose root the files are put back in ((0, 0): the node's)."""
     done: list[PutBack] = field(default_factory=list)
     put_back: list[str] = field(default_factory=list)
 
     def run(self, images_dir: Path, op_id: str) -> None:
         uid, gid = self._owner()
-        for captured in self.record.files:
+        for index, captured in enumerate(self.record.files):
+            before = self._journal(f"files/{index}", uid, gid)
             result = self.files.put_back(
                 captured, images_dir / captured.image, aside_path(captured.path, op_id),
-                uid, gid,
+                uid, gid, before,
             )
             if result is not None:
                 self.done.append(result)
@@ -163,6 +172,14 @@ class PutBackAll:
     @property
     def kept(self) -> tuple[str, ...]:
         return tuple(d.aside for d in self.done if d.aside)
+
+    def _journal(self, step: str, uid: int, gid: int) -> Callable[[PutBack], None]:
+        def before(done: PutBack) -> None:
+            if self.undo_log is not None:
+                self.undo_log.record(step, UndoPutBack(
+                    done.path, done.aside, done.created, done.dev, done.ino, done.temp,
+                    uid, gid, self.root))
+        return before
 
     def _owner(self) -> tuple[int, int]:
         root = self.record.processes[0] if self.record.processes else None

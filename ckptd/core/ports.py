@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,11 +274,17 @@ class FileCheck:
 
 @dataclass(frozen=True)
 class PutBack:
-    """One file a restore put back: ``aside`` holds the version found there ("" when there
-    was none: the file was created)."""
+    """One file a restore put back (or is about to): ``aside`` holds the version found there
+    ("" when there was none: the file was ``created``). ``dev``/``ino`` identify the file put
+    back (0 while it is not created yet), so that an undo acts only on that very file;
+    ``temp`` is the temporary a crash may have left beside it (removed by the undo)."""
 
     path: str
     aside: str
+    created: bool = False
+    dev: int = 0
+    ino: int = 0
+    temp: str = ""
 
 
 class JobFiles(Protocol):
@@ -306,15 +312,20 @@ class JobFiles(Protocol):
     def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck: ...
 
     def put_back(
-        self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int
+        self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int,
+        before: Callable[[PutBack], None],
     ) -> PutBack | None:
         """Make ``captured.path`` hold the first ``captured.size`` bytes of ``content``; a
-        version there that differs is first copied to ``aside``. None: it already held them.
-        On failure the file is as it was."""
+        version there that differs is first copied to ``aside`` (complete before it gets
+        that name). None: it already held them. On failure the file is as it was.
+        ``before`` is called with what undoes each effect before that effect can exist (the
+        recipe journals it). Refuses (an ``OSError``) a path with a link on the way, a hard-
+        linked file, a file or directory whose owner (or identity) changed since the dump."""
         ...
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
-        """The file exactly as ``put_back`` found it (the copy aside removed)."""
+        """The file exactly as ``put_back`` found it (the copy aside removed), from any point
+        a put-back reached (also after a crash, from the journaled ``PutBack``)."""
         ...
 
     def seen_by(self, pid: int) -> JobFiles:

@@ -30,7 +30,9 @@ has not run (until then CRIU undoes a restore it cannot finish, its daemon kille
 KillTree of the restored processes is journaled (a group member held at the gate: only
 while it is still stopped); the entry ends when the restore has finished or been rolled back.
 A daemon killed in between has the half-restored tree killed at its restart, its checkpoint
-untouched. Files put back and stdio are undone in-process only (not yet durable).
+untouched. Each file put back has its ``UndoPutBack`` journaled before its effect exists
+(``core.jobfiles``): a daemon killed during the put-back or CRIU's restore has every file
+made again as found at its restart. stdio is undone in-process only (not yet durable).
 
 Invariants: the restored processes are held (``core.held``) from CRIU's post-restore
 notification on, before they run, and signalled only through those handles; nothing on the
@@ -186,7 +188,7 @@ class RestoreRecipe:
         self._store = store
         self._journal = journal
         self.undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
-                             gpu=gpu)
+                             gpu=gpu, files=files)
         self._stdio = stdio
         self._clock = clock
         self._config = config
@@ -204,6 +206,11 @@ class RestoreRecipe:
             Step("gate", self._gate, self._kill_restored, "waiting for every member"),
             Step("gpu-restore", self._gpu_restore, None, "restoring GPU state"),
         )
+
+    @property
+    def job_files(self) -> JobFiles | None:
+        """The port files are put back through (recovery undoes put-backs with it)."""
+        return self._files
 
     def new_context(self, caller: Caller, request: RestoreRequest, op_id: str) -> RestoreContext:
         return RestoreContext(caller, request, op_id, self._clock.time(),
@@ -451,7 +458,8 @@ class RestoreRecipe:
         if not ctx.record.files or self._files is None:
             return
         files = self._files if ctx.into is None else self._files.seen_by(ctx.into.init)
-        ctx.files = PutBackAll(files, ctx.record)
+        root = (ctx.into.init, ctx.into.start_time) if ctx.into is not None else (0, 0)
+        ctx.files = PutBackAll(files, ctx.record, ctx.undo_log, root)
         ctx.files.run(ctx.images_dir, ctx.op_id)
 
     def _undo_files(self, ctx: RestoreContext) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree
-from ckptd.core.ports import CheckpointStore, Clock, ProcessTable
+from ckptd.core.ports import CheckpointStore, Clock, JobFiles, ProcessTable, PutBack
 from ckptd.core.undo import (
     AbortStaging,
     Entry,
@@ -33,6 +33,7 @@ from ckptd.core.undo import (
     ResumeCuda,
     ResumeTree,
     Undo,
+    UndoPutBack,
     tree_members,
 )
 from ckptd.domain import Caller, PidState, RestoreOutcome, RestoreRequest
@@ -64,6 +65,7 @@ class Undoer:
         config: CoreConfig,
         gpu: GpuSteps | None = None,
         restore_here: RestoreHereFn | None = None,
+        files: JobFiles | None = None,
     ) -> None:
         self._processes = processes
         self._store = store
@@ -71,6 +73,7 @@ class Undoer:
         self._config = config
         self._gpu = gpu
         self.restore_here = restore_here
+        self._files = files
 
     # ---- shared with the recipes' in-process rollback -------------------------------------
 
@@ -103,6 +106,22 @@ class Undoer:
             return
         self._gpu.resume(GpuSession(cuda_pids=tuple(pids), locked=list(pids),
                                     checkpointed=list(pids)), gpu_map)
+
+    def undo_put_back(self, undo: UndoPutBack) -> None:
+        """A file as the restore found it (``UndoPutBack``), in the root it was put back in.
+        Raises when it cannot be (the file's container gone, its directory changed)."""
+        if self._files is None:
+            raise RuntimeError(f"this daemon cannot put files back ({undo.path})")
+        files = self._files
+        pid, start = undo.root
+        if pid:
+            handle = self._processes.open(pid, start)
+            if handle is None:
+                raise RuntimeError(f"the container of {undo.path} (init pid {pid}) is gone")
+            handle.close()
+            files = files.seen_by(pid)
+        files.undo(PutBack(undo.path, undo.aside, undo.created, undo.dev, undo.ino, undo.temp),
+                   undo.uid, undo.gid)
 
     # ---- recovery --------------------------------------------------------------------------
 
@@ -145,6 +164,9 @@ class Undoer:
             self._restore_here(undo, done)
         elif isinstance(undo, GuardResumed):
             self._guard_resumed(undo, done)
+        elif isinstance(undo, UndoPutBack):
+            self.undo_put_back(undo)
+            done.notes.append(f"{undo.path} as found")
         elif isinstance(undo, InDoubt):
             done.notes.append(
                 f"the daemon died while {undo.to} was restoring it: check there whether it "

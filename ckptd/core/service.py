@@ -85,7 +85,8 @@ class CheckpointService:
         self._in_flight_lock = threading.Condition()
         self._closing = False
         self._undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
-                              gpu=gpu, restore_here=self._restore_here)
+                              gpu=gpu, restore_here=self._restore_here,
+                              files=restore.job_files)
 
     # ---- operations -------------------------------------------------------------------------
 

@@ -123,10 +123,31 @@ class GuardResumed:
     checkpoint_id: str
 
 
-Undo = AbortStaging | ResumeCuda | ResumeTree | KillTree | RestoreHere | InDoubt | GuardResumed
+@dataclass(frozen=True)
+class UndoPutBack:
+    """A file a restore put back (or was about to), made again as the restore found it
+    (``JobFiles.undo``: its temporary removed, the version kept aside copied back into that
+    very file, a file it created removed), acting as ``uid``/``gid``, in the root file
+    system of ``root`` (a container's init; ``(0, 0)``: the node's). Journaled before each
+    effect of the put-back exists (``core.jobfiles``)."""
+
+    kind: ClassVar[str] = "undo-put-back"
+    path: str
+    aside: str
+    created: bool
+    dev: int
+    ino: int
+    temp: str
+    uid: int
+    gid: int
+    root: Member = (0, 0)
+
+
+Undo = (AbortStaging | ResumeCuda | ResumeTree | KillTree | RestoreHere | InDoubt | GuardResumed
+        | UndoPutBack)
 KINDS: dict[str, type[Undo]] = {
     c.kind: c for c in (AbortStaging, ResumeCuda, ResumeTree, KillTree, RestoreHere, InDoubt,
-                        GuardResumed)
+                        GuardResumed, UndoPutBack)
 }
 
 GUARD_STEP = "guard"
@@ -208,10 +229,12 @@ def _typed(name: str, value: Any) -> Any:
         return members_of(value)
     if name in ("stopped_before",):
         return tuple(int(p) for p in value)
-    if name in ("uid",):
+    if name in ("uid", "gid", "dev", "ino"):
         return int(value)
-    if name in ("only_stopped",):
+    if name in ("only_stopped", "created"):
         return bool(value)
+    if name == "root":
+        return (int(value[0]), int(value[1]))
     return str(value)
 
 

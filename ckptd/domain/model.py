@@ -358,6 +358,12 @@ class CapturedFile:
     hash: str
     """xxh3-128 hex of its ``size`` bytes."""
     image: str
+    dirs: tuple[tuple[int, int, int], ...] = ()
+    """Every directory from the root down to the file's, as (owner uid, st_dev, st_ino) at
+    the checkpoint: a restore refuses a chain whose owners (or, on the same boot, whose
+    directories) changed since. Empty in checkpoints from before it was recorded."""
+    boot: str = ""
+    """The node's boot id at the checkpoint (directory identities compare only within it)."""
 
 
 @dataclass(frozen=True)
@@ -495,7 +501,10 @@ class CheckpointRecord:
         values["gpu"] = GpuFacts.from_json(gpu) if gpu else None
         fingerprint = data.get("fingerprint")
         values["fingerprint"] = NodeFingerprint.from_json(fingerprint) if fingerprint else None
-        values["files"] = tuple(CapturedFile(**f) for f in data.get("files", ()))
+        values["files"] = tuple(
+            CapturedFile(**{**f, "dirs": tuple(tuple(d) for d in f.get("dirs", ()))})
+            for f in data.get("files", ())
+        )
         values["files_skipped"] = tuple(data.get("files_skipped", ()))
         return cls(**values)
 

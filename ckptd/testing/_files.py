@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptd.adapters.procfs.jobfiles import (
-    capture_file,
-    check_file,
-    precopy_file,
-    put_back,
-    undo_put_back,
-)
+from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
+from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
+from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.domain import CapturedFile, ProcessFact
 
@@ -51,8 +47,13 @@ class FakeJobFiles:
         view.root = root
         return view
 
-    def _in_root(self, path: str) -> str:
-        return path if self.root is None else f"{self.root}{path}"
+    @contextlib.contextmanager
+    def _at(self) -> Iterator[Root]:
+        root = Root.node() if self.root is None else Root.of_directory(self.root, "")
+        try:
+            yield root
+        finally:
+            root.close()
 
     def open_for_writing(self, pid: int, path: str | Path, *, append: bool = False) -> None:
         """Fake ``pid`` writes ``path`` (``append``: only through O_APPEND)."""
@@ -77,25 +78,34 @@ class FakeJobFiles:
         self, file: WrittenFile, dest: Path, precopy: Precopy | None = None
     ) -> CapturedFile | None:
         self._event(f"files.capture {file.path}" + (" (tail)" if precopy else ""))
-        return capture_file(file, dest, precopy)
+        try:
+            with self._at() as root, root.locate(file.path) as loc:
+                dirs = loc.chain
+        except OSError:
+            dirs = ()
+        return capture_file(file, dest, precopy, dirs=dirs, boot=boot_id())
 
     def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck:
-        return check_file(replace(captured, path=self._in_root(captured.path)))
+        try:
+            with self._at() as root:
+                return check_file(root, captured)
+        except UnsafePath as exc:
+            return FileCheck(differs=True, problem=str(exc.strerror or exc))
 
     def put_back(
-        self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int
+        self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int,
+        before: Callable[[PutBack], None],
     ) -> PutBack | None:
         if captured.path in self.fail_put_back:
             raise OSError(f"cannot put back {captured.path} (FakeJobFiles)")
         self._event(f"files.put_back {captured.path}")
-        done = put_back(replace(captured, path=self._in_root(captured.path)), content,
-                        self._in_root(aside))
-        return None if done is None else PutBack(captured.path, aside if done.aside else "")
+        with self._at() as root:
+            return put_back(root, captured, content, aside, before)
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         self._event(f"files.undo {done.path}")
-        undo_put_back(PutBack(self._in_root(done.path),
-                              self._in_root(done.aside) if done.aside else ""))
+        with self._at() as root:
+            undo_put_back(root, done)
 
     def _event(self, text: str) -> None:
         if self.events is not None:

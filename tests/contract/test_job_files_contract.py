@@ -12,7 +12,7 @@ import pytest
 
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
 from ckptd.adapters.procfs.proctable import ProcFsTable
-from ckptd.core.ports import JobFiles
+from ckptd.core.ports import JobFiles, PutBack
 from ckptd.domain import ProcessFact
 from ckptd.testing import FakeJobFiles
 
@@ -103,12 +103,15 @@ def test_put_back_keeps_the_version_found_and_undo_restores_it(
     check = harness.files.check(captured, 0, 0)
     assert check.differs and not check.problem
     aside = str(tmp_path / "train.log.ckptd-r1")
-    done = harness.files.put_back(captured, tmp_path / "img", aside, 0, 0)
+    journaled: list[PutBack] = []
+    done = harness.files.put_back(captured, tmp_path / "img", aside, 0, 0, journaled.append)
     assert done is not None and done.aside == aside
+    assert journaled == [done]  # told before the aside existed
     assert path.read_bytes() == b"line 1\n"
     assert Path(aside).read_bytes() == b"line 1\nline 2\n"
     assert not harness.files.check(captured, 0, 0).differs
-    assert harness.files.put_back(captured, tmp_path / "img", aside + "x", 0, 0) is None
+    assert harness.files.put_back(captured, tmp_path / "img", aside + "x", 0, 0,
+                                  journaled.append) is None
     harness.files.undo(done, 0, 0)
     assert path.read_bytes() == b"line 1\nline 2\n"
     assert not Path(aside).exists()
@@ -123,8 +126,11 @@ def test_a_missing_file_is_recreated_and_undo_removes_it(
     captured = harness.files.capture(written, tmp_path / "img")
     assert captured is not None
     path.unlink()
-    done = harness.files.put_back(captured, tmp_path / "img", str(path) + ".aside", 0, 0)
-    assert done is not None and done.aside == ""
+    journaled: list[PutBack] = []
+    done = harness.files.put_back(captured, tmp_path / "img", str(path) + ".aside", 0, 0,
+                                  journaled.append)
+    assert done is not None and done.aside == "" and done.created
+    assert journaled[-1] == done and done.ino == path.stat().st_ino
     assert path.read_bytes() == b"abc"
     harness.files.undo(done, 0, 0)
     assert not path.exists()
@@ -139,10 +145,22 @@ def test_check_names_what_blocks_a_put_back(harness: FilesHarness, tmp_path: Pat
     captured = harness.files.capture(written, tmp_path / "img")
     assert captured is not None
     path.unlink()
-    sub.rmdir()
+    sub.rename(tmp_path / "gone")  # kept: its inode is not reused by the next directory
     assert harness.files.check(captured, 0, 0).problem == f"its directory {sub} is missing"
-    sub.mkdir()
-    (sub / "x.log").mkdir()
+    sub.mkdir()  # another directory than the one the job wrote into (same boot)
+    assert "was replaced since the checkpoint" in harness.files.check(captured, 0, 0).problem
+
+
+def test_check_refuses_what_is_no_longer_a_regular_file(
+    harness: FilesHarness, tmp_path: Path
+) -> None:
+    path = tmp_path / "x.log"
+    path.write_bytes(b"x")
+    (written,) = harness.files.written(harness.writer(path))
+    captured = harness.files.capture(written, tmp_path / "img")
+    assert captured is not None
+    path.unlink()
+    path.mkdir()
     assert harness.files.check(captured, 0, 0).problem == "it is no longer a regular file"
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
 from ckptd.adapters.procfs.proctable import ProcFsTable
-from ckptd.core.ports import WrittenFile
+from ckptd.core.ports import PutBack, WrittenFile
 from ckptd.domain import CapturedFile, ProcessFact
 
 WRITER = """
@@ -91,7 +91,8 @@ def test_put_back_acts_with_the_owners_rights_and_never_follows_a_symlink(tmp_pa
     captured = CapturedFile(str(target), 8, 0o644, 65534, 65534, "h", "content")
     assert files.check(captured, 65534, 65534).problem  # nobody cannot even look there
     with pytest.raises(PermissionError):
-        files.put_back(captured, tmp_path / "content", str(target) + ".aside", 65534, 65534)
+        files.put_back(captured, tmp_path / "content", str(target) + ".aside", 65534, 65534,
+                       _ignore)
     assert not target.exists()
     # a symlink where the file was is never written through (not even by root)
     victim = tmp_path / "victim"
@@ -101,5 +102,9 @@ def test_put_back_acts_with_the_owners_rights_and_never_follows_a_symlink(tmp_pa
     linked = CapturedFile(str(link), 8, 0o644, 0, 0, "h", "content")
     assert files.check(linked, 0, 0).problem == "it is no longer a regular file"
     with pytest.raises(OSError):
-        files.put_back(linked, tmp_path / "content", str(link) + ".aside", 0, 0)
+        files.put_back(linked, tmp_path / "content", str(link) + ".aside", 0, 0, _ignore)
     assert victim.read_bytes() == b"precious"
+
+
+def _ignore(done: PutBack) -> None:
+    pass
