@@ -15,7 +15,8 @@ manifest replaced by the bystander's (ADR 0014). Then, with the daemon that wrot
 - the restarted daemon's log names a pack whose footer or trailer is damaged.
 
 And the store's secret and the manifest keys are root's alone, even in a store directory
-that existed with mode 0755.
+that existed with mode 0755; a daemon given a key path with no file there, for a store whose
+manifests another key signed, does not start (ADR 0014, "Amended").
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .store_support import (
     store_files,
 )
 from .support import (
+    CKPTD,
     CtlResult,
     Daemon,
     LineReader,
@@ -215,4 +217,38 @@ def test_the_store_secret_and_manifest_keys_are_root_only(daemons: Daemons) -> N
     assert stat.S_IMODE(daemons.store.stat().st_mode) == 0o700
     assert stat.S_IMODE(keys.stat().st_mode) == 0o600
     assert stat.S_IMODE(keys.parent.stat().st_mode) == 0o700
+    daemons.stop(d)
+
+
+def test_a_mistyped_manifest_key_path_refuses_to_start_and_creates_nothing(
+    daemons: Daemons, procs: Procs
+) -> None:
+    """A key path with no file there (a typo, a wiped state dir), for a store holding a
+    manifest another key signed: exit 2 with one line, no key created (a new one would hide
+    every checkpoint). The right key file still serves the checkpoint."""
+    keys = daemons.root / "keys" / "manifest.keys"
+    d = daemons.start("--manifest-keys", str(keys))
+    ck, _pre = dump_killing(d, procs, bystander_cmd(0))
+    daemons.stop(d)
+
+    typo = daemons.root / "kyes" / "manifest.keys"
+    proc = subprocess.run(
+        [str(CKPTD), "--socket", str(daemons.root / "typo" / "ckptd.sock"), "--store",
+         str(daemons.store), "--state-dir", str(daemons.state_dir), "--manifest-keys",
+         str(typo), "--jobs-cgroup", ""],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ckptd:")]
+    assert len(lines) == 1, proc.stderr
+    assert str(typo) in lines[0] and "1 manifest(s) signed with keys this node lacks" in (
+        lines[0]), lines[0]
+    assert "--manifest-keys" in lines[0], lines[0]
+    assert not typo.parent.exists()
+
+    d = daemons.start("--manifest-keys", str(keys))
+    assert [c["id"] for c in assert_ok(d.ctl("list"), "list")] == [ck["id"]]
+    assert "1 signed with a key this node holds, 0 signed with keys this node lacks" in (
+        d.log()), d.log()[-3000:]
     daemons.stop(d)
