@@ -11,7 +11,8 @@ Checks made here, before anything is touched (the restore recipe's ``resolve``, 
 and ``pids`` steps call them), each refusal naming what to do:
 
 - the caller is the init (pid 1) of a pid namespace below the daemon's, in the node's user
-  namespace (rootful containers only);
+  namespace (rootful containers only), told from the calling process itself, pinned
+  (``core.callers.caller_process``: never from another that took its pid);
 - every pid of the tree is free in the caller's pid namespace (threads are checked by the
   CRIU adapter just before CRIU, from the images);
 - the caller's memory limit leaves room for the tree's resident memory and CRIU's.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ckptd.core.callers import caller_process
 from ckptd.core.ports import Cgroups, CriuPlacement, ProcessTable
 from ckptd.domain import Caller, CheckpointRecord
 from ckptd.errors import PermissionDenied, PidInUse, PreconditionFailed, ProcessNotFound
@@ -60,32 +62,33 @@ def caller_container(
             "namespace): the container to restore into cannot be found",
             hint="run the daemon in the node's pid namespace (hostPID in Kubernetes)",
             checkpoint_id=record.id)
-    status = processes.status(pid)
-    if not status.ns_pids:
-        raise ProcessNotFound(f"the caller (pid {pid}) is gone", pid=pid)
-    if len(status.ns_pids) < 2:
-        raise PreconditionFailed(
-            f"the caller (pid {pid}) is not in a container (it shares the node's pid "
-            f"namespace): checkpoint {record.id} can only be restored inside one",
-            hint="run `ckptctl run --name NAME -- CMD` as the container's entrypoint",
-            pid=pid, checkpoint_id=record.id)
-    if status.ns_pids[-1] != 1:
-        raise PreconditionFailed(
-            f"the caller (pid {pid}) is pid {status.ns_pids[-1]} of its container, not its "
-            "init: the restored job must become the child of the container's init",
-            hint="make `ckptctl run --name NAME -- CMD` the container's entrypoint (pid 1)",
-            pid=pid, checkpoint_id=record.id)
-    if "user" in processes.foreign_namespaces(pid):
-        raise PreconditionFailed(
-            f"the caller (pid {pid}) is in a user namespace of its own (a rootless "
-            "container): ckptd restores into rootful containers only",
-            hint="run the job in a rootful container (Kubernetes, runc, podman as root)",
-            pid=pid, checkpoint_id=record.id)
-    if not caller.is_root and status.uid != record.uid:
-        raise PermissionDenied(
-            f"checkpoint {record.id} belongs to uid {record.uid}, the container's init is "
-            f"uid {status.uid}", checkpoint_id=record.id)
-    return CallerContainer(init=pid, start_time=status.start_time)
+    with caller_process(processes, caller, "the container to restore into was found"):
+        status = processes.status(pid)
+        if not status.ns_pids:
+            raise ProcessNotFound(f"the caller (pid {pid}) is gone", pid=pid)
+        if len(status.ns_pids) < 2:
+            raise PreconditionFailed(
+                f"the caller (pid {pid}) is not in a container (it shares the node's pid "
+                f"namespace): checkpoint {record.id} can only be restored inside one",
+                hint="run `ckptctl run --name NAME -- CMD` as the container's entrypoint",
+                pid=pid, checkpoint_id=record.id)
+        if status.ns_pids[-1] != 1:
+            raise PreconditionFailed(
+                f"the caller (pid {pid}) is pid {status.ns_pids[-1]} of its container, not its "
+                "init: the restored job must become the child of the container's init",
+                hint="make `ckptctl run --name NAME -- CMD` the container's entrypoint (pid 1)",
+                pid=pid, checkpoint_id=record.id)
+        if "user" in processes.foreign_namespaces(pid):
+            raise PreconditionFailed(
+                f"the caller (pid {pid}) is in a user namespace of its own (a rootless "
+                "container): ckptd restores into rootful containers only",
+                hint="run the job in a rootful container (Kubernetes, runc, podman as root)",
+                pid=pid, checkpoint_id=record.id)
+        if not caller.is_root and status.uid != record.uid:
+            raise PermissionDenied(
+                f"checkpoint {record.id} belongs to uid {record.uid}, the container's init is "
+                f"uid {status.uid}", checkpoint_id=record.id)
+        return CallerContainer(init=pid, start_time=status.start_time)
 
 
 def check_pids_free(

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from ckptd.core.callers import caller_process
 from ckptd.core.events import EventBus
 from ckptd.core.ports import Clock, PolicyRepo, ProcessTable
 from ckptd.core.targets import check_process_target
@@ -344,10 +345,11 @@ class PolicyService:
     def _only_child(self, caller: Caller) -> int:
         if not caller.pid:
             raise InvalidTarget("the caller's process is unknown", hint="give the job's pid")
-        try:
-            tree = self._processes.tree(caller.pid)
-        except CkptdError as exc:
-            raise InvalidTarget(f"the caller (pid {caller.pid}) is gone") from exc
+        with caller_process(self._processes, caller, "its child was found"):
+            try:
+                tree = self._processes.tree(caller.pid)
+            except CkptdError as exc:
+                raise InvalidTarget(f"the caller (pid {caller.pid}) is gone") from exc
         kids = [p.pid for p in tree if p.ppid == caller.pid]
         if len(kids) != 1:
             raise InvalidTarget(

@@ -122,12 +122,14 @@ class ProcessTable(Protocol):
         ``other`` differ; every kind when either is gone."""
         ...
 
-    def reserve_pids(self, pid: int, above: int) -> int:
+    def reserve_pids(self, pid: int, above: int, start_time: int = 0) -> int:
         """In the pid namespace of ``pid`` (a container's), make the next pids handed out be
         above ``above`` (the counter is never lowered), so that a job started there now can be
         restored into another container whose own processes took the low pids. Returns the
         namespace's counter after; 0 when ``pid`` shares the daemon's pid namespace (nothing
-        done). Raises ProcessNotFound when ``pid`` is gone."""
+        done). Raises ProcessNotFound when ``pid`` is gone, or (``start_time`` not 0) holds
+        a process that started at another time: the namespace is taken from the process
+        with that start time only, pinned while it is opened."""
         ...
 
     def own_root(self, pid: int) -> bool:

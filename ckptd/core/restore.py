@@ -54,6 +54,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ckptd.core.callers import caller_process
 from ckptd.core.compat import check_restore, gpu_problems, refuse_unless_compatible
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
@@ -524,7 +525,9 @@ class RestoreRecipe:
         daemon = self._cgroup_of(daemon_pid, f"the daemon (pid {daemon_pid})")
         caller = ctx.caller.pid or 0
         if caller > 0 and caller != daemon_pid:
-            theirs = self._cgroup_of(caller, f"the caller (pid {caller})")
+            with caller_process(self._processes, ctx.caller,
+                                "the cgroup of its restore was chosen"):
+                theirs = self._cgroup_of(caller, f"the caller (pid {caller})")
             if not within(theirs, daemon):
                 ctx.cgroup = theirs
                 log.info("restore %s: into the caller's cgroup %s", ctx.op_id, theirs)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from ckptd.core.callers import caller_gone, caller_process
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.events import EventBus
@@ -48,6 +49,7 @@ from ckptd.errors import (
     CorruptCheckpoint,
     InvalidTarget,
     PermissionDenied,
+    ProcessNotFound,
 )
 
 log = logging.getLogger(__name__)
@@ -240,7 +242,12 @@ class CheckpointService:
         if not 0 < above < 1 << 22:
             raise InvalidTarget(f"cannot reserve pids up to {above}",
                                 hint="give a number between 1 and 4194303")
-        return self._processes.reserve_pids(caller.pid, above)
+        before = "its pid namespace's pids could be reserved"
+        with caller_process(self._processes, caller, before) as pid:
+            try:
+                return self._processes.reserve_pids(pid, above, start_time=caller.start_time)
+            except ProcessNotFound as exc:  # it exited meanwhile; its pid may be another's
+                raise caller_gone(caller, before) from exc
 
     def verify(self, caller: Caller, checkpoint_id: str = "") -> VerifyReport:
         """One checkpoint (its owner or root), or the whole store (root only). Root gets a

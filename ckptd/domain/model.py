@@ -24,12 +24,26 @@ def is_checkpoint_id(text: str) -> bool:
     return bool(_ID_RE.fullmatch(text))
 
 
+CALLER_GONE = -1
+"""``Caller.start_time`` of a caller whose process had exited when its connection was taken:
+nothing may be decided from its pid."""
+
+
 @dataclass(frozen=True)
 class Caller:
-    """Who asked, as the kernel says (SO_PEERCRED). ``uid`` 0 may act on any process."""
+    """Who asked, as the kernel says (SO_PEERCRED). ``uid`` 0 may act on any process.
+
+    Invariant: ``pid`` alone never names the caller's process (a pid is reused once its
+    process is reaped); with ``start_time`` it does. Whatever is decided from the caller's
+    process (its cgroup, its container, its pid namespace) is decided only while a process
+    with that pid AND that start time is alive (``core.callers.caller_process``)."""
 
     uid: int
     pid: int | None = None
+    start_time: int = 0
+    """When the calling process started (clock ticks since boot), as the relay read it while
+    holding a pidfd on the process that connected (ADR 0001); ``CALLER_GONE`` when that
+    process had exited already; 0: not pinned (a caller made inside the daemon)."""
 
     @property
     def is_root(self) -> bool:

@@ -428,12 +428,12 @@ class FakeProcessTable:
                     return proc.comm
             return ""
 
-    def reserve_pids(self, pid: int, above: int) -> int:
+    def reserve_pids(self, pid: int, above: int, start_time: int = 0) -> int:
         """Its pid namespace's counter (``pid_counters``, by the namespace's init, 0 at
         first) raised to ``above``; 0 when ``pid`` shares the daemon's pid namespace."""
         with self._lock:
             proc = self.processes.get(pid)
-            if proc is None:
+            if proc is None or (start_time and proc.start_time != start_time):
                 raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
             if "pid" not in proc.namespaces:
                 return 0

@@ -207,7 +207,10 @@ class ProcFsTable:
                 out.add(name)
         return frozenset(out)
 
-    def reserve_pids(self, pid: int, above: int) -> int:
+    def reserve_pids(self, pid: int, above: int, start_time: int = 0) -> int:
+        """The namespace is the one ``Container.open`` pinned (its descriptors opened while
+        a pidfd said the process was alive, its start time read then), so a pid reused
+        between the caller's check and here never names another's namespace."""
         if "pid" not in self.foreign_namespaces(pid):
             if not (self._proc / str(pid)).exists():
                 raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
@@ -216,6 +219,10 @@ class ProcFsTable:
 
         try:
             with Container.open(pid) as container:
+                if start_time and container.start_time != start_time:
+                    raise ProcessNotFound(
+                        f"pid {pid} holds another process than the one asked for (started "
+                        f"at {container.start_time}, not {start_time})", pid=pid)
                 return container.raise_last_pid(above)
         except ContainerError as exc:
             raise ProcessNotFound(f"cannot reserve pids for pid {pid}: {exc}", pid=pid) from exc

@@ -3,8 +3,15 @@
 gRPC's Python server does not expose a connection's peer credentials. So the daemon owns the
 public socket itself: for every connection it reads SO_PEERCRED, then connects to the real gRPC
 server (on a socket in a root-only directory) from a socket *bound to a path that encodes the
-caller*: ``<peer_dir>/<uid>-<pid>-<n>``. gRPC reports that path as the peer, and
+caller*: ``<peer_dir>/<uid>-<pid>-<start>-<n>``. gRPC reports that path as the peer, and
 ``caller_from_peer`` turns it back into a ``Caller``. Bytes are relayed unchanged.
+
+The caller's process is pinned (issue 21): ``<start>`` is the start time of the very process
+that connected, read while a pidfd on it says it is alive: the kernel's own pidfd of the
+peer (``SO_PEERPIDFD``, Linux >= 6.5), else ``pidfd_open(pid)`` right after SO_PEERCRED;
+``-1`` (``CALLER_GONE``) when that process had exited already. With the pid it names one
+process, whatever later takes the pid; the core decides from the caller's process only
+while that one is alive (``core.callers.caller_process``).
 
 Invariants: only root can bind in ``peer_dir`` or connect to the inner socket (both in 0700
 directories), so a peer path there always comes from this proxy; a peer that is not from
@@ -26,6 +33,7 @@ import logging
 import os
 import re
 import selectors
+import signal
 import socket
 import struct
 import threading
@@ -36,10 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptd.domain import Caller
+from ckptd.domain.model import CALLER_GONE
 
 log = logging.getLogger(__name__)
 
-_PEER_RE = re.compile(r"^(\d+)-(\d+)-\d+$")
+_PEER_RE = re.compile(r"^(\d+)-(\d+)-(-1|\d+)-\d+$")
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+"""A pidfd on the process that connected a Unix socket (Linux >= 6.5; Python >= 3.13 names
+it)."""
 
 
 def caller_from_peer(peer: str, peer_dir: Path) -> Caller | None:
@@ -52,7 +65,47 @@ def caller_from_peer(peer: str, peer_dir: Path) -> Caller | None:
     match = _PEER_RE.match(path.name)
     if not match:
         return None
-    return Caller(uid=int(match[1]), pid=int(match[2]))
+    return Caller(uid=int(match[1]), pid=int(match[2]), start_time=int(match[3]))
+
+
+def _alive(pidfd: int) -> bool:
+    """The process of ``pidfd`` is not reaped (a zombie still holds its pid)."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def peer_start_time(conn: socket.socket, pid: int, proc: Path = Path("/proc")) -> int:
+    """The start time (field 22 of /proc/PID/stat) of the process that connected ``conn``,
+    whose SO_PEERCRED pid is ``pid``; ``CALLER_GONE`` when it has exited (or cannot be
+    told); 0 when ``pid`` is 0 (a peer outside the daemon's pid namespace: no pid to pin).
+
+    Invariant: the value is that process's own: the stat file is read while a pidfd on it
+    says it is alive (a live process keeps its pid). The pidfd is the kernel's
+    (``SO_PEERPIDFD``: the connecting process itself) where the kernel has it; else
+    ``pidfd_open(pid)`` now, right after SO_PEERCRED (a process that exited and whose pid
+    was taken in between would be missed; the kernel's pidfd leaves no such window)."""
+    if pid <= 0:
+        return 0
+    try:
+        pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError:  # ENOPROTOOPT: a kernel before 6.5
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # ESRCH: gone already
+            return CALLER_GONE
+    try:
+        if not _alive(pidfd):
+            return CALLER_GONE
+        raw = (proc / str(pid) / "stat").read_text()
+        start = int(raw[raw.rindex(")") + 2:].split()[19])
+        return start if _alive(pidfd) else CALLER_GONE
+    except (OSError, ValueError, IndexError):
+        return CALLER_GONE
+    finally:
+        os.close(pidfd)
 
 
 CHUNK = 256 * 1024
@@ -190,7 +243,8 @@ class PeerCredProxy:
             self._refused(why)
             conn.close()
             return
-        bound = self._peer_dir / f"{uid}-{pid}-{next(self._counter)}"
+        start = peer_start_time(conn, pid)
+        bound = self._peer_dir / f"{uid}-{pid}-{start}-{next(self._counter)}"
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.bind(str(bound))
