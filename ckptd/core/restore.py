@@ -93,6 +93,7 @@ from ckptd.domain import (
     RestoreOutcome,
     RestoreRequest,
 )
+from ckptd.domain.model import ROOT
 from ckptd.errors import (
     CgroupUnavailable,
     CheckpointNotFound,
@@ -100,6 +101,7 @@ from ckptd.errors import (
     CriuFailed,
     CriuUnavailable,
     GpuMismatch,
+    InvalidTarget,
     PermissionDenied,
     PidInUse,
     PreconditionFailed,
@@ -143,17 +145,31 @@ class RestoreContext:
     """The restore's durable undo records (journal entry ``op_id``)."""
 
 
-def find_checkpoint(store: CheckpointStore, request: RestoreRequest) -> CheckpointRecord:
-    """The checkpoint a restore request names. Raises CheckpointNotFound."""
+def find_checkpoint(
+    store: CheckpointStore, request: RestoreRequest, caller: Caller = ROOT
+) -> CheckpointRecord:
+    """The checkpoint a restore request names. Raises CheckpointNotFound.
+
+    Invariant (issue 21): names are scoped by owner. A lookup by pid or name sees only the
+    caller's own checkpoints (root: everyone's), so another user's checkpoint is never
+    picked, and its id never shown; root is refused (InvalidTarget) when owners share the
+    name, and asked for the id."""
     if request.checkpoint_id:
         return store.get(request.checkpoint_id)
-    records = store.list()
+    records = [r for r in store.list() if caller.is_root or r.uid == caller.uid]
     if request.pid:
         matches = [r for r in records if r.pid == request.pid]
         what = f"pid {request.pid}"
     elif request.name:
         matches = [r for r in records if r.name == request.name]
         what = f"name {request.name!r}"
+        owners = sorted({r.uid for r in matches})
+        if len(owners) > 1:
+            raise InvalidTarget(
+                f"checkpoints named {request.name!r} belong to uids "
+                f"{', '.join(map(str, owners))}: which one is meant cannot be told",
+                hint=f"give the checkpoint id (`ckptctl list --name {request.name}` lists "
+                     "them with their owners)")
     else:
         raise CheckpointNotFound(
             "no checkpoint named", hint="give a checkpoint id, a pid or a name"
@@ -259,7 +275,7 @@ class RestoreRecipe:
     def _resolve(self, ctx: RestoreContext) -> None:
         if ctx.record is not None:
             return
-        record = find_checkpoint(self._store, ctx.request)
+        record = find_checkpoint(self._store, ctx.request, ctx.caller)
         if not ctx.caller.is_root and record.uid != ctx.caller.uid:
             raise PermissionDenied(
                 f"checkpoint {record.id} belongs to uid {record.uid}, the caller is uid "

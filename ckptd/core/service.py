@@ -135,7 +135,7 @@ class CheckpointService:
             **checkpoint_figures(record),
         )
         if request.keep > 0 and request.name:
-            for old in self._beyond_retention(request.keep, request.name):
+            for old in self._beyond_retention(request.keep, request.name, record.uid):
                 with contextlib.suppress(CkptdError):
                     self._store.delete(old)
                     log.info("retention: deleted %s (keep %d of %r)", old, request.keep,
@@ -283,13 +283,16 @@ class CheckpointService:
         )
         return report
 
-    def _beyond_retention(self, keep_last: int, name: str = "") -> tuple[str, ...]:
-        """Checkpoint ids beyond the ``keep_last`` newest of each name (or of ``name``);
-        unnamed checkpoints are never selected."""
-        by_name: dict[str, builtins.list[str]] = {}
+    def _beyond_retention(self, keep_last: int, name: str = "",
+                          owner: int | None = None) -> tuple[str, ...]:
+        """Checkpoint ids beyond the ``keep_last`` newest of each name (or of ``name``) of
+        each owner (or of ``owner``): a name is its owner's (issue 21), one user's retention
+        never deletes another's checkpoints. Unnamed checkpoints are never selected."""
+        by_name: dict[tuple[int, str], builtins.list[str]] = {}
         for record in self._store.list():
-            if record.name and (not name or record.name == name):
-                by_name.setdefault(record.name, []).append(record.id)
+            if (record.name and (not name or record.name == name)
+                    and (owner is None or record.uid == owner)):
+                by_name.setdefault((record.uid, record.name), []).append(record.id)
         doomed: builtins.list[str] = []
         for ids in by_name.values():
             doomed.extend(ids[: max(0, len(ids) - keep_last)])
