@@ -75,9 +75,11 @@ class PolicyService:
         self._drain_workers = drain_workers
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
-        self._policies: dict[str, Policy] = {p.name: p for p in repo.load()}
+        self._policies: dict[tuple[int, str], Policy] = {
+            (p.uid, p.name): p for p in repo.load()}
+        """By owner and name: a job name is its owner's (issue 21)."""
         events.add_listener(self._on_event)
-        self._busy: set[str] = set()
+        self._busy: set[tuple[int, str]] = set()
         """Jobs being checkpointed by a policy or a drain: their policy cannot be cleared."""
 
     # ---- policies ---------------------------------------------------------------------------
@@ -110,7 +112,12 @@ class PolicyService:
                     f"{caller.uid}", pid=policy.pid,
                 )
         with self._lock:
-            old = self._policies.get(policy.name)
+            if not caller.is_root:
+                old = self._policies.get((caller.uid, policy.name))
+            elif status is not None:
+                old = self._policies.get((status.uid, policy.name))
+            else:
+                old = self._find(caller, policy.name)
             if old is not None:
                 self._check_owner(caller, old)
                 same_job = policy.pid in (0, old.pid)
@@ -126,7 +133,7 @@ class PolicyService:
                 owner = status.uid if caller.is_root and status else caller.uid
                 policy = replace(policy, uid=owner,
                                  started=status.start_time if status else 0)
-            self._policies[policy.name] = policy
+            self._policies[(policy.uid, policy.name)] = policy
             self._save()
         self._events.publish(EventKind.POLICY_SET, pid=policy.pid, name=policy.name,
                              uid=policy.uid,
@@ -140,8 +147,9 @@ class PolicyService:
                     if caller.is_root or p.uid == caller.uid]
 
     def get(self, caller: Caller, name: str) -> Policy:
+        """The caller's policy of ``name`` (root: anyone's, refused when owners share it)."""
         with self._lock:
-            policy = self._policies.get(name)
+            policy = self._find(caller, name)
         if policy is None:
             raise CheckpointNotFound(f"no policy for job {name!r}",
                                      hint="see them with `ckptctl policy show`")
@@ -151,10 +159,10 @@ class PolicyService:
     def clear(self, caller: Caller, name: str) -> None:
         policy = self.get(caller, name)
         with self._lock:
-            if name in self._busy:
+            if (policy.uid, name) in self._busy:
                 raise Busy(f"job {name} is being checkpointed right now",
                            hint="retry when it is done (`ckptctl policy show`)")
-            self._policies.pop(name, None)
+            self._policies.pop((policy.uid, name), None)
             self._save()
         self._events.publish(EventKind.POLICY_CLEARED, pid=policy.pid, name=name,
                              uid=policy.uid,
@@ -182,22 +190,23 @@ class PolicyService:
         return [p.name for p in due]
 
     def _fire(self, policy: Policy, *, leave_running: bool, kind: EventKind) -> Policy:
-        with self._holding(policy.name, wait_s=0.0):
+        with self._holding(policy, wait_s=0.0):
             return self._fire_held(policy, leave_running=leave_running, kind=kind)
 
     @contextlib.contextmanager
-    def _holding(self, name: str, wait_s: float) -> Iterator[None]:
+    def _holding(self, policy: Policy, wait_s: float) -> Iterator[None]:
         """One checkpoint of a job at a time: wait up to ``wait_s`` for the one under way
         (a drain waits for a periodic checkpoint; a periodic one skips a draining job)."""
+        key = (policy.uid, policy.name)
         with self._idle:
-            if not self._idle.wait_for(lambda: name not in self._busy, timeout=wait_s):
-                raise Busy(f"job {name} is being checkpointed already")
-            self._busy.add(name)
+            if not self._idle.wait_for(lambda: key not in self._busy, timeout=wait_s):
+                raise Busy(f"job {policy.name} is being checkpointed already")
+            self._busy.add(key)
         try:
             yield
         finally:
             with self._idle:
-                self._busy.discard(name)
+                self._busy.discard(key)
                 self._idle.notify_all()
 
     def _fire_held(self, policy: Policy, *, leave_running: bool, kind: EventKind) -> Policy:
@@ -207,14 +216,14 @@ class PolicyService:
         try:
             record = self._dump(caller, request)
         except CkptdError as exc:
-            self._update(policy.name, last_fired=self._clock.time(), last_error=str(exc))
+            self._update(policy, last_fired=self._clock.time(), last_error=str(exc))
             self._events.publish(kind, pid=policy.pid, name=policy.name, uid=policy.uid,
                                  message=f"checkpoint of {policy.name} failed: {exc}",
                                  error=type(exc).__name__)
             log.warning("policy %s: checkpoint of pid %d failed: %s", policy.name, policy.pid,
                         exc)
             raise
-        updated = self._update(policy.name, last_fired=self._clock.time(), last_error="",
+        updated = self._update(policy, last_fired=self._clock.time(), last_error="",
                                last_checkpoint_id=record.id)
         self._events.publish(kind, pid=policy.pid, checkpoint_id=record.id, name=policy.name,
                              uid=policy.uid,
@@ -233,9 +242,10 @@ class PolicyService:
             raise PermissionDenied("only root may drain the node",
                                    hint="name your own job: `ckptctl drain --name N`")
         with self._lock:
-            targets = [
+            targets = [  # a user's names are its own jobs' only (issue 21)
                 p for p in self._policies.values()
                 if (p.name in names if names else p.on_term) and p.pid
+                and (caller.is_root or p.uid == caller.uid)
                 and not p.drained_checkpoint_id and self._alive(p)
             ]
         for p in targets:
@@ -266,9 +276,9 @@ class PolicyService:
 
     def _drain_one(self, policy: Policy) -> tuple[Policy | None, str]:
         try:
-            with self._holding(policy.name, wait_s=DRAIN_WAIT_S):
+            with self._holding(policy, wait_s=DRAIN_WAIT_S):
                 with self._lock:
-                    current = self._policies.get(policy.name, policy)
+                    current = self._policies.get((policy.uid, policy.name), policy)
                 if current.drained_checkpoint_id:  # drained meanwhile (another drain)
                     return current, ""
                 return self._drain_held(current)
@@ -283,9 +293,9 @@ class PolicyService:
             record = self._dump(Caller(uid=policy.uid), DumpRequest(
                 pid=policy.pid, leave_running=False, name=policy.name, keep=policy.keep))
         except CkptdError as exc:
-            self._update(policy.name, last_error=str(exc))
+            self._update(policy, last_error=str(exc))
             return None, f"{policy.name} (pid {policy.pid}): {exc}"
-        return self._update(policy.name, last_fired=self._clock.time(), last_error="",
+        return self._update(policy, last_fired=self._clock.time(), last_error="",
                             last_checkpoint_id=record.id,
                             drained_checkpoint_id=record.id), ""
 
@@ -295,7 +305,8 @@ class PolicyService:
         """Restore the drained job ``name`` (empty: every drained job the caller may)."""
         with self._lock:
             drained = [p for p in self._policies.values() if p.drained_checkpoint_id
-                       and (not name or p.name == name)]
+                       and (not name or p.name == name)
+                       and (caller.is_root or p.uid == caller.uid)]
         if name and not drained:
             raise CheckpointNotFound(f"job {name!r} is not drained",
                                      hint="see `ckptctl policy show`")
@@ -312,7 +323,7 @@ class PolicyService:
             except CkptdError as exc:
                 errors.append(f"{policy.name}: {exc}")
                 continue
-            self._update(policy.name, pid=outcome.pid, drained_checkpoint_id="",
+            self._update(policy, pid=outcome.pid, drained_checkpoint_id="",
                          started=self._processes.status(outcome.pid).start_time)
             done.append(outcome)
             self._events.publish(EventKind.RESUME, pid=outcome.pid, uid=policy.uid,
@@ -337,10 +348,10 @@ class PolicyService:
         if event.kind is not EventKind.RESTORE_DONE or not event.pid:
             return
         with self._lock:
-            names = [p.name for p in self._policies.values()
+            moved = [p for p in self._policies.values()
                      if p.pid == event.pid and not p.drained_checkpoint_id]
-        for name in names:
-            self._update(name, started=self._processes.status(event.pid).start_time)
+        for policy in moved:
+            self._update(policy, started=self._processes.status(event.pid).start_time)
 
     def _only_child(self, caller: Caller) -> int:
         if not caller.pid:
@@ -367,24 +378,40 @@ class PolicyService:
         if policy.started and status.start_time and status.start_time != policy.started:
             log.warning("policy %s: pid %d now belongs to another process (%s); forgetting it",
                         policy.name, policy.pid, status.comm)
-            self._update(policy.name, pid=0, started=0,
+            self._update(policy, pid=0, started=0,
                          last_error=f"pid {policy.pid} now belongs to another process "
                          f"({status.comm}); the job is gone")
             return False
         return True
 
-    def _update(self, name: str, **changes: object) -> Policy:
+    def _update(self, of: Policy, **changes: object) -> Policy:
+        """Change the policy of ``of``'s owner and name as it is now."""
+        key = (of.uid, of.name)
         with self._lock:
-            current = self._policies.get(name)
+            current = self._policies.get(key)
             if current is None:  # cleared meanwhile (never while busy): nothing to record
-                return replace(Policy(name=name), **changes)  # type: ignore[arg-type]
+                return replace(of, **changes)  # type: ignore[arg-type]
             policy = replace(current, **changes)  # type: ignore[arg-type]
-            self._policies[name] = policy
+            self._policies[key] = policy
             self._save()
             return policy
 
+    def _find(self, caller: Caller, name: str) -> Policy | None:
+        """The policy of ``name`` the caller means: its own; for root, the one of that name,
+        refused (InvalidTarget) when several owners have one. Under ``_lock``."""
+        if not caller.is_root:
+            return self._policies.get((caller.uid, name))
+        found = [p for p in self._policies.values() if p.name == name]
+        if len(found) > 1:
+            raise InvalidTarget(
+                f"jobs named {name!r} belong to uids "
+                f"{', '.join(str(p.uid) for p in sorted(found, key=lambda p: p.uid))}: which "
+                "one is meant cannot be told",
+                hint="run the command as the job's owner (e.g. `sudo -u OWNER ckptctl ...`)")
+        return found[0] if found else None
+
     def _save(self) -> None:
-        self._repo.save(sorted(self._policies.values(), key=lambda p: p.name))
+        self._repo.save(sorted(self._policies.values(), key=lambda p: (p.name, p.uid)))
 
     @staticmethod
     def _check_owner(caller: Caller, policy: Policy) -> None:

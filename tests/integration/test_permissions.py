@@ -138,3 +138,32 @@ def test_an_unprivileged_caller_dumps_and_restores_its_own_process(
     assert uid_line(res["pid"]) == [NOBODY] * 4, "the restored process must keep uid 65534"
     post = wait_for_done(Path(res["output_path"]))
     assert_continuity(pre, post, ref)
+
+
+def test_a_name_is_its_owners(open_daemon: Daemon, procs: Procs) -> None:
+    """Issue 21 (9): root's job and checkpoint named ``train`` neither block uid 65534's job
+    of that name nor answer its ``restore --name train``, whose error never shows root's
+    checkpoint id."""
+    d = open_daemon
+    root_job = procs.popen(
+        workload("counter", "--steps", 0, "--interval-ms", 50),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    users_job = procs.popen(
+        workload("counter", "--steps", 0, "--interval-ms", 50),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        user=NOBODY, group=NOBODY, extra_groups=[], cwd="/",
+    )
+    root_ck = assert_ok(d.ctl("dump", root_job.pid, "--leave-running", "--name", "train"),
+                        "dump as root")
+    res = d.ctl("restore", "--name", "train", user=NOBODY)
+    line = assert_one_line_error(res, EXIT_USAGE, "no checkpoint of name 'train'")
+    assert root_ck["id"] not in line and "uid 0" not in line, line
+    assert_ok(d.ctl("policy", "set", str(root_job.pid), "--name", "train", "--on-term"),
+              "root's policy of train")
+    assert_ok(d.ctl("policy", "set", str(users_job.pid), "--name", "train", "--on-term",
+                    user=NOBODY), "uid 65534's policy of train beside root's")
+    mine = assert_ok(d.ctl("policy", "show", user=NOBODY), "policy show as nobody")
+    assert [(p["name"], p["pid"]) for p in mine] == [("train", users_job.pid)], mine
+    assert_running(root_job.pid, "(root's job)")
+    assert_running(users_job.pid, "(uid 65534's job)")

@@ -115,12 +115,14 @@ def test_policies_survive_a_restart() -> None:
 def test_users_see_and_change_only_their_own() -> None:
     n = Node()
     n.policies.set(USER, Policy(name="train", pid=500, every_s=60))
-    with pytest.raises(PermissionDenied):
-        n.policies.set(OTHER, Policy(name="train", pid=700, every_s=60))
+    # a name is its owner's (issue 21): OTHER's "train" is its own job, USER's is untouched
+    n.policies.set(OTHER, Policy(name="train", pid=700, every_s=60))
+    assert [(p.uid, p.pid) for p in n.policies.list(USER)] == [(1000, 500)]
     with pytest.raises(PermissionDenied):
         n.policies.set(USER, Policy(name="theirs", pid=700))
-    with pytest.raises(PermissionDenied):
-        n.policies.clear(OTHER, "train")
+    n.policies.clear(OTHER, "train")
+    with pytest.raises(CheckpointNotFound):
+        n.policies.clear(OTHER, "train")  # USER's "train" is never OTHER's to clear
     assert n.policies.list(OTHER) == []
     assert [p.uid for p in n.policies.list(ROOT)] == [1000]
 
@@ -255,3 +257,28 @@ def test_a_reused_pid_is_never_checkpointed_for_the_job() -> None:
     assert n.dumps == []
     p = n.policies.get(USER, "train")
     assert p.pid == 0 and "now belongs to another process (journald)" in p.last_error
+
+
+def test_job_names_are_per_owner() -> None:
+    """Issue 21 (9): one user's job named ``train`` never blocks another's (``ckptctl run
+    --name train`` sets a policy of that name), nor is drained, resumed or cleared by the
+    other; root is asked to act as the owner when owners share the name."""
+    node = Node()
+    p = node.policies
+    p.set(USER, Policy(name="train", pid=500, on_term=True))
+    p.set(OTHER, Policy(name="train", pid=700, on_term=True))
+    assert [(x.uid, x.pid) for x in p.list(USER)] == [(1000, 500)]
+    assert [(x.uid, x.pid) for x in p.list(OTHER)] == [(2000, 700)]
+    assert len(p.list(ROOT)) == 2
+    with pytest.raises(InvalidTarget, match="jobs named 'train' belong to uids 1000, 2000"):
+        p.get(ROOT, "train")
+    drained, errors = p.drain(OTHER, ["train"])
+    assert [(x.uid, x.pid) for x in drained] == [(2000, 700)] and errors == []
+    assert [c.uid for c, _ in node.dumps] == [2000]
+    assert not p.get(USER, "train").drained_checkpoint_id
+    with pytest.raises(CheckpointNotFound, match="not drained"):
+        p.resume(USER, "train")
+    p.clear(USER, "train")
+    assert p.get(OTHER, "train").drained_checkpoint_id == "ck-1"
+    restarted = Node(node.repo)  # persisted by owner and name
+    assert [(x.uid, x.name) for x in restarted.policies.list(ROOT)] == [(2000, "train")]
