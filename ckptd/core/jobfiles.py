@@ -178,7 +178,7 @@ class PutBackAll:
             if self.undo_log is not None:
                 self.undo_log.record(step, UndoPutBack(
                     done.path, done.aside, done.created, done.dev, done.ino, done.temp,
-                    uid, gid, self.root))
+                    uid, gid, self.root, done.mode))
         return before
 
     def _owner(self) -> tuple[int, int]:

@@ -279,7 +279,8 @@ class PutBack:
     """One file a restore put back (or is about to): ``aside`` holds the version found there
     ("" when there was none: the file was ``created``). ``dev``/``ino`` identify the file put
     back (0 while it is not created yet), so that an undo acts only on that very file;
-    ``temp`` is the temporary a crash may have left beside it (removed by the undo)."""
+    ``temp`` is the temporary a crash may have left beside it (removed by the undo);
+    ``mode`` the permission bits found (put back by the undo; 0 for a created file)."""
 
     path: str
     aside: str
@@ -287,6 +288,7 @@ class PutBack:
     dev: int = 0
     ino: int = 0
     temp: str = ""
+    mode: int = 0
 
 
 class JobFiles(Protocol):

@@ -120,8 +120,8 @@ class Undoer:
                 raise RuntimeError(f"the container of {undo.path} (init pid {pid}) is gone")
             handle.close()
             files = files.seen_by(pid)
-        files.undo(PutBack(undo.path, undo.aside, undo.created, undo.dev, undo.ino, undo.temp),
-                   undo.uid, undo.gid)
+        files.undo(PutBack(undo.path, undo.aside, undo.created, undo.dev, undo.ino, undo.temp,
+                           undo.mode), undo.uid, undo.gid)
 
     # ---- recovery --------------------------------------------------------------------------
 
@@ -147,8 +147,9 @@ class Undoer:
             if undo.if_committed and not self._committed(undo.if_committed, done):
                 return
             with self._reopen(undo.members) as held:
-                done.killed += self.kill_tree(held, only_stopped=undo.only_stopped,
-                                              unverified=_unverified(undo.members))
+                done.killed += self.kill_tree(  # dead before older records (files) run
+                    held, only_stopped=undo.only_stopped, unverified=_unverified(undo.members),
+                    wait_s=self._config.zombie_wait_s)
         elif isinstance(undo, ResumeTree):
             if undo.unless_committed and self._committed(undo.unless_committed, done):
                 return

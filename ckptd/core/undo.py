@@ -141,6 +141,7 @@ class UndoPutBack:
     uid: int
     gid: int
     root: Member = (0, 0)
+    mode: int = 0
 
 
 Undo = (AbortStaging | ResumeCuda | ResumeTree | KillTree | RestoreHere | InDoubt | GuardResumed
@@ -229,7 +230,7 @@ def _typed(name: str, value: Any) -> Any:
         return members_of(value)
     if name in ("stopped_before",):
         return tuple(int(p) for p in value)
-    if name in ("uid", "gid", "dev", "ino"):
+    if name in ("uid", "gid", "dev", "ino", "mode"):
         return int(value)
     if name in ("only_stopped", "created"):
         return bool(value)

@@ -82,8 +82,9 @@ def check_file(root: Root, captured: CapturedFile) -> FileCheck:
                 now = os.fstat(fd)
                 if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                     return FileCheck(differs=True, problem="it changed while examined")
-                differs = now.st_size != captured.size or hash_fd(fd, now.st_size) != \
-                    captured.hash
+                differs = (now.st_size != captured.size
+                           or stat.S_IMODE(now.st_mode) != captured.mode & 0o7777
+                           or hash_fd(fd, now.st_size) != captured.hash)
             finally:
                 os.close(fd)
             if differs:
@@ -122,16 +123,26 @@ def put_back(
             problem = _file_problem(st, captured)
             if problem:
                 raise UnsafePath(errno.EPERM, f"cannot put back {captured.path}: {problem}")
+            found_mode = stat.S_IMODE(st.st_mode)
+            want_mode = captured.mode & 0o7777
             if st.st_size == captured.size and hash_fd(fd, st.st_size) == captured.hash:
-                return None
+                if found_mode == want_mode:
+                    return None
+                done = PutBack(path=captured.path, aside="", dev=st.st_dev, ino=st.st_ino,
+                               mode=found_mode)  # CRIU insists on the mode at dump too
+                before(done)
+                os.fchmod(fd, want_mode)
+                return done
             done = PutBack(path=captured.path, aside=aside, dev=st.st_dev, ino=st.st_ino,
-                           temp=aside + PART)
+                           temp=aside + PART, mode=found_mode)
             before(done)
             _write_aside(root, loc, fd, st, aside_name)
             try:
                 _write_differing(fd, content, captured.size)
+                os.fchmod(fd, want_mode)
             except BaseException:
                 _copy_aside_back(root, loc, fd, aside_name)
+                os.fchmod(fd, found_mode)
                 raise
             return done
         finally:
@@ -177,18 +188,22 @@ def undo_put_back(root: Root, done: PutBack) -> None:
             if done.ino and _identity(loc, loc.name) == (done.dev, done.ino):
                 os.unlink(loc.name, dir_fd=loc.dirfd)
             return
-        if not done.aside:
+        aside_name = _name_in_same_dir(done.path, done.aside) if done.aside else ""
+        if aside_name and _identity(loc, aside_name) is None:
+            aside_name = ""  # the aside never completed: the content was not touched
+        if not aside_name and not done.mode:
             return
-        aside_name = _name_in_same_dir(done.path, done.aside)
-        if _identity(loc, aside_name) is None:
-            return  # the aside never completed: the file was not touched
         fd = root.open_in(loc, os.O_RDWR | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != (done.dev, done.ino):
                 raise UnsafePath(errno.ESTALE, f"{done.path} is another file than the one put "
-                                 f"back; the version found is kept as {done.aside}")
-            _copy_aside_back(root, loc, fd, aside_name)
+                                 f"back" + (f"; the version found is kept as {done.aside}"
+                                            if aside_name else ""))
+            if aside_name:
+                _copy_aside_back(root, loc, fd, aside_name)
+            if done.mode:
+                os.fchmod(fd, done.mode)
         finally:
             os.close(fd)
 

@@ -155,7 +155,7 @@ class Root:
             for i, part in enumerate(parts[:-1]):
                 where = "/" + "/".join(parts[: i + 1])
                 try:
-                    nfd = self._step(fd, part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+                    nfd = self._step(fd, part, os.O_PATH | os.O_DIRECTORY)  # ELOOP: a link
                 except OSError as exc:
                     raise _explained(exc, where, path, self.label) from exc
                 os.close(fd)

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ckptd.adapters.procfs.safefs import RESOLVE_NO_MAGICLINKS, openat2
 from ckptd.core.ports import InheritFd
 from ckptd.domain import StdioFact, StdioKind
 from ckptd.errors import InvalidTarget, PermissionDenied, ProcessNotFound, StoreError
@@ -76,6 +77,11 @@ class LocalStdioProvider:
                     continue
                 if fact.kind is StdioKind.TTY:
                     fd = _pty_to_file(output(), ours)
+                elif fact.writable and _holds_data(output()):
+                    # CRIU reopens an inherited file with the image's flags (O_APPEND
+                    # dropped, offset 0): what the file held would be overwritten. A pipe
+                    # (what the job had) relayed to the file appends instead.
+                    fd = _pipe_to_file(output(), ours)
                 elif fact.writable:
                     # CRIU takes over (and closes) each inherited fd: one fd per key.
                     fd = os.dup(output())
@@ -124,6 +130,7 @@ class LocalStdioProvider:
                     os.close(fd)
 
 
+AT_FDCWD = -100
 _OUTPUT_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK
                  | os.O_NOCTTY)
 
@@ -144,7 +151,8 @@ def open_chosen(path: Path, owner: tuple[int, int], timeout_s: float) -> int:
             errno.ENXIO: "it is a FIFO with no reader (or a socket)",
             errno.EISDIR: "it is a directory",
             errno.ENOTDIR: "a component of its directory is not a directory",
-            errno.ELOOP: "too many symbolic links",
+            errno.ELOOP: "it is reached through a /proc magic link (or too many symbolic "
+                         "links)",
             errno.EROFS: "its file system is read-only",
         }.get(exc.errno or 0, exc.strerror or str(exc))
         if exc.errno in (errno.EACCES, errno.EPERM):
@@ -166,6 +174,12 @@ def open_chosen(path: Path, owner: tuple[int, int], timeout_s: float) -> int:
     return fd
 
 
+def _open_output(path: Path) -> int:
+    """``path`` opened for appending, 0600 when created; a /proc magic link (``/proc/self/
+    fd/1`` would be the daemon's own log) is refused (ELOOP), never followed."""
+    return openat2(AT_FDCWD, str(path), _OUTPUT_FLAGS, 0o600, RESOLVE_NO_MAGICLINKS)
+
+
 def _open_bounded(path: Path, owner: tuple[int, int] | None, timeout_s: float) -> int:
     """``os.open(path, _OUTPUT_FLAGS)`` (as ``owner`` when given) in a thread of its own:
     TimeoutError after ``timeout_s`` (the thread, stuck in the kernel, closes what it opens
@@ -178,9 +192,9 @@ def _open_bounded(path: Path, owner: tuple[int, int] | None, timeout_s: float) -
         try:
             if owner is not None:
                 with _as_user(*owner):  # the user's rights, never root's
-                    fd = os.open(path, _OUTPUT_FLAGS, 0o644)
+                    fd = _open_output(path)
             else:
-                fd = os.open(path, _OUTPUT_FLAGS, 0o644)
+                fd = _open_output(path)
         except OSError as exc:
             got["error"] = exc
         else:
@@ -222,17 +236,35 @@ def _as_user(uid: int, gid: int) -> Iterator[None]:
         _LIBC.setfsgid(old_gid)
 
 
-def _pty_to_file(output_fd: int, ours: list[int]) -> int:
-    """A new pty whose slave is returned; a detached relay copies its master to output_fd."""
-    master, slave = os.openpty()
-    ours.extend((master, slave))
+def _holds_data(fd: int) -> bool:
+    st = os.fstat(fd)
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
+
+
+def _pipe_to_file(output_fd: int, ours: list[int]) -> int:
+    """A new pipe whose write end is returned; a detached relay appends what it reads to
+    output_fd (opened O_APPEND) until every writer closed it."""
+    read_end, write_end = os.pipe()
+    ours.extend((read_end, write_end))
+    _relay(read_end, output_fd)
+    return write_end
+
+
+def _relay(source: int, output_fd: int) -> None:
     relay = subprocess.Popen(
-        [sys.executable, "-m", "ckptd.adapters.procfs.ptyrelay", str(master), str(output_fd)],
-        pass_fds=(master, output_fd),
+        [sys.executable, "-m", "ckptd.adapters.procfs.ptyrelay", str(source), str(output_fd)],
+        pass_fds=(source, output_fd),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    threading.Thread(target=relay.wait, name="ptyrelay-reaper", daemon=True).start()
+    threading.Thread(target=relay.wait, name="relay-reaper", daemon=True).start()
+
+
+def _pty_to_file(output_fd: int, ours: list[int]) -> int:
+    """A new pty whose slave is returned; a detached relay copies its master to output_fd."""
+    master, slave = os.openpty()
+    ours.extend((master, slave))
+    _relay(master, output_fd)
     return slave

@@ -115,15 +115,17 @@ def test_an_open_that_hangs_fails_the_request_within_the_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hung file system (stuck NFS): the open is given up after the timeout."""
-    real_open = os.open
+    from ckptd.adapters.procfs import stdio
+
+    real_open = stdio._open_output
     release = threading.Event()
 
-    def stuck(path: object, *args: object, **kwargs: object) -> int:
+    def stuck(path: Path) -> int:  # the open(2) of the output, stuck in the kernel
         if str(path).endswith("hung.out"):
             release.wait(10)
-        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+        return real_open(path)
 
-    monkeypatch.setattr(os, "open", stuck)
+    monkeypatch.setattr(stdio, "_open_output", stuck)
     started = time.monotonic()
     try:
         with pytest.raises(InvalidTarget, match=r"longer than 0\.3s"), LocalStdioProvider(
