@@ -34,7 +34,7 @@ from ckptd._gen.ckptd.v1 import ckptd_pb2, ckptd_pb2_grpc
 from ckptd.adapters.cloud.spot import sources_from
 from ckptd.adapters.guard.client import wait_for_guards
 from ckptd.core.store.cas import ContentStore
-from ckptd.daemon import logs, sdnotify
+from ckptd.daemon import heap, logs, sdnotify
 from ckptd.daemon.background import Background
 from ckptd.daemon.config import DaemonConfig, load
 from ckptd.daemon.probe import gpu_summary
@@ -119,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("ckptd: must run as root (CRIU needs it); try: sudo ckptd", file=sys.stderr)
         return 2
+    heap.limit_arenas(heap.ARENA_MAX)  # before any thread of the daemon's
     return Daemon(config).run()
 
 
@@ -244,7 +245,8 @@ class Daemon:
         )
         ckptd_pb2_grpc.add_CheckpointerServicer_to_server(  # type: ignore[no-untyped-call]
             CheckpointerServicer(wired.service, peers, wired.migrate, wired.policies,
-                                 wired.groups, wired.receiver.node, limits),
+                                 wired.groups, wired.receiver.node, limits,
+                                 after_operation=heap.trim),
             server,
         )
         health_servicer = health.HealthServicer()

@@ -13,6 +13,7 @@ it. Dumps, restores and migrations hold one of the caller's operation slots
 
 from __future__ import annotations
 
+import logging
 import queue
 import secrets
 import threading
@@ -38,6 +39,7 @@ from ckptd.transport.grpc.peercred import caller_from_peer
 from ckptd.transport.grpc.status import abort_with
 
 T = TypeVar("T")
+log = logging.getLogger("ckptd.transport.grpc")
 
 _DONE = object()
 
@@ -52,7 +54,11 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
         groups: GroupMembers | None = None,
         node: str = "",
         limits: CallLimits | None = None,
+        after_operation: Callable[[], None] | None = None,
     ) -> None:
+        """``after_operation``: called once each dump, restore or migration has ended (the
+        daemon gives back the memory it freed)."""
+        self._after_operation = after_operation
         self._limits = limits or CallLimits(Limits())
         self._groups = groups
         self._node = node
@@ -81,6 +87,15 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
     @staticmethod
     def _fail(context: grpc.ServicerContext, exc: BaseException) -> None:
         abort_with(context, exc, "request")
+
+    def _ended(self) -> None:
+        """An operation ended: ``after_operation``, whose failure is only logged."""
+        if self._after_operation is None:
+            return
+        try:
+            self._after_operation()
+        except Exception:
+            log.exception("after an operation")
 
     def _checked(self, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
         """``fn()`` (a request's conversion and checks), its error ending the call."""
@@ -114,6 +129,7 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
                 outcome["error"] = exc
             finally:
                 slot.__exit__(None, None, None)
+                self._ended()
                 events.put(_DONE)
 
         try:
