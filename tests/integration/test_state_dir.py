@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import CKPTD, Daemon
+from .support import CKPTD, Daemon, Procs, assert_one_line_error, assert_running, workload
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +74,26 @@ def test_a_read_only_state_dir_is_one_clear_line(tmp_path: Path, sub: str) -> No
     assert "not writable" in line and "make it writable" in line and "--state-dir" in line, line
     assert "Errno" not in line and "internal error" not in line, line
     assert os.path.isdir(ro)
+
+
+def test_a_state_dir_gone_read_only_under_a_running_daemon_is_one_clear_line(
+    tmp_path: Path, start_daemon: Callable[..., Daemon], procs: Procs
+) -> None:
+    """Its work directory (where a dump's images go first) made read-only while it runs."""
+    d = start_daemon()
+    job = procs.popen(workload("counter", "--steps", 0, "--interval-ms", 50),
+                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL, start_new_session=True)
+    work = d.state_dir / "work"
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(work)],
+                          capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {made.stderr.strip()}")
+    try:
+        res = d.ctl("dump", "--leave-running", job.pid)
+    finally:
+        subprocess.run(["umount", str(work)], check=False)
+    line = assert_one_line_error(res, 1, f"cannot write in {work}", "read-only",
+                                 "make it writable", "--state-dir")
+    assert "Errno" not in line and "internal error" not in line, line
+    assert_running(job.pid, "after a dump refused by a read-only state dir")

@@ -17,7 +17,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from typing import NoReturn
 
 import grpc
@@ -62,11 +64,30 @@ def error_for(code: grpc.StatusCode, details: str) -> errors.CkptdError:
 
 
 def details_for(exc: BaseException) -> str:
-    """One line for the caller: ckptd errors say themselves; others are internal errors."""
+    """One line for the caller: ckptd errors say themselves; a file system gone read-only
+    under the daemon says which directory and what to do; others are internal errors."""
     if isinstance(exc, errors.CkptdError):
         return str(exc)
+    read_only = _read_only(exc)
+    if read_only is not None:
+        where = os.path.dirname(os.fsdecode(read_only.filename)) or "its state dir"
+        return (f"the daemon cannot write in {where} (read-only file system); make it "
+                "writable, or point the daemon's --state-dir elsewhere (--store if it is "
+                "the store's)")
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"internal error: {text}; see the daemon's log (journalctl -u ckptd)"
+
+
+def _read_only(exc: BaseException) -> OSError | None:
+    """The EROFS error (with a file name) ``exc`` is or was caused by, if any."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno == errno.EROFS and seen.filename:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def abort_with(context: grpc.ServicerContext, exc: BaseException, what: str) -> NoReturn:
