@@ -192,19 +192,10 @@ class GroupMembers:
             mine += 1
         return mine > 0
 
-    def record(self, group: GroupRecord, node: str = "") -> None:
-        """Write ``group``'s record; every member it places on ``node`` (this daemon's) must
-        be a checkpoint of this store, else ``CheckpointNotFound`` and nothing written."""
-        for m in group.members:
-            if node and m.node == node:
-                try:
-                    self._store.get(m.checkpoint_id)
-                except CheckpointNotFound as exc:
-                    raise CheckpointNotFound(
-                        f"group {group.id} names checkpoint {m.checkpoint_id} on this node "
-                        f"({node}), which its store does not hold",
-                        checkpoint_id=m.checkpoint_id,
-                    ) from exc
+    def record(self, group: GroupRecord) -> None:
+        """Write ``group``'s record. Its members are not looked up: several daemons may share
+        a node name (one machine, several stores), and a member's checkpoint is checked where
+        it is restored."""
         self._store.put_group(group)
 
     def list_groups(self) -> list[GroupRecord]:

@@ -1,6 +1,5 @@
-"""``RecordGroup`` with a bad group record: INVALID_ARGUMENT naming the field, or NOT_FOUND for
-a well-formed checkpoint id of this node that its store does not hold; never INTERNAL, and
-nothing recorded."""
+"""``RecordGroup`` with a bad group record: INVALID_ARGUMENT naming the field; never
+INTERNAL, and nothing recorded."""
 
 from __future__ import annotations
 
@@ -49,21 +48,3 @@ def test_a_bad_group_record_is_invalid_argument(
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
         assert needle in err.details() and "\n" not in err.details(), err.details()
         assert client.stub.ListGroups(pb.ListGroupsRequest(), timeout=30).groups == []
-
-
-def test_a_group_naming_an_unknown_checkpoint_of_this_node_is_not_found(
-    start_daemon: Callable[..., Daemon]
-) -> None:
-    d = start_daemon(config={"node": NODE})
-    with Client(str(d.socket)) as client:
-        with pytest.raises(grpc.RpcError) as info:
-            client.stub.RecordGroup(pb.Group(id=GOOD_ID, members=[member(node=NODE)]),
-                                    timeout=30)
-        err = info.value
-        assert err.code() is grpc.StatusCode.NOT_FOUND, (err.code(), err.details())
-        assert UNKNOWN_ID in err.details() and GOOD_ID in err.details(), err.details()
-        assert client.stub.ListGroups(pb.ListGroupsRequest(), timeout=30).groups == []
-        # a member on another node is that node's to hold: recorded
-        client.stub.RecordGroup(pb.Group(id=GOOD_ID, members=[member()]), timeout=30)
-        listed = client.stub.ListGroups(pb.ListGroupsRequest(), timeout=30).groups
-        assert [g.id for g in listed] == [GOOD_ID]

@@ -80,7 +80,7 @@ class GroupRpcs:
                 raise PermissionDenied(
                     f"group {group.id} names checkpoints here that are not the caller's"
                 )
-            groups.record(group, self._node)
+            groups.record(group)
 
         self._unary(context, record)
         return request
