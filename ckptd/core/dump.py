@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ckptd.core import jobfiles
+from ckptd.core import gpumemory, jobfiles
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.guard import NoGuard
@@ -242,6 +242,8 @@ class DumpRecipe:
             p.pid for p in ctx.tree if ctx.held.state(p.pid) is PidState.STOPPED
         )
         self._gpu.inspect(ctx.gpu, ctx.tree, stopped=ctx.stopped_before)
+        # the driver copies device memory into the job's memory: refuse before freezing
+        gpumemory.refuse_without_room(self._cgroups, ctx.gpu, ctx.request.pid)
         if self._files is not None:  # refuse a file over the capture limit before freezing
             ctx.written = self._files.written(ctx.tree)
             jobfiles.refuse_oversized(ctx.written, self._config, ctx.request.pid)

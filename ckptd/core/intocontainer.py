@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ckptd.core.callers import caller_process
+from ckptd.core.gpumemory import record_device_bytes
 from ckptd.core.ports import Cgroups, CriuPlacement, ProcessTable
 from ckptd.domain import Caller, CheckpointRecord
 from ckptd.errors import PermissionDenied, PidInUse, PreconditionFailed, ProcessNotFound
@@ -117,20 +118,24 @@ def memory_problems(
     cgroups: Cgroups | None, into: CallerContainer, record: CheckpointRecord
 ) -> list[str]:
     """A blocking line when the container's memory limit leaves less room than the tree's
-    resident memory at the checkpoint plus CRIU's margin."""
+    resident memory at the checkpoint, plus its CUDA processes' device memory (the driver
+    copied it into their memory after that resident size was read; the restored tree holds
+    it until the CUDA restore: ``core.gpumemory``), plus CRIU's margin."""
     if cgroups is None:
         return []
     limit = cgroups.memory_limit(into.init)
     if limit is None:
         return []
     resident = sum(p.rss for p in record.processes)
-    needed = resident + CRIU_MEMORY_MARGIN
+    device = record_device_bytes(record)
+    needed = resident + device + CRIU_MEMORY_MARGIN
     if limit.free >= needed:
         return []
+    on_gpu = f" plus {device // MiB} MiB of device memory" if device else ""
     return [
         f"the container has {limit.free // MiB} MiB free under its memory limit (cgroup "
         f"{limit.cgroup}: limit {limit.limit // MiB} MiB, {limit.usage // MiB} MiB in use); "
-        f"the job needs about {resident // MiB} MiB resident plus "
+        f"the job needs about {resident // MiB} MiB resident{on_gpu} plus "
         f"{CRIU_MEMORY_MARGIN // MiB} MiB for CRIU: give the container a memory limit of at "
         f"least {(needed + limit.usage) // MiB + 1} MiB"
     ]

@@ -229,7 +229,7 @@ def make_world(
     node = FakeNodeInspector(events=events)
     dump_recipe = DumpRecipe(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,
-        config=config, hooks=hooks, gpu=gpu_steps, node=node, files=files,
+        config=config, hooks=hooks, gpu=gpu_steps, node=node, files=files, cgroups=cgroups,
     )
     restore_recipe = RestoreRecipe(
         criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,

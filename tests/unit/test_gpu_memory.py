@@ -1,0 +1,88 @@
+"""Issue 23, point 3: device memory lands in the job's memory cgroup (the driver copies it
+into host allocations of the process at checkpoint). A dump refuses, before anything is
+locked or frozen, a job whose cgroup cannot hold it; a restore counts it with the resident
+memory when it checks a container's memory limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptd.core.intocontainer import CRIU_MEMORY_MARGIN, CallerContainer, memory_problems
+from ckptd.domain import CudaState
+from ckptd.errors import TargetRefused
+from ckptd.testing import FakeGpu
+
+from .world import DAEMON_CGROUP, JOB, JOB_TREE, World, make_world
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> World:
+    world = make_world(tmp_path, gpu=True)
+    assert world.gpu is not None
+    world.gpu.add_cuda_process(1000, 2 * GIB)
+    world.gpu.add_cuda_process(1002, 1 * GIB)
+    return world
+
+
+def gpu(w: World) -> FakeGpu:
+    assert w.gpu is not None
+    return w.gpu
+
+
+def test_a_cgroup_that_cannot_hold_the_device_memory_is_refused_before_freezing(
+    gw: World,
+) -> None:
+    gw.cgroups.place(1000, "/jobs/train")
+    gw.cgroups.place(1001, "/jobs/train")
+    gw.cgroups.place(1002, "/jobs/train")
+    gw.cgroups.limits["/jobs"] = (4 * GIB, 2 * GIB + 800 * MIB)
+    with pytest.raises(TargetRefused) as info:
+        gw.dump(JOB, leave_running=True)
+    text = str(info.value)
+    assert "\n" not in text
+    assert "the cgroup of pids 1000, 1002 /jobs can hold 1.2 GiB more" in text
+    assert "(limit 4 GiB, 2.8 GiB used)" in text
+    assert "needs 3 GiB of host memory for device memory" in text
+    assert "raise memory.max of /jobs to at least 5.8 GiB" in text
+    assert info.value.pid == JOB
+    # nothing was touched: no lock, no CRIU, the tree runs, nothing listed
+    assert [m for m, _ in gpu(gw).calls if m in ("lock", "checkpoint")] == []
+    assert gw.criu.dump_jobs == []
+    assert gw.states(*JOB_TREE) == ["running"] * 3
+    assert [gpu(gw).cuda_state(p) for p in (1000, 1002)] == [CudaState.RUNNING] * 2
+    assert gw.store.list() == []
+
+
+def test_one_process_names_its_own_cgroup(gw: World) -> None:
+    gw.cgroups.place(1002, "/jobs/helper")
+    gw.cgroups.limits["/jobs/helper"] = (GIB + 512 * MIB, GIB)
+    with pytest.raises(TargetRefused, match=r"pid 1002's cgroup /jobs/helper can hold "
+                                            r"512 MiB more \(limit 1\.5 GiB, 1 GiB used\) "
+                                            r"but its CUDA checkpoint needs 1 GiB"):
+        gw.dump(JOB, leave_running=True)
+
+
+def test_a_cgroup_with_room_for_the_device_memory_is_dumped(gw: World) -> None:
+    gw.cgroups.limits[DAEMON_CGROUP] = (8 * GIB, 4 * GIB)
+    record = gw.dump(JOB, leave_running=True)
+    assert record.gpu is not None
+
+
+def test_a_restore_into_a_container_counts_the_device_memory(gw: World) -> None:
+    """The resident memory recorded was read before the checkpoint copied device memory
+    into the processes: the restored tree holds both."""
+    record = gw.dump(JOB)
+    resident = sum(p.rss for p in record.processes)
+    gw.cgroups.spawn(7000, "/kubepods/pod-b")
+    into = CallerContainer(init=7000, start_time=0)
+    room = resident + CRIU_MEMORY_MARGIN + 2 * GIB  # less than the 3 GiB of device memory
+    gw.cgroups.limits["/kubepods/pod-b"] = (room, 0)
+    (problem,) = memory_problems(gw.cgroups, into, record)
+    assert "plus 3072 MiB of device memory" in problem
+    gw.cgroups.limits["/kubepods/pod-b"] = (room + GIB, 0)
+    assert memory_problems(gw.cgroups, into, record) == []
