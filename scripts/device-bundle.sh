@@ -48,8 +48,8 @@ LIMIT_MIB=48
 # The runtime dependencies of ckptd (pyproject.toml `dependencies`) the GPU image lacks, and
 # pyroute2 (tests/integration: netns, TCP, two nodes). Versions: those the .venv tests with.
 # grpcio-health-checking/-reflection 1.85.1 are pure Python and need grpcio >= 1.85.1 and
-# protobuf >= 6.31.1 at import (their generated code checks); not installed here (--no-deps):
-# the GPU image's grpcio and protobuf are used. obstore needs typing-extensions on Python < 3.13,
+# protobuf >= 7.35.1, < 8 at import (their generated code checks both, as ckptd/_gen's does);
+# not installed here (--no-deps): the GPU image's grpcio and protobuf are used. obstore needs typing-extensions on Python < 3.13,
 # which the image has (torch needs it).
 WHEELS=(
     zstandard==0.25.0
@@ -185,6 +185,8 @@ else
     log "criu: copied $CRIU_SRC and ${#LIBS[@]} libraries, built the launcher (stamp $stamp)"
 fi
 
+chmod 0755 "$OUT/criu"
+
 # The bundle's CRIU must run with nothing of the system's: no environment, every library
 # (LD_DEBUG names each one initialised) from .device/criu/lib.
 out=$(env -i "$OUT/criu/criu" --version 2>&1) || die "env -i .device/criu/criu --version failed: $out"
@@ -226,7 +228,7 @@ criu/criu     CRIU $CRIU_VERSION with ckptd's patch (rpc_stream), run with the b
               No CRIU plugins: ckptd runs CRIU with CRIU_LIBS_DIR set to an empty directory
               and drives CUDA itself.
 wheels/       $(cd "$OUT/wheels" && ls -- *.whl | tr '\n' ' ')
-              (--no-deps: grpcio >= 1.85.1, protobuf >= 6.31.1 and typing-extensions come
+              (--no-deps: grpcio >= 1.85.1, protobuf >= 7.35.1 < 8 and typing-extensions come
               from the machine's image)
 lib/ckptd_enter_mntns.so   native/enter-mntns, for jobs in containers (criu_enter_preload)
 
