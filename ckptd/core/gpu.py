@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
-from ckptd.core.gpu_plan import check_gpu_map, complete_map, match_gpus
+from ckptd.core.gpu_plan import check_gpu_map, complete_map, match_gpus, state_refusals
 from ckptd.core.ports import Clock, GpuCheckpointer, GpuInventoryPort
 from ckptd.domain import CudaState, GpuFacts, GpuInventory, ProcessFact
 from ckptd.errors import GpuFailed, GpuMismatch, GpuUnavailable, PreconditionFailed
@@ -122,6 +122,13 @@ class GpuSteps:
                 "driver cannot lock a stopped CUDA process",
                 hint=f"resume it first (kill -CONT {listed}), then checkpoint",
                 pid=halted[0],
+            )
+        states = {pid: self._gpu.state(pid) for pid in session.cuda_pids}
+        refused = state_refusals(states)
+        if refused:
+            raise PreconditionFailed(
+                "cannot checkpoint the tree's CUDA state: " + "; ".join(refused),
+                pid=next(p for p in states if states[p] is not CudaState.RUNNING),
             )
         if session.cuda_pids:
             session.inventory = self.node_inventory()

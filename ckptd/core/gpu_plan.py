@@ -17,8 +17,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ckptd.domain import GpuFacts, GpuInfo, GpuUse, normalize_gpu_uuid
+from ckptd.domain import CudaState, GpuFacts, GpuInfo, GpuUse, normalize_gpu_uuid
 from ckptd.domain.model import UNKNOWN_GPU
+
+
+def state_refusals(states: Mapping[int, CudaState]) -> list[str]:
+    """Inspect-time: one line per CUDA process whose driver state forbids ckptd's
+    lock / checkpoint / undo cycle. The driver's own rules (CRIU plugins/cuda/cuda_plugin.c,
+    ``pause_devices``: a FAILED task is "an unrecoverable failed state" and refused; a task
+    already LOCKED or CHECKPOINTED by its owner is left so) — ckptd refuses the latter with
+    why instead of locking it again (ILLEGAL_STATE three times) and then "undoing" it into
+    RUNNING, which would take the owner's lock away."""
+    lines: list[str] = []
+    for pid, state in states.items():
+        if state is CudaState.FAILED:
+            lines.append(
+                f"pid {pid}: the job's CUDA state is lost (the driver left it FAILED, e.g. "
+                "after a failed restore): it cannot be checkpointed; restart the job"
+            )
+        elif state in (CudaState.LOCKED, CudaState.CHECKPOINTED):
+            lines.append(
+                f"pid {pid}: its CUDA state is already {state.name} (by its owner or another "
+                "checkpointer, not by ckptd): ckptd leaves it as it is; unlock it "
+                f"(cuda-checkpoint --toggle or --action restore/unlock --pid {pid}) and retry"
+            )
+    return lines
 
 
 def match_gpus(

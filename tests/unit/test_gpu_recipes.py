@@ -293,3 +293,28 @@ def test_a_stopped_cuda_process_is_refused_at_inspect(gw: World) -> None:
 def test_a_negative_lock_timeout_is_refused(gw: World) -> None:
     with pytest.raises(ValueError, match="negative"):
         GpuSteps(gpu(gw), gpu(gw), gw.clock, -1)
+
+
+# ---- issue 23: what the driver refuses, refused at inspect --------------------------------
+
+
+@pytest.mark.parametrize("state", [CudaState.LOCKED, CudaState.CHECKPOINTED])
+def test_a_process_its_owner_locked_or_checkpointed_is_left_as_it_was(
+    gw: World, state: CudaState
+) -> None:
+    gpu(gw).cuda[1002].state = state
+    with pytest.raises(PreconditionFailed) as info:
+        gw.dump(JOB, leave_running=True)
+    assert f"pid 1002: its CUDA state is already {state.name}" in info.value.message
+    assert info.value.pid == 1002
+    assert [m for m, _ in gpu(gw).calls if m in ("lock", "restore", "unlock")] == []
+    assert states(gw, 1000, 1002) == [CudaState.RUNNING, state], "the owner's state is kept"
+
+
+def test_a_process_the_driver_left_failed_is_refused_not_skipped(gw: World) -> None:
+    gpu(gw).cuda[1000].state = CudaState.FAILED
+    with pytest.raises(PreconditionFailed) as info:
+        gw.dump(JOB, leave_running=True)
+    assert "pid 1000: the job's CUDA state is lost" in info.value.message
+    assert [m for m, _ in gpu(gw).calls if m in ("lock", "checkpoint")] == []
+    assert states(gw, 1000, 1002) == [CudaState.FAILED, CudaState.RUNNING]
