@@ -32,12 +32,16 @@ other GPUs (restore planning asks it).
 Invariants:
 
 - every driver call runs on the adapter's worker (``ckptd.adapters.cuda.worker``): never on a
-  caller's (gRPC) thread, one at a time, and each wait bounded — queries by
-  ``query_timeout_s``, a lock by its own timeout plus that, checkpoint / restore / unlock by
-  ``call_timeout_s``. A call past its bound raises ``GpuFailed`` code ``TIMEOUT``, is left
-  to finish on an abandoned thread (later calls get a new one; calls on that pid are refused
-  with code ``BUSY`` meanwhile), and when a late lock or checkpoint finishes, that process is
-  brought back towards RUNNING (its dump has failed by then). ``close`` never waits long;
+  caller's (gRPC) thread; one at a time per pid, calls on different pids concurrently; each
+  wait bounded from the call's start — queries by ``query_timeout_s``, a lock by its own
+  timeout plus that, checkpoint / restore / unlock by ``call_timeout_s``. A call still
+  queued behind another on its pid when its bound has passed since submission never reaches
+  the driver (``GpuFailed`` code ``QUEUED``, saying what it was queued behind). A call past
+  its bound raises ``GpuFailed`` code ``TIMEOUT`` and is left to finish on its lane (calls
+  on that pid are refused with code ``BUSY`` meanwhile); when a late lock or checkpoint
+  finishes, that process is brought back towards RUNNING (its dump has failed by then).
+  ``close`` never waits long;
+- the backend is chosen once, under a lock (lanes may ask for it at the same time);
 - ``cuInit(0)`` is called once, on the worker, before any checkpoint call (a restore needs
   it, or persistence mode);
 - pids are host pids of processes: a thread id (which the driver would accept and apply to
@@ -59,6 +63,7 @@ from __future__ import annotations
 import importlib
 import logging
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -158,6 +163,7 @@ class CudaDriverCheckpointer:
         self._query_timeout_s = query_timeout_s
         self._backend: Backend | None = None
         self._unavailable: GpuUnavailable | None = None
+        self._choosing = threading.Lock()
         self._worker = CallWorker("ckptd-cuda")
 
     # ---- the GpuCheckpointer port ------------------------------------------------------------
@@ -325,13 +331,16 @@ class CudaDriverCheckpointer:
         ``GpuUnavailable`` with the reason found then (about ``pid``)."""
         if self._backend is not None:
             return self._backend
-        if self._unavailable is None:
-            try:
-                self._backend = self._choose()
+        with self._choosing:  # lanes of several pids may get here at once: choose once
+            if self._backend is not None:
                 return self._backend
-            except GpuUnavailable as exc:
-                self._unavailable = exc
-        reason = self._unavailable
+            if self._unavailable is None:
+                try:
+                    self._backend = self._choose()
+                    return self._backend
+                except GpuUnavailable as exc:
+                    self._unavailable = exc
+            reason = self._unavailable
         raise GpuUnavailable(reason.message, hint=reason.hint, pid=pid) from reason.__cause__
 
     def _choose(self) -> Backend:
