@@ -253,7 +253,11 @@ class GpuSteps:
         if not inv.available:
             raise GpuUnavailable(f"the checkpoint needs GPUs: {inv.message}")
         problems: list[str] = []
-        if inv.cuda_version and inv.cuda_version < MIN_CUDA:
+        # A checkpoint taken below r570 was taken by the cuda-checkpoint --toggle fallback
+        # (ckptd.adapters.cuda.binary): restorable by the same fallback on such a driver, so
+        # the backend that dumped decides, not this driver's lack of the API.
+        toggled = 0 < facts.cuda_version < MIN_CUDA
+        if inv.cuda_version and inv.cuda_version < MIN_CUDA and not toggled:
             problems.append(
                 f"driver CUDA {_ver(inv.cuda_version)} lacks the checkpoint API (needs 12.8)"
             )

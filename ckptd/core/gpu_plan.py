@@ -70,8 +70,8 @@ def match_gpus(
         if g.uuid in mapping:
             continue
         for cand in have:
-            if cand.uuid in taken or cand.name != g.name:
-                continue
+            if not cand.uuid or cand.uuid in taken or cand.name != g.name:
+                continue  # a GPU whose UUID NVML could not read cannot be named to the driver
             if cand.memory_free and cand.memory_free < need.get(g.uuid, 0):
                 continue
             mapping[g.uuid] = cand.uuid
@@ -148,9 +148,12 @@ def check_gpu_map(
     GPU of this node (one the restoring container sees, with ``visible``) of the same model
     with enough free memory. UUIDs are compared normalised (``normalize_gpu_uuid``: any case,
     with or without ``GPU-``); the map returned holds the record's and NVML's spellings."""
-    wanted = _normalized(wanted, facts.gpus, have)
+    wanted = _normalized(wanted, (*facts.gpus, *facts.node_gpus), have)
     by_uuid = {g.uuid: g for g in have if g.uuid}
     old = {g.uuid: g for g in facts.gpus}
+    # NVIDIA's tools want a pair for every GPU of the dumping node (cuda-checkpoint README,
+    # --device-map): a map naming the node's other GPUs too is what they ask for, not an error
+    node = {g.uuid: g for g in facts.node_gpus if g.uuid and g.uuid not in old}
     need: dict[str, int] = {}
     for u in facts.uses:
         need[u.uuid] = need.get(u.uuid, 0) + u.memory
@@ -158,6 +161,9 @@ def check_gpu_map(
         if uuid not in wanted:
             problems.append(f"--gpu-map does not name checkpointed GPU {uuid}")
     for src, dst in wanted.items():
+        if src not in old and src in node:
+            _check_other_pair(src, dst, node[src], by_uuid, visible, problems)
+            continue
         if src not in old:
             problems.append(f"--gpu-map names {src}, which the checkpoint did not use")
             continue
@@ -184,6 +190,25 @@ def check_gpu_map(
     if len(set(wanted.values())) != len(wanted):
         problems.append("--gpu-map puts two GPUs onto one")
     return dict(wanted)
+
+
+def _check_other_pair(
+    src: str,
+    dst: str,
+    was: GpuInfo,
+    by_uuid: Mapping[str, GpuInfo],
+    visible: Sequence[str] | None,
+    problems: list[str],
+) -> None:
+    """A pair of ``--gpu-map`` for a GPU of the dumping node the job did not use: onto a
+    GPU of this node of the same model (visible or not: the job will not use it)."""
+    target = by_uuid.get(dst)
+    if target is None:
+        problems.append(f"--gpu-map target {dst} is not a GPU of this node")
+    elif target.name != was.name:
+        problems.append(
+            f"--gpu-map puts {was.name} ({src}) onto {target.name} ({dst}): models differ"
+        )
 
 
 def complete_map(

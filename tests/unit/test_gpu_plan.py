@@ -202,3 +202,33 @@ def test_an_unknown_gpu_pairs_only_with_itself() -> None:
     unknown = GpuInfo(1, UNKNOWN_GPU, "", 0)
     with pytest.raises(GpuMismatch, match="UUID unknown"):
         steps(gpu(0), gpu(1)).plan_restore(facts(gpu(7), on=(gpu(7), unknown)))
+
+
+def test_a_gpu_map_naming_every_gpu_of_the_node_is_accepted() -> None:
+    """NVIDIA's tools want a complete map: a pair for the GPUs the job did not use too."""
+    dumped, here = eight(10), eight(0)
+    wanted = {d.uuid: h.uuid for d, h in zip(dumped, reversed(here), strict=True)}
+    plan = steps(*here).plan_restore(facts(dumped[0], on=dumped), wanted)
+    assert plan == wanted
+
+
+def test_a_gpu_map_onto_another_model_for_an_unused_gpu_is_still_refused() -> None:
+    dumped = (gpu(10), gpu(11, A100))
+    here = (gpu(0), gpu(1))
+    wanted = {dumped[0].uuid: here[0].uuid, dumped[1].uuid: here[1].uuid}
+    with pytest.raises(GpuMismatch, match="models differ"):
+        steps(*here).plan_restore(facts(dumped[0], on=dumped), wanted)
+
+
+def test_a_gpu_whose_uuid_could_not_be_read_is_no_keyerror() -> None:
+    unread = GpuInfo(0, H100, "", 80 * GIB, 70 * GIB)
+    with pytest.raises(GpuMismatch, match="GPU model or count differs"):
+        steps(unread).plan_restore(facts(gpu(7)))
+
+
+def test_a_checkpoint_the_toggle_fallback_took_below_r570_restores_there() -> None:
+    """Below r570 only cuda-checkpoint --toggle can checkpoint: what it dumped, planning
+    lets it restore on such a driver (a checkpoint of the API still needs the API)."""
+    assert steps(gpu(0), cuda=12040).plan_restore(facts(gpu(0), cuda=12040)) is None
+    with pytest.raises(GpuMismatch, match="lacks the checkpoint API"):
+        steps(gpu(0), cuda=12040).plan_restore(facts(gpu(0)))
