@@ -103,6 +103,9 @@ ver=$("$CRIU_SRC" --version | sed -n 's/^Version: *//p' | head -n1)
 
 # Every library the binary loads (ldd: NAME => PATH, and the loader as a bare path); the
 # vDSO has no file.
+if ldd "$CRIU_SRC" | grep -q 'not found'; then
+    die "ldd $CRIU_SRC: $(ldd "$CRIU_SRC" | grep 'not found' | tr -s ' \t\n' ' ')"
+fi
 mapfile -t LIBS < <(ldd "$CRIU_SRC" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
 LOADER=""
 for lib in "${LIBS[@]}"; do
