@@ -38,8 +38,9 @@ Invariants:
   queued behind another on its pid when its bound has passed since submission never reaches
   the driver (``GpuFailed`` code ``QUEUED``, saying what it was queued behind). A call past
   its bound raises ``GpuFailed`` code ``TIMEOUT`` and is left to finish on its lane (calls
-  on that pid are refused with code ``BUSY`` meanwhile); when a late lock or checkpoint
-  finishes, that process is brought back towards RUNNING (its dump has failed by then).
+  on that pid are refused with code ``BUSY`` meanwhile); its answer is kept: when a late
+  lock, checkpoint, restore or unlock finishes, successful or not, that process is brought
+  back to RUNNING (its caller has failed by then), logged.
   ``close`` never waits long;
 - the backend is chosen once, under a lock (lanes may ask for it at the same time);
 - ``cuInit(0)`` is called once, on the worker, before any checkpoint call (a restore needs
@@ -189,14 +190,14 @@ class CudaDriverCheckpointer:
         bound = timeout_ms / 1000 + self._query_timeout_s if timeout_ms else self._call_timeout_s
         self._on_worker(
             call, pid, lambda: self._call(call, pid).lock(pid, timeout_ms), bound,
-            late=True,
+            settle=lambda: self._settle(pid, None),
         )
 
     def checkpoint(self, pid: int) -> None:
         call = "cuCheckpointProcessCheckpoint"
         self._on_worker(
             call, pid, lambda: self._call(call, pid).checkpoint(pid), self._call_timeout_s,
-            late=True,
+            settle=lambda: self._settle(pid, None),
         )
 
     def restore(self, pid: int, gpu_map: Mapping[str, str] | None = None) -> None:
@@ -206,13 +207,15 @@ class CudaDriverCheckpointer:
         pairs = dict(gpu_map or {})
         remap = pairs if any(old != new for old, new in pairs.items()) else None
         self._on_worker(
-            call, pid, lambda: self._call(call, pid).restore(pid, remap), self._call_timeout_s
+            call, pid, lambda: self._call(call, pid).restore(pid, remap), self._call_timeout_s,
+            settle=lambda: self._settle(pid, remap),
         )
 
     def unlock(self, pid: int) -> None:
         call = "cuCheckpointProcessUnlock"
         self._on_worker(
-            call, pid, lambda: self._call(call, pid).unlock(pid), self._call_timeout_s
+            call, pid, lambda: self._call(call, pid).unlock(pid), self._call_timeout_s,
+            settle=lambda: self._settle(pid, None),
         )
 
     def remap_refusal(self) -> str | None:
@@ -252,11 +255,12 @@ class CudaDriverCheckpointer:
         work: Callable[[], T],
         timeout_s: float | None = None,
         *,
-        late: bool = False,
+        settle: Callable[[], None] | None = None,
     ) -> T:
         """``work()`` on the worker, bounded by ``timeout_s`` (default: the query bound),
-        foreign exceptions mapped (module doc). ``late``: a call that moves ``pid`` away
-        from RUNNING, settled back towards RUNNING when it finishes after being abandoned."""
+        foreign exceptions mapped (module doc). ``settle``: for a call that moves ``pid``
+        (lock, checkpoint, restore, unlock), run once it finishes after being abandoned —
+        its caller has failed by then, so the process is brought back to RUNNING."""
 
         def guarded() -> T:
             try:
@@ -266,18 +270,20 @@ class CudaDriverCheckpointer:
             except Exception as exc:
                 raise _foreign(call, pid, exc) from exc
 
-        settle = (lambda: self._settle(pid)) if late and pid is not None else None
         return self._worker.run(
             guarded, timeout_s or self._query_timeout_s, call=call, pid=pid, on_late=settle
         )
 
-    def _settle(self, pid: int) -> None:
-        """After an abandoned lock / checkpoint returned at last (its dump failed): restore
-        if CHECKPOINTED, unlock if LOCKED — on the abandoned thread, directly."""
+    def _settle(self, pid: int, gpu_map: dict[str, str] | None) -> None:
+        """After an abandoned lock / checkpoint / restore / unlock returned at last (its
+        caller failed: a dump rolled back, a resume or restore reported a timeout): restore
+        if CHECKPOINTED (onto ``gpu_map``, the late restore's own), unlock if LOCKED — on
+        the pid's lane, directly. A late successful restore or unlock is so followed by the
+        process running again, a late lock or checkpoint undone."""
         backend = self._ensure(pid)
         state = backend.state(pid)
         if state is CudaState.CHECKPOINTED:
-            backend.restore(pid, None)
+            backend.restore(pid, gpu_map)
             state = backend.state(pid)
         if state is CudaState.LOCKED:
             backend.unlock(pid)

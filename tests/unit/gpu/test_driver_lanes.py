@@ -1,5 +1,6 @@
 """Issue 23 (1): driver calls on different pids run concurrently, each call's bound counts
-from its start, and a call that never started says what it was queued behind."""
+from its start, and a call that never started says what it was queued behind. (5): the late
+answer of an abandoned restore or unlock is settled: the process runs again."""
 
 from __future__ import annotations
 
@@ -159,3 +160,57 @@ def test_a_call_that_never_started_says_what_it_was_queued_behind() -> None:
     finally:
         release.set()
         worker.close()
+
+
+class LateCu(StubCu):
+    """The first ``stuck`` call on ``PID`` blocks until ``release``, then answers
+    ``answer`` (None: the driver's own result)."""
+
+    def __init__(self, stuck: str, answer: CUresult | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stuck = stuck
+        self.answer = answer
+        self.release = threading.Event()
+        self.once = True
+
+    def _move(self, name: str, pid: int, args: Any) -> tuple[CUresult]:
+        if name == self.stuck and pid == PID and self.once:
+            self.once = False
+            self.release.wait(30)
+            if self.answer is not None:
+                self._record(name, pid, args)
+                return (self.answer,)
+        return super()._move(name, pid, args)
+
+
+def _wait_running(gpu: CudaDriverCheckpointer, cu: StubCu) -> None:
+    deadline = time.monotonic() + 10
+    while (cu.states[PID] != 0 or gpu._worker.busy()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("stuck", "state", "answer"),
+    [
+        pytest.param("cuCheckpointProcessRestore", 2, None, id="late-restore-succeeds"),
+        pytest.param("cuCheckpointProcessUnlock", 1, CUresult.CUDA_ERROR_NOT_READY,
+                     id="late-unlock-fails"),
+    ],
+)
+def test_a_late_restore_or_unlock_is_settled_to_running(
+    make: Any, stuck: str, state: int, answer: CUresult | None
+) -> None:
+    """A resume whose restore (or unlock) answers after the bound: the caller got TIMEOUT;
+    the late answer is kept and the process brought on to RUNNING, not left LOCKED."""
+    cu = LateCu(stuck, answer, states={PID: state})
+    gpu = make(cu, call_timeout_s=0.3)
+    call = gpu.restore if stuck == "cuCheckpointProcessRestore" else gpu.unlock
+    with pytest.raises(GpuFailed) as info:
+        call(PID)
+    assert info.value.code == "TIMEOUT"
+    cu.release.set()
+    _wait_running(gpu, cu)
+    assert cu.states[PID] == 0, "brought back to RUNNING"
+    assert gpu.state(PID) is CudaState.RUNNING
+    unlocks = 1 if stuck == "cuCheckpointProcessRestore" else 2  # the settle's own unlock
+    assert cu.names().count("cuCheckpointProcessUnlock") == unlocks
