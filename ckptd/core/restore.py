@@ -22,8 +22,11 @@ Order, and what undoes each step if a later one fails:
                   (``core.jobfiles``); a version that differs is kept beside it
     criu-restore  CRIU, placed in that cgroup before it begins, recreates the tree there   -
                   (every process checked at post-restore, before it runs) and resumes it
-    gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock;          -
-                  if that fails the restored tree is killed (it could never run)
+    gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock, the tree -
+                  running: the driver does both on the process's own restore thread, which
+                  a stopped tree (CRIU's leave_stopped, SIGSTOP) cannot run (issue 23: a
+                  thread-level hold, as CRIU's CUDA plugin does, is still to come); if that
+                  fails the restored tree is killed
 
 Durable undo (``core.undo``): at CRIU's post-restore notification, when the tree exists but
 has not run (until then CRIU undoes a restore it cannot finish, its daemon killed included),

@@ -125,6 +125,17 @@ class FakeGpu:
     only knows NVML's GPUs. With ``processes``, a pid that is free or a zombie raises
     ``GpuUnavailable`` (the real adapter cannot read its /proc).
 
+    Stopped processes: with ``processes``, ``restore`` and ``unlock`` of a pid that is STOPPED
+    there (SIGSTOP, or CRIU's ``leave_stopped``: every thread stopped) raise ``GpuFailed``
+    with ``CUDA_ERROR_NOT_READY`` and change nothing, and are recorded in ``while_stopped``.
+    The driver does this work on the target's own restore thread
+    (``cuCheckpointProcessGetRestoreThreadId``): CRIU's CUDA plugin keeps the restored
+    process frozen but lets that one thread run (ptrace) before it asks for a restore or an
+    unlock (criu plugins/cuda/cuda_plugin.c, ``resume_device``: "wakeup the restore thread so
+    we can handle the restore for this pid"). A stopped process's restore thread cannot
+    run, so the real call blocks until ckptd's bound on it (docs/adr/0015) gives up; this
+    fake fails at once. The code is a choice of this fake.
+
     Records: ``calls`` (``(method, pid)`` for every call of the checkpointer, in order, also
     those that failed), ``lock_timeouts`` (pid -> ``timeout_ms`` of its last lock),
     ``inventory_calls``, ``visible_calls`` (the pids asked about). With ``events``, each
@@ -167,6 +178,8 @@ class FakeGpu:
         self.inventory_calls = 0
         self.visible: dict[int, tuple[str, ...] | None] = {}
         self.visible_calls: list[int] = []
+        self.while_stopped: list[tuple[str, int]] = []
+        """``(method, pid)`` of each restore / unlock asked of a STOPPED process."""
         self.durations = {"lock": 0.01, "checkpoint": 0.5, "restore": 0.25, "unlock": 0.01}
 
     # ---- set-up and inspection -------------------------------------------------------------
@@ -319,6 +332,7 @@ class FakeGpu:
             pairs = dict(gpu_map) if gpu_map else {}
             self.restore_maps[pid] = pairs or None
             proc = self._target("restore", pid)
+            self._need_restore_thread("restore", pid)
             remap = any(old != new for old, new in pairs.items())
             refusal = self.remap_refusal() if remap else None
             if refusal is not None:
@@ -351,6 +365,7 @@ class FakeGpu:
         with self._lock:
             self.calls.append(("unlock", pid))
             proc = self._target("unlock", pid)
+            self._need_restore_thread("unlock", pid)
             self._expect("unlock", proc)
             if pid in self.fail_unlock:
                 raise self._failed("unlock", pid, self.fail_code, "injected")
@@ -362,6 +377,14 @@ class FakeGpu:
         if self.processes is None:
             return True
         return self.processes.status(pid).state not in (PidState.FREE, PidState.ZOMBIE)
+
+    def _need_restore_thread(self, method: str, pid: int) -> None:
+        """Refuse ``method`` on a STOPPED process (class doc: its restore thread is stopped)."""
+        if self.processes is None or self.processes.status(pid).state is not PidState.STOPPED:
+            return
+        self.while_stopped.append((method, pid))
+        raise self._failed(method, pid, NOT_READY,
+                           "the process is stopped: the driver's restore thread cannot run")
 
     @staticmethod
     def _held(uuid: str, uses: Sequence[GpuUse]) -> int:

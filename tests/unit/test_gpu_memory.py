@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ckptd.core.intocontainer import CRIU_MEMORY_MARGIN, CallerContainer, memory_problems
-from ckptd.domain import CudaState
-from ckptd.errors import TargetRefused
+from ckptd.domain import CudaState, PidState
+from ckptd.errors import GpuFailed, TargetRefused
 from ckptd.testing import FakeGpu
 
 from .world import DAEMON_CGROUP, JOB, JOB_TREE, World, make_world
@@ -86,3 +86,41 @@ def test_a_restore_into_a_container_counts_the_device_memory(gw: World) -> None:
     assert "plus 3072 MiB of device memory" in problem
     gw.cgroups.limits["/kubepods/pod-b"] = (room + GIB, 0)
     assert memory_problems(gw.cgroups, into, record) == []
+
+
+# ---- issue 23, point 2: where CUDA is restored (kept as it is; see the module doc of
+# ckptd.testing._gpu, "Stopped processes") -------------------------------------------------
+
+
+def test_cuda_is_never_restored_or_unlocked_in_a_stopped_process(gw: World) -> None:
+    """The driver restores and unlocks on the process's own restore thread: a tree left
+    stopped (SIGSTOP, CRIU's leave_stopped) would block both. Dump (leave-running), a
+    rollback and a restore each ask it of running processes only."""
+    gw.dump(JOB, leave_running=True)
+    gw.criu.fail_dump = RuntimeError("boom")
+    with pytest.raises(Exception, match="boom"):
+        gw.dump(JOB, leave_running=True)
+    gw.criu.fail_dump = None
+    record = gw.dump(JOB)
+    gw.restore(checkpoint_id=record.id)
+    assert gpu(gw).while_stopped == []
+    assert [gpu(gw).cuda_state(p) for p in (1000, 1002)] == [CudaState.RUNNING] * 2
+    assert [m for m, _ in gpu(gw).calls].count("restore") == 6
+
+
+def test_the_fake_driver_cannot_restore_a_stopped_process(gw: World) -> None:
+    fake = gpu(gw)
+    fake.lock(1000, 1000)
+    fake.checkpoint(1000)
+    gw.processes.processes[1000].state = PidState.STOPPED
+    with pytest.raises(GpuFailed, match="restore thread cannot run") as info:
+        fake.restore(1000)
+    assert info.value.code == "CUDA_ERROR_NOT_READY"
+    assert fake.cuda_state(1000) is CudaState.CHECKPOINTED
+    gw.processes.processes[1000].state = PidState.RUNNING
+    fake.restore(1000)
+    gw.processes.processes[1000].state = PidState.STOPPED
+    with pytest.raises(GpuFailed, match="restore thread cannot run"):
+        fake.unlock(1000)
+    assert fake.while_stopped == [("restore", 1000), ("unlock", 1000)]
+    assert fake.cuda_state(1000) is CudaState.LOCKED
