@@ -22,7 +22,8 @@ are not verified here, and a remap needs the bindings anyway (cuda-bindings >= 1
 (Unverified on hardware: the toggle-only path and the exact output of old utilities.)
 
 ``--get-restore-tid`` failing is "no CUDA" only when its output names no CUDA error or one
-of ``NO_CUDA_CODES``; any other error is raised (never read as "no CUDA"). Queries are
+of ``NO_CUDA_CODES`` — by name or by the ``cuGetErrorString`` text the utility prints
+(``ERROR_TEXTS``); any other error is raised (never read as "no CUDA"). Queries are
 killed after ``QUERY_TIMEOUT_S``; a checkpoint or restore never is (killing it half-way
 could leave the driver out of sync): the adapter's worker bounds the wait instead and
 abandons it (``ckptd.adapters.cuda.worker``).
@@ -48,6 +49,25 @@ _STATES = {
     "failed": CudaState.FAILED,
 }
 _CUDA_ERROR = re.compile(r"CUDA_ERROR_[A-Z_]+")
+ERROR_TEXTS = {
+    "invalid argument": "CUDA_ERROR_INVALID_VALUE",
+    "named symbol not found": "CUDA_ERROR_NOT_FOUND",
+    "the operation cannot be performed in the present state": "CUDA_ERROR_ILLEGAL_STATE",
+    "device not ready": "CUDA_ERROR_NOT_READY",
+    "os call failed or operation not supported on this os": "CUDA_ERROR_OPERATING_SYSTEM",
+    "operation not supported": "CUDA_ERROR_NOT_SUPPORTED",
+    "operation not permitted": "CUDA_ERROR_NOT_PERMITTED",
+    "out of memory": "CUDA_ERROR_OUT_OF_MEMORY",
+    "initialization error": "CUDA_ERROR_NOT_INITIALIZED",
+    "no cuda-capable device is detected": "CUDA_ERROR_NO_DEVICE",
+    "wait operation timed out": "CUDA_ERROR_TIMEOUT",
+    "unknown error": "CUDA_ERROR_UNKNOWN",
+}
+"""``cuGetErrorString`` text -> error name. The utility prints the driver's error *string*
+(e.g. "invalid argument"), not the CUDA_ERROR_* name (NVIDIA/cuda-checkpoint README's
+examples; the strings are those of the CUDA driver API's ``cuGetErrorString``): both are
+recognised. Longest first, so "os call failed or operation not supported..." wins over
+"operation not supported"."""
 NO_CUDA_CODES = frozenset({"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND"})
 """As ``ckptd.adapters.cuda.bindings.NO_CUDA_CODES``: the probe's "no CUDA context"."""
 
@@ -97,8 +117,8 @@ class CudaCheckpointBinary:
             ["--get-restore-tid", "--pid", str(pid)], QUERY_TIMEOUT_S, "--get-restore-tid", pid
         )
         if rc != 0:
-            found = _CUDA_ERROR.search(out)
-            if found is None or found.group() in NO_CUDA_CODES:
+            code = error_code(out)
+            if code is None or code in NO_CUDA_CODES:
                 return None
             raise self._failed(
                 f"cuda-checkpoint --get-restore-tid (cannot tell whether pid {pid} uses CUDA)",
@@ -222,10 +242,22 @@ class CudaCheckpointBinary:
 
     @staticmethod
     def _failed(call: str, pid: int, rc: int, out: str) -> GpuFailed:
-        found = _CUDA_ERROR.search(out)
-        code = found.group() if found else f"EXIT_{rc}"
+        code = error_code(out) or f"EXIT_{rc}"
         lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
         detail = f" ({lines[-1]})" if lines and lines[-1] != code else ""
         return GpuFailed(
             f"{call} for pid {pid} failed: {code}{detail}", call=call, code=code, pid=pid
         )
+
+
+def error_code(out: str) -> str | None:
+    """The CUDA error the utility's output names, by name or by ``cuGetErrorString`` text
+    (``ERROR_TEXTS``); None when it names none."""
+    found = _CUDA_ERROR.search(out)
+    if found is not None:
+        return found.group()
+    lowered = out.lower()
+    for text in sorted(ERROR_TEXTS, key=len, reverse=True):
+        if text in lowered:
+            return ERROR_TEXTS[text]
+    return None

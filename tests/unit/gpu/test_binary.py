@@ -175,3 +175,40 @@ def test_runner_errors() -> None:
     with pytest.raises(GpuFailed) as info:
         CudaCheckpointBinary("/opt/cuda-checkpoint", hangs).state(PID)
     assert info.value.code == "TIMEOUT"
+
+
+@pytest.mark.parametrize(
+    ("printed", "code"),
+    [
+        ("Could not get restore thread ID for process: operation not permitted\n",
+         "CUDA_ERROR_NOT_PERMITTED"),
+        ("error: out of memory\n", "CUDA_ERROR_OUT_OF_MEMORY"),
+        ("OS call failed or operation not supported on this OS\n",
+         "CUDA_ERROR_OPERATING_SYSTEM"),
+    ],
+)
+def test_the_utilitys_error_strings_are_read_not_taken_for_no_cuda(
+    printed: str, code: str
+) -> None:
+    """Issue 23 (8): cuda-checkpoint prints cuGetErrorString text, not CUDA_ERROR_* names."""
+
+    def run(argv: Sequence[str], timeout: float | None) -> tuple[int, str]:
+        return 1, printed
+
+    with pytest.raises(GpuFailed) as info:
+        CudaCheckpointBinary("/opt/cuda-checkpoint", run).restore_tid(PID)
+    assert info.value.code == code
+
+    def no_cuda(argv: Sequence[str], timeout: float | None) -> tuple[int, str]:
+        return 1, "Could not get restore thread ID for process: invalid argument\n"
+
+    assert CudaCheckpointBinary("/opt/cuda-checkpoint", no_cuda).restore_tid(PID) is None
+
+
+def test_an_illegal_state_printed_as_text_keeps_its_code_for_the_lock_retry() -> None:
+    utility = Utility(actions=True)
+    backend = CudaCheckpointBinary("/opt/cuda-checkpoint", utility)
+    utility.fail_next = (1, "the operation cannot be performed in the present state\n")
+    with pytest.raises(GpuFailed) as info:
+        backend.lock(PID, 0)
+    assert info.value.code == "CUDA_ERROR_ILLEGAL_STATE"
