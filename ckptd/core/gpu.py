@@ -10,7 +10,8 @@ towards RUNNING (restore if CHECKPOINTED, unlock if LOCKED), so they are safe to
 partial step, twice, or after a later step already resumed the process; the driver's restore
 thread is never frozen during a CUDA call (the tree is resumed before CUDA is restored); a
 record's ``GpuFacts.node_gpus`` lists every GPU of the dumping node, and a restore onto
-other GPUs passes the driver a pair for each of them (``ckptd.core.gpu_plan``), after
+other GPUs passes the driver a pair for each of them (``ckptd.core.gpu_plan``) — for each
+GPU the job could see (``GpuFacts.visible_gpus``) when that was fewer (``gpu_domain``) — after
 restore planning checked — before CRIU touches anything — that the node has as many GPUs of
 the same models and that the checkpointer can remap at all (``remap_refusal``).
 """
@@ -21,6 +22,7 @@ import logging
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+from ckptd.core.gpu_domain import cover, partial_refusal, remap_domain
 from ckptd.core.gpu_plan import check_gpu_map, complete_map, match_gpus, state_refusals
 from ckptd.core.ports import Clock, GpuCheckpointer, GpuInventoryPort
 from ckptd.domain import CudaState, GpuFacts, GpuInventory, ProcessFact
@@ -43,6 +45,8 @@ class GpuSession:
     locked: list[int] = field(default_factory=list)
     checkpointed: list[int] = field(default_factory=list)
     inventory: GpuInventory | None = None
+    visible: tuple[str, ...] = ()
+    """UUIDs the CUDA processes could see (union; ``GpuFacts.visible_gpus``); () unknown."""
     timings: dict[str, float] = field(default_factory=dict)
 
     def facts(self) -> GpuFacts | None:
@@ -62,6 +66,7 @@ class GpuSession:
             restore_s=self.timings.get("restore", 0.0),
             unlock_s=self.timings.get("unlock", 0.0),
             node_gpus=inv.gpus,
+            visible_gpus=self.visible,
         )
 
 
@@ -132,6 +137,23 @@ class GpuSteps:
             )
         if session.cuda_pids:
             session.inventory = self.node_inventory()
+            session.visible = self._seen_by(session.cuda_pids, session.inventory)
+
+    def _seen_by(self, pids: Sequence[int], inv: GpuInventory) -> tuple[str, ...]:
+        """The UUIDs of ``inv``'s GPUs that any of ``pids`` could see (what their CUDA
+        could open: a remap names exactly these, ``gpu_domain``), in ``inv`` order; () when
+        a pid cannot be inspected (the remap then covers the whole node, as before)."""
+        if self._inventory is None or not inv.gpus:
+            return ()
+        seen: set[str] = set()
+        for pid in pids:
+            try:
+                got = self._inventory.visible_to(pid)
+            except GpuUnavailable as exc:
+                log.warning("cannot record which GPUs pid %d sees: %s", pid, exc)
+                return ()
+            seen |= {g.uuid for g in inv.gpus} if got is None else set(got)
+        return tuple(g.uuid for g in inv.gpus if g.uuid in seen)
 
     def lock(self, session: GpuSession) -> None:
         if not session.cuda_pids:
@@ -270,8 +292,17 @@ class GpuSteps:
             have = [g for g in inv.gpus if g.uuid in seen]
             mapping = match_gpus(facts.gpus, have, facts.uses, problems, node=inv.gpus)
         remap = any(old != new for old, new in mapping.items())
-        if not problems:  # the job's own GPUs placed: now the driver's whole-node rules
-            if facts.node_gpus and (remap or len(facts.node_gpus) != len(inv.gpus)):
+        refusal = partial_refusal(facts, inv.driver_version, inv.gpus, visible)
+        if refusal:
+            problems.append(refusal)
+        domain = remap_domain(facts)  # the job saw some of its node's GPUs: those only
+        if not problems:  # the job's own GPUs placed: now a pair for every GPU it could see
+            if domain is not None and remap:
+                opens = [g for g in inv.gpus if visible is None or g.uuid in visible]
+                mapping = cover(mapping, domain, opens, problems)
+            elif domain is None and facts.node_gpus and (
+                remap or len(facts.node_gpus) != len(inv.gpus)
+            ):
                 mapping = complete_map(mapping, facts.node_gpus, inv.gpus, problems)
             if remap:
                 problems.extend(self._remap_problems(facts, inv))

@@ -254,6 +254,13 @@ class GpuFacts:
     needs a pair for each (identity pairs included), so a remap is planned over these. Empty
     in records written before ckptd recorded them (issue #15): such a checkpoint restores
     onto the same GPUs only (a remap is refused, saying why)."""
+    visible_gpus: tuple[str, ...] = ()
+    """UUIDs of the dumping node's GPUs the checkpointed processes' CUDA could see (their
+    container's ``/dev/nvidia<N>`` nodes, ``NVIDIA_VISIBLE_DEVICES``, ``CUDA_VISIBLE_DEVICES``;
+    the union over ``cuda_pids``), NVML index order: a remap names exactly these
+    (``ckptd.core.gpu_domain``). Every UUID of ``node_gpus`` when nothing restricted them;
+    empty in records written before ckptd recorded it, or when it could not be read: the
+    remap then covers ``node_gpus``."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -271,6 +278,7 @@ class GpuFacts:
             restore_s=float(data.get("restore_s", 0.0)),
             unlock_s=float(data.get("unlock_s", 0.0)),
             node_gpus=tuple(GpuInfo(**g) for g in data.get("node_gpus", ())),
+            visible_gpus=tuple(str(u) for u in data.get("visible_gpus", ())),
         )
 
 

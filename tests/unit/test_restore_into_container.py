@@ -209,7 +209,9 @@ def test_the_gpu_map_follows_the_gpus_the_container_sees(tmp_path: Path) -> None
 
     world.hooks.on["post_restore"] = cuda_state_comes_back_with_the_image
     outcome = _restore_into_b(world)
-    assert fake.visible_calls == [B_INIT]
+    # the dump asked which GPUs the CUDA process saw (GpuFacts.visible_gpus), the restore
+    # which GPUs container B's process sees
+    assert fake.visible_calls == [CHILD, B_INIT]
     restored_child = next(p for p, proc in world.processes.processes.items()
                           if proc.ns_pid == 1002 and proc.pidns_init == B_INIT)
     assert outcome.ns_pid == 1001

@@ -32,6 +32,9 @@ MIG forms (``MIG-…``, ``0:1``) are not followed: a variable holding one restri
 with a note (the CUDA checkpoint API does not support MIG anyway). The environment read is
 the one the process started with (``/proc/<pid>/environ``).
 
+The same answer serves the dump: the GPUs a CUDA process could see are recorded as
+``GpuFacts.visible_gpus``, and a restore's remap names exactly those (``ckptd.core.gpu_domain``).
+
 Invariants: the result is None exactly when nothing restricts the process; otherwise it is
 a tuple of distinct UUIDs of the given GPUs, in the GPUs' (NVML index) order.
 """
