@@ -227,7 +227,10 @@ class CudaDriverCheckpointer:
             except GpuUnavailable as exc:
                 return exc.message
 
-        return self._on_worker("remap check", None, ask)
+        try:
+            return self._on_worker("remap check", None, ask)
+        except GpuFailed as exc:  # a stuck driver (TIMEOUT): a reason, never a raise (port)
+            return f"the driver could not say whether it can restore onto other GPUs: {exc}"
 
     # ---- beyond the port ---------------------------------------------------------------------
 
@@ -239,7 +242,10 @@ class CudaDriverCheckpointer:
             except GpuUnavailable as exc:
                 return f"unavailable: {exc.message}"
 
-        return self._on_worker("describe", None, what)
+        try:
+            return self._on_worker("describe", None, what)
+        except GpuFailed as exc:  # a stuck driver at start-up: said, not raised
+            return f"unavailable: {exc}"
 
     def close(self) -> None:
         """End the worker (after the call in progress, waiting a few seconds at most). Later

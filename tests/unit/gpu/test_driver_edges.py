@@ -197,3 +197,28 @@ def test_the_gpu_extra_requires_bindings_that_release_the_gil() -> None:
     readme = (root / "README.md").read_text()
     assert "Supported\n  cuda-bindings: >= 12.9.1, except 13.0.0 and 13.0.1" in readme
     assert all(v in readme for v in SUPPORTED_BINDINGS)
+
+
+class StuckVersionCu(StubCu):
+    """``cuDriverGetVersion`` (the backend's choice) blocks until ``release`` is set."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.release = threading.Event()
+
+    def cuDriverGetVersion(self) -> Any:
+        self.release.wait(30)
+        return super().cuDriverGetVersion()
+
+
+def test_pid_less_calls_that_time_out_answer_a_reason_not_raise(make: Any) -> None:
+    """Issue 23 (8): remap_refusal never raises (the port), describe neither."""
+    cu = StuckVersionCu(states={PID: 0})
+    gpu = make(cu, query_timeout_s=0.2)
+    try:
+        refusal = gpu.remap_refusal()
+        assert refusal is not None and "TIMEOUT" not in refusal.split(":")[0]
+        assert "could not say whether it can restore onto other GPUs" in refusal
+        assert gpu.describe().startswith("unavailable: ")
+    finally:
+        cu.release.set()
