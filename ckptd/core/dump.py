@@ -19,12 +19,15 @@ Order, and what undoes each step if a later one fails:
                     files: their new tail, see precopy)
     let-go          CRIU ends: leave-running, the tree runs on; else it stays  SIGCONT what it
                     stopped (not with TCP connections: see criu-finish)        stopped
-    gpu-resume      leave-running: CUDA restore + unlock                       -
     gate            group checkpoints only: hold here (tree frozen or, with    -
                     leave-running, running; images staged) until the group
                     commits, or raise to abort
     commit          the checkpoint becomes durable, then visible (the guard   delete it
                     is told before and after: ``GuardPhase``)
+    gpu-resume      leave-running: CUDA restore + unlock, only now: a resume   -
+                    that fails keeps the committed checkpoint (the dump then
+                    raises saying so, and its journal entry stays for the
+                    next start to retry the resume: ResumeCuda)
     criu-finish     a tree with TCP connections: CRIU ends only now, leaving  -
                     it stopped with its connections locked
     release         leave-running: nothing; else kill the tree                -
@@ -36,7 +39,9 @@ ResumeCuda (unless committed, for a killing dump); criu-dump: ResumeTree unless 
 daemon killed at any point leaves, after its restart, the tree killed once its checkpoint
 is committed (docs/adr/0002), else running with nothing listed and nothing staged; except
 that a guard that resumed the tree while the commit was under way appends GuardResumed:
-the checkpoint goes, the tree runs on (docs/adr/0016).
+the checkpoint goes, the tree runs on (docs/adr/0016). A CUDA undo that fails (in the
+rollback, or leave-running's resume after the commit) leaves the journal entry in place, so
+the next start runs ResumeCuda again (issue 23).
 
 Invariants: the target is never left frozen or stopped by a failed dump: CRIU leaves a tree
 stopped, not killed, so a failed commit can still resume it; a tree with established TCP
@@ -95,7 +100,13 @@ from ckptd.domain import (
     StdioFact,
     new_checkpoint_id,
 )
-from ckptd.errors import CkptdError, CriuUnavailable, PermissionDenied, ProcessNotFound
+from ckptd.errors import (
+    CkptdError,
+    CriuUnavailable,
+    GpuFailed,
+    PermissionDenied,
+    ProcessNotFound,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +150,9 @@ class DumpContext:
     """A container job: CRIU runs inside the container (its init's namespaces, cgroups)."""
     undo_log: UndoLog | None = None
     """The dump's durable undo records (journal entry ``checkpoint_id``)."""
+    cuda_resume_error: BaseException | None = None
+    """Bringing CUDA back to RUNNING failed (rollback, or leave-running's resume after the
+    commit): the journal entry is kept for the next start (its ResumeCuda)."""
 
 
 class DumpRecipe:
@@ -187,10 +201,10 @@ class DumpRecipe:
                  durable=self._resume_tree_record),
             Step("files", self._capture_files, None, "capturing the files the tree writes"),
             Step("let-go", self._let_go, None, "letting CRIU finish"),
-            Step("gpu-resume", self._gpu_resume_if_running, None, "resuming CUDA"),
             Step("gate", self._gate, None, "waiting for every member of the group"),
             Step("commit", self._commit, self._uncommit, "committing the checkpoint",
                  durable=self._kill_tree_record),
+            Step("gpu-resume", self._gpu_resume_if_running, None, "resuming CUDA"),
             Step("criu-finish", self._finish_criu, None, "letting CRIU finish"),
             Step("release", self._release, None, "releasing the tree"),
         )
@@ -214,7 +228,27 @@ class DumpRecipe:
             if ctx.held is not None:
                 ctx.held.close()
         assert ctx.record is not None
+        if ctx.cuda_resume_error is not None:
+            raise self._kept_but_not_resumed(ctx, ctx.cuda_resume_error)
         return ctx.record
+
+    @staticmethod
+    def _kept_but_not_resumed(ctx: DumpContext, cause: BaseException) -> GpuFailed:
+        """Leave-running, the checkpoint committed, CUDA not resumed: the error that says so
+        (the checkpoint stays listed; the journal entry stays for the next start)."""
+        pids = ", ".join(map(str, ctx.gpu.cuda_pids))
+        message = (
+            f"checkpoint {ctx.checkpoint_id} of pid {ctx.request.pid} is committed and kept, "
+            f"but the CUDA state of pid(s) {pids} could not be resumed after it: {cause}"
+        )
+        log.error("%s", message)
+        return GpuFailed(
+            message, call=getattr(cause, "call", ""), code="RESUME_FAILED",
+            hint="the job runs with its CUDA calls blocked until the driver resumes it (a "
+            "late driver answer is settled by the daemon; a daemon restart retries the "
+            f"resume); or kill the job and `ckptctl restore {ctx.checkpoint_id}`",
+            pid=ctx.request.pid, checkpoint_id=ctx.checkpoint_id,
+        )
 
     # ---- steps ----------------------------------------------------------------------------
 
@@ -271,8 +305,14 @@ class DumpRecipe:
         self._watch(ctx)
 
     def _journal_end(self, ctx: DumpContext) -> None:
+        """The entry ends (the dump done, or rolled back), unless bringing CUDA back failed:
+        then it stays, and the next start runs its ResumeCuda again (never forgotten)."""
         assert ctx.undo_log is not None
-        ctx.undo_log.end()
+        if ctx.cuda_resume_error is None:
+            ctx.undo_log.end()
+        else:
+            log.error("dump %s: CUDA not resumed; its journal entry is kept so that the next "
+                      "start retries the resume", ctx.checkpoint_id)
         self._guard.release(ctx.checkpoint_id)
 
     def _watch(self, ctx: DumpContext) -> None:
@@ -323,13 +363,25 @@ class DumpRecipe:
         self._gpu.checkpoint(ctx.gpu)
 
     def _gpu_resume(self, ctx: DumpContext) -> None:
-        self._gpu.resume(ctx.gpu)
+        """gpu-lock's undo; a failure is remembered, so the journal entry is kept."""
+        try:
+            self._gpu.resume(ctx.gpu)
+        except Exception as exc:
+            ctx.cuda_resume_error = exc
+            raise
 
     def _gpu_resume_if_running(self, ctx: DumpContext) -> None:
-        """With --leave-running the tree runs on: give it its GPUs back right away (its
-        device memory is in the images already); otherwise it is killed after the commit."""
-        if ctx.request.leave_running:
+        """With --leave-running the tree runs on: give it its GPUs back once the checkpoint
+        is committed (its device memory is in the images); otherwise it is killed after the
+        commit. A failure here must not cost the valid checkpoint: it is kept, the journal
+        entry too (its ResumeCuda retried at the next start), and ``run`` raises saying
+        so once the dump is done."""
+        if not ctx.request.leave_running:
+            return
+        try:
             self._gpu.resume(ctx.gpu)
+        except Exception as exc:
+            ctx.cuda_resume_error = exc
 
     def _gate(self, ctx: DumpContext) -> None:
         if ctx.gate is not None:

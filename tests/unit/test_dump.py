@@ -374,7 +374,7 @@ def test_progress_reports_every_step_in_order(world: World) -> None:
     assert [stage for stage, _ in world.progress] == [
         "inspect", "journal", "stage", "precopy", "gpu-lock", "gpu-checkpoint", "criu-dump",
         "files", "let-go",
-        "gpu-resume", "gate", "commit", "criu-finish", "release", "done",
+        "gate", "commit", "gpu-resume", "criu-finish", "release", "done",
     ]
     fractions = [f for _, f in world.progress]
     assert fractions == sorted(fractions)

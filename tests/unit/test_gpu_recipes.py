@@ -318,3 +318,60 @@ def test_a_process_the_driver_left_failed_is_refused_not_skipped(gw: World) -> N
     assert "pid 1000: the job's CUDA state is lost" in info.value.message
     assert [m for m, _ in gpu(gw).calls if m in ("lock", "checkpoint")] == []
     assert states(gw, 1000, 1002) == [CudaState.FAILED, CudaState.RUNNING]
+
+
+# ---- issue 23 (5) ----------------------------------------------------------------------------
+
+
+def test_a_failed_cuda_undo_keeps_the_journal_entry_for_the_next_start(gw: World) -> None:
+    """The rollback cannot restore 1000: the entry is not ended, so a restart retries it."""
+    gpu(gw).fail_checkpoint.add(1002)
+    gpu(gw).fail_restore.add(1000)
+    with pytest.raises(GpuFailed):
+        gw.dump(JOB)
+    assert states(gw, 1000) == [CudaState.CHECKPOINTED]
+    assert len(list(gw.journal.pending())) == 1, "kept for the next start"
+    gpu(gw).fail_restore.clear()  # the driver recovers; the daemon restarts
+    done = gw.new_service().recover()
+    assert done and "rolled back" in done[0]
+    assert states(gw, 1000, 1002) == [CudaState.RUNNING, CudaState.RUNNING]
+    assert list(gw.journal.pending()) == []
+    assert gw.store.list() == []
+
+
+def test_leave_running_commits_before_resuming_cuda(gw: World) -> None:
+    gw.dump(JOB, leave_running=True)
+    commit = next(i for i, e in enumerate(gw.events) if e.startswith("store.commit"))
+    resume = next(i for i, e in enumerate(gw.events) if e.startswith("gpu.restore"))
+    assert commit < resume, gw.events
+    assert list(gw.journal.pending()) == []
+
+
+def test_leave_running_a_failed_resume_keeps_the_checkpoint_and_says_so(gw: World) -> None:
+    gpu(gw).fail_restore.add(1000)
+    with pytest.raises(GpuFailed) as info:
+        gw.dump(JOB, leave_running=True)
+    err = info.value
+    (record,) = gw.store.list()
+    assert err.code == "RESUME_FAILED" and err.checkpoint_id == record.id
+    assert f"checkpoint {record.id} of pid {JOB} is committed and kept" in err.message
+    assert gw.states(*JOB_TREE) == ["running"] * 3
+    assert states(gw, 1000, 1002) == [CudaState.CHECKPOINTED, CudaState.RUNNING]
+    assert len(list(gw.journal.pending())) == 1, "the resume is retried at the next start"
+    gpu(gw).fail_restore.clear()
+    done = gw.new_service().recover()
+    assert done and "committed" in done[0]
+    assert states(gw, 1000, 1002) == [CudaState.RUNNING, CudaState.RUNNING]
+    assert [r.id for r in gw.store.list()] == [record.id], "the checkpoint is kept"
+    assert gw.states(*JOB_TREE) == ["running"] * 3
+
+
+def test_a_process_poisoned_by_a_failed_restore_is_refused_at_the_next_dump(gw: World) -> None:
+    gpu(gw).fail_restore.add(1002)
+    gpu(gw).poison_restore.add(1002)
+    with pytest.raises(GpuFailed):
+        gw.dump(JOB, leave_running=True)  # rollback's restore fails: 1002 is FAILED now
+    assert states(gw, 1002) == [CudaState.FAILED]
+    gpu(gw).fail_restore.clear()
+    with pytest.raises(PreconditionFailed, match="pid 1002: the job's CUDA state is lost"):
+        gw.dump(JOB, leave_running=True)
