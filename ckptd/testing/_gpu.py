@@ -169,6 +169,9 @@ class FakeGpu:
         self.fail_checkpoint: set[int] = set()
         self.fail_restore: set[int] = set()
         self.fail_unlock: set[int] = set()
+        self.poison_restore: set[int] = set()
+        """A failed ``restore`` of these pids leaves them FAILED (the driver's "CUDA state
+        lost"), not CHECKPOINTED: no call but ``state`` succeeds on them after."""
         self.fail_code = "CUDA_ERROR_OPERATING_SYSTEM"
         self.unavailable: str | None = None
         self.remap_refused: str | None = None
@@ -340,6 +343,8 @@ class FakeGpu:
                 raise GpuUnavailable(refusal, pid=pid)
             self._expect("restore", proc)
             if pid in self.fail_restore:
+                if pid in self.poison_restore:
+                    proc.state = CudaState.FAILED
                 raise self._failed("restore", pid, self.fail_code, "injected")
             self._check_map(proc, pairs, remap)
             memory = self._remapped(proc, pairs) if remap else dict(proc.memory)
