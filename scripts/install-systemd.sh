@@ -181,8 +181,8 @@ else
 
 # zombie_wait_s = 5.0
 # max_workers = 16
-# Seconds for running RPCs on stop, then as long again for dumps/restores still under way
-# (the unit's TimeoutStopSec=150 allows for 60).
+# Seconds for running RPCs on stop, then as long again plus gpu_call_timeout_s for
+# dumps/restores still under way (the unit's TimeoutStopSec=1200 allows for 60 with 900).
 # shutdown_grace_s = 60.0
 # log_level = "INFO"
 # This node's name ("" : the host name).

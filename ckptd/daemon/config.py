@@ -195,6 +195,22 @@ DEFAULT_URL_STATE_DIR = Path("/var/lib/ckptd/state")
 """The state directory when the store is an object store URL and none is given."""
 
 
+def operations_wait_s(config: DaemonConfig) -> float:
+    """How long a stopping daemon waits for dumps and restores still under way, once its RPCs
+    are done: ``shutdown_grace_s`` plus ``gpu_call_timeout_s``, so that an operation inside a
+    CUDA driver call (a checkpoint of a big model) is not cut mid-call (issue 23)."""
+    return config.shutdown_grace_s + config.gpu_call_timeout_s
+
+
+def stop_bound_s(config: DaemonConfig) -> float:
+    """The longest a stop (SIGTERM) takes: running RPCs (``shutdown_grace_s``), a migrated
+    checkpoint's commit (as long), then ``operations_wait_s``. systemd's ``TimeoutStopSec``
+    and the DaemonSet's ``terminationGracePeriodSeconds`` must exceed it (with the
+    defaults: 1080 s; they say 1200), else the daemon is killed inside a driver call
+    (tests/unit/test_deploy_files.py checks the relation)."""
+    return 2 * config.shutdown_grace_s + operations_wait_s(config)
+
+
 def _coerce(name: str, value: Any) -> Any:
     if name in _PATHS:
         return Path(value)

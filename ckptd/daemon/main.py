@@ -3,9 +3,10 @@
 Start: take the state-directory lock (one daemon per state dir), wait for the guard of a killed
 predecessor to finish (docs/adr/0016), recover what it left in flight, start this daemon's
 guard, serve gRPC (health and reflection on), tell systemd READY=1.
-SIGTERM/SIGINT: tell systemd STOPPING=1, stop accepting, let running operations finish (up to
-``shutdown_grace_s``), exit 0. Processes the daemon restored are not its children and are never
-touched by its exit.
+SIGTERM/SIGINT: tell systemd STOPPING=1, stop accepting, let running calls finish (up to
+``shutdown_grace_s``), then running operations (``config.operations_wait_s``: as long again
+plus ``gpu_call_timeout_s``), exit 0. Processes the daemon restored are not its children and
+are never touched by its exit.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ckptd.adapters.guard.client import wait_for_guards
 from ckptd.core.store.cas import ContentStore
 from ckptd.daemon import heap, logs, sdnotify
 from ckptd.daemon.background import Background
-from ckptd.daemon.config import DaemonConfig, load
+from ckptd.daemon.config import DaemonConfig, load, operations_wait_s
 from ckptd.daemon.probe import gpu_summary
 from ckptd.daemon.statedir import StateDirUnusable, open_lock, open_state_dir
 from ckptd.daemon.wiring import Wired, tls_files, wire
@@ -299,7 +300,8 @@ class Daemon:
         if not wired.receiver.wait_commits(cfg.shutdown_grace_s):
             log.error("stopping with a migrated checkpoint still being committed (its staging "
                       "is dropped at the next start; the sender keeps the checkpoint)")
-        if left := wired.service.wait_idle(cfg.shutdown_grace_s):
+        # as long again plus a driver call's bound: never cut inside a CUDA call (issue 23)
+        if left := wired.service.wait_idle(operations_wait_s(cfg)):
             log.error("stopping with operations still running: %s (the next start recovers "
                       "them from the journal)", ", ".join(left))
         with contextlib.suppress(FileNotFoundError):

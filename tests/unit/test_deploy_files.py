@@ -274,6 +274,26 @@ def test_daemonset() -> None:
     assert "ckptctl" in container["livenessProbe"]["exec"]["command"]
 
 
+def test_stop_timeouts_outlast_the_daemons_stop_a_driver_call_included() -> None:
+    """Issue 23: systemd's TimeoutStopSec and the DaemonSet's grace period exceed the
+    longest stop of a daemon with the default configuration — which waits out a CUDA driver
+    call (gpu_call_timeout_s) — with a margin, so a stop mid-checkpoint never kills the
+    daemon inside the call."""
+    from ckptd.daemon.config import DaemonConfig, operations_wait_s, stop_bound_s
+
+    config = DaemonConfig()
+    bound = stop_bound_s(config)
+    assert operations_wait_s(config) >= config.gpu_call_timeout_s + config.shutdown_grace_s
+    assert bound >= operations_wait_s(config) + 2 * config.shutdown_grace_s
+    unit = (ROOT / "systemd" / "ckptd.service").read_text()
+    (stop,) = re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.M)
+    ds = {d["kind"]: d for d in _docs("ckptd-daemonset.yaml")}["DaemonSet"]
+    grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    margin = 60
+    assert int(stop) >= bound + margin, (stop, bound)
+    assert grace >= bound + margin, (grace, bound)
+
+
 def _run_options(command: list[str]) -> dict[str, str]:
     """``ckptctl [--socket S] run [--opt V]... -- CMD``'s options, by name (``socket`` too)."""
     assert command[0] == "ckptctl" and "run" in command and "--" in command, command
