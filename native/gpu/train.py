@@ -54,6 +54,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--interval-ms", type=non_negative, default=100, help="sleep between steps (ms)"
     )
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda",
+        help="where the model and data live (cpu: dry runs of the checks without a GPU)",
+    )
     return parser.parse_args(argv)  # unknown flag: usage on stderr, exit 2
 
 
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("train: PyTorch is not installed", file=sys.stderr)
         return 1
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("train: no CUDA device available to PyTorch", file=sys.stderr)
         return 1
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    device = torch.device("cuda")
+    device = torch.device(args.device)
 
     data_gen = torch.Generator().manual_seed(SEED)
     xs = torch.randn(N_SAMPLES, N_FEATURES, generator=data_gen)
