@@ -23,8 +23,20 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from ckptd.core.gpu_domain import cover, partial_refusal, remap_domain
-from ckptd.core.gpu_plan import check_gpu_map, complete_map, match_gpus, state_refusals
-from ckptd.core.ports import Clock, GpuCheckpointer, GpuInventoryPort
+from ckptd.core.gpu_plan import (
+    check_gpu_map,
+    complete_map,
+    match_gpus,
+    state_refusals,
+    workload_refusals,
+)
+from ckptd.core.ports import (
+    Clock,
+    CudaProcessFact,
+    CudaProcessFacts,
+    GpuCheckpointer,
+    GpuInventoryPort,
+)
 from ckptd.domain import CudaState, GpuFacts, GpuInventory, ProcessFact
 from ckptd.errors import GpuFailed, GpuMismatch, GpuUnavailable, PreconditionFailed
 
@@ -35,6 +47,16 @@ log = logging.getLogger(__name__)
 MIN_CUDA = 12080  # r570 / CUDA 12.8: the checkpoint API
 MIN_CUDA_REMAP = 13000  # r580 / CUDA 13.0: CUcheckpointRestoreArgs.gpuPairs
 LOCK_RETRIES = 3  # ILLEGAL_STATE while the target initializes CUDA: retry
+NOT_SUPPORTED = "CUDA_ERROR_NOT_SUPPORTED"
+NOT_SUPPORTED_MEANS = (
+    "the driver does not support checkpointing this process's CUDA use: CUDA IPC memory "
+    "shared with another process, UVM (managed) memory, MIG or NCCL across processes "
+    "(what ckptd cannot see before the call)"
+)
+NOT_SUPPORTED_HINT = (
+    "CUDA IPC: driver r610 and the job started with cuda-checkpoint --launch-job; MIG: a GPU "
+    "with MIG disabled; NCCL: checkpoint at a collective boundary through the framework"
+)
 
 
 @dataclass
@@ -72,7 +94,9 @@ class GpuSession:
 
 class GpuSteps:
     """The GPU part of the recipes. With no GPU support (``gpu`` None) every step is a no-op
-    for trees without CUDA, and refuses trees that need it."""
+    for trees without CUDA, and refuses trees that need it. ``facts``: what /proc says of
+    the CUDA processes (NCCL, launch jobs), for the inspect-time refusals of workloads the
+    driver cannot checkpoint (``gpu_plan.workload_refusals``); None: not looked at."""
 
     def __init__(
         self,
@@ -80,6 +104,8 @@ class GpuSteps:
         inventory: GpuInventoryPort | None,
         clock: Clock,
         lock_timeout_ms: int,
+        *,
+        facts: CudaProcessFacts | None = None,
     ) -> None:
         if lock_timeout_ms < 0:
             raise ValueError(
@@ -89,6 +115,7 @@ class GpuSteps:
         self._inventory = inventory
         self._clock = clock
         self._lock_timeout_ms = lock_timeout_ms
+        self._facts = facts
 
     def node_inventory(self) -> GpuInventory:
         if self._inventory is None:
@@ -114,7 +141,9 @@ class GpuSteps:
         """Find the tree's CUDA processes and this node's GPUs. ``stopped``: the pids of the
         tree stopped now (SIGSTOP, a tracer): a CUDA one among them is refused here with
         ``PreconditionFailed`` — the driver cannot lock a process whose threads do not run
-        (the lock would only time out)."""
+        (the lock would only time out). So is a workload the driver cannot checkpoint (NCCL
+        across processes, MIG, a launch job below r610: ``gpu_plan.workload_refusals``),
+        before anything is frozen."""
         if self._gpu is None:
             return
         session.cuda_pids = tuple(p.pid for p in tree if self._gpu.uses_cuda(p.pid))
@@ -138,6 +167,30 @@ class GpuSteps:
         if session.cuda_pids:
             session.inventory = self.node_inventory()
             session.visible = self._seen_by(session.cuda_pids, session.inventory)
+            self._refuse_workloads(session.cuda_pids, session.inventory, session.visible)
+
+    def _refuse_workloads(
+        self, pids: Sequence[int], inv: GpuInventory, visible: Sequence[str]
+    ) -> None:
+        """Raise ``PreconditionFailed`` naming every workload of ``pids`` the driver cannot
+        checkpoint (``gpu_plan.workload_refusals``)."""
+        if self._facts is None:  # MIG is the inventory's: refused still
+            facts = [CudaProcessFact(pid) for pid in pids]
+        else:
+            facts = [self._facts.cuda_facts(pid) for pid in pids]
+        for fact in facts:
+            if fact.unreadable:
+                log.warning("cannot read /proc of CUDA pid %d: %s", fact.pid, fact.unreadable)
+        seen = set(visible) or {g.uuid for g in inv.gpus}
+        used = {
+            pid: {u.uuid for u in inv.uses if u.pid == pid} or seen for pid in pids
+        }
+        refused = workload_refusals(facts, inv, used)
+        if refused:
+            raise PreconditionFailed(
+                "cannot checkpoint the tree's CUDA processes: " + "; ".join(refused),
+                pid=pids[0],
+            )
 
     def _seen_by(self, pids: Sequence[int], inv: GpuInventory) -> tuple[str, ...]:
         """The UUIDs of ``inv``'s GPUs that any of ``pids`` could see (what their CUDA
@@ -167,6 +220,7 @@ class GpuSteps:
                     gpu.lock(pid, self._lock_timeout_ms)
                     break
                 except GpuFailed as exc:
+                    _translate(exc)
                     if exc.code != "CUDA_ERROR_ILLEGAL_STATE" or attempt == LOCK_RETRIES - 1:
                         raise
                     self._clock.sleep(0.1)
@@ -179,7 +233,11 @@ class GpuSteps:
         started = self._clock.monotonic()
         for pid in session.locked:
             session.checkpointed.append(pid)
-            gpu.checkpoint(pid)
+            try:
+                gpu.checkpoint(pid)
+            except GpuFailed as exc:
+                _translate(exc)
+                raise
         session.timings["checkpoint"] = self._clock.monotonic() - started
 
     def resume(self, session: GpuSession, gpu_map: Mapping[str, str] | None = None) -> None:
@@ -313,6 +371,18 @@ class GpuSteps:
                 problems=unique,
             )
         return mapping if remap else None
+
+
+def _translate(exc: GpuFailed) -> None:
+    """Raise, in ``exc``'s place, a ``GpuFailed`` that says what the driver's
+    CUDA_ERROR_NOT_SUPPORTED means for a checkpoint and what would work; other errors are
+    left as they are."""
+    if exc.code != NOT_SUPPORTED:
+        return
+    raise GpuFailed(
+        f"{exc.message} ({NOT_SUPPORTED_MEANS})",
+        call=exc.call, code=exc.code, pid=exc.pid, hint=NOT_SUPPORTED_HINT,
+    ) from exc
 
 
 def _ver(cuda: int) -> str:

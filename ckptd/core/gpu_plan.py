@@ -15,10 +15,20 @@ one entry per GPU of the dumping node and its targets are distinct GPUs of this 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
-from ckptd.domain import CudaState, GpuFacts, GpuInfo, GpuUse, normalize_gpu_uuid
+from ckptd.core.ports import CudaProcessFact
+from ckptd.domain import CudaState, GpuFacts, GpuInfo, GpuInventory, GpuUse, normalize_gpu_uuid
 from ckptd.domain.model import UNKNOWN_GPU
+
+LAUNCH_JOB_DRIVER = 610
+"""The first driver branch whose checkpoint takes a ``cuda-checkpoint --launch-job`` job
+(the mechanism for CUDA IPC; cuda-checkpoint issues 43, 56)."""
+
+NCCL_TODO = (
+    "checkpoint at a collective boundary through the framework (e.g. torch.distributed "
+    "checkpointing), or run one process per GPU without NCCL"
+)
 
 
 def state_refusals(states: Mapping[int, CudaState]) -> list[str]:
@@ -42,6 +52,61 @@ def state_refusals(states: Mapping[int, CudaState]) -> list[str]:
                 f"(cuda-checkpoint --toggle or --action restore/unlock --pid {pid}) and retry"
             )
     return lines
+
+
+def workload_refusals(
+    facts: Sequence[CudaProcessFact],
+    inv: GpuInventory,
+    used: Mapping[int, Set[str]],
+) -> list[str]:
+    """Inspect-time: one line per workload the driver cannot checkpoint, each naming the
+    process(es) and what would work, so it is refused before anything is frozen.
+
+    - NCCL in two or more CUDA processes of the tree (``facts``: the tree's CUDA processes):
+      the driver does not support it (cuda-checkpoint issue 30) and once one rank is locked
+      the others hang in their collectives; one process with NCCL (a single rank) is let go.
+    - MIG mode on a GPU a process uses (``used``: pid -> the UUIDs it uses or, when unknown,
+      sees; ``inv.mig_enabled``): not supported by the driver (cuda-checkpoint issue 42).
+    - A ``--launch-job`` process (``CUDA_CHECKPOINT_JOB_FILE`` set) on a driver below r610,
+      whose checkpoint does not know launch jobs (cuda-checkpoint issues 43, 56).
+
+    CUDA IPC and UVM cannot be seen from outside (``ckptd.adapters.procfs.cudafacts``): they
+    are left to the driver's refusal. A fact that could not be read refuses nothing."""
+    lines: list[str] = []
+    nccl = [f.pid for f in facts if f.nccl]
+    if len(nccl) >= 2:
+        listed = ", ".join(map(str, nccl))
+        lines.append(
+            f"pids {listed} are {len(nccl)} CUDA processes of the tree using NCCL (libnccl "
+            "mapped): the driver cannot checkpoint NCCL across processes (cuda-checkpoint "
+            f"issue 30: once one rank is locked the others hang): {NCCL_TODO}"
+        )
+    mig = set(inv.mig_enabled)
+    by_uuid = inv.by_uuid()
+    for f in facts:
+        on = [by_uuid[u] for u in sorted(used.get(f.pid, frozenset()) & mig) if u in by_uuid]
+        if on:
+            gpus = ", ".join(f"GPU {g.index} ({g.uuid})" for g in on)
+            lines.append(
+                f"pid {f.pid}: uses {gpus} in MIG mode, which the driver cannot checkpoint "
+                "(cuda-checkpoint issue 42): run it on a GPU with MIG disabled"
+            )
+    major = _driver_major(inv.driver_version)
+    for f in facts:
+        if f.launch_job and major is not None and major < LAUNCH_JOB_DRIVER:
+            lines.append(
+                f"pid {f.pid}: was started as a cuda-checkpoint launch job "
+                f"(CUDA_CHECKPOINT_JOB_FILE={f.launch_job}), which needs driver "
+                f"r{LAUNCH_JOB_DRIVER} (this node has {inv.driver_version}): upgrade the "
+                f"driver to r{LAUNCH_JOB_DRIVER} or later, or start the job without "
+                "--launch-job (and without CUDA IPC)"
+            )
+    return lines
+
+
+def _driver_major(version: str) -> int | None:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def match_gpus(

@@ -575,6 +575,35 @@ class GpuInventoryPort(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class CudaProcessFact:
+    """What /proc shows of one process that the driver's checkpoint cannot take (read at
+    inspect, before anything is frozen). Only what can be seen: CUDA IPC handles
+    (``cuIpcOpenMemHandle``) and UVM (managed) allocations leave no mark in /proc that tells
+    them apart — every CUDA process maps ``/dev/nvidia-uvm`` — so they are left to the
+    driver's own refusal (``GpuSteps`` translates it)."""
+
+    pid: int
+    nccl: bool = False
+    """A ``libnccl`` shared object is mapped (``/proc/<pid>/maps``)."""
+    launch_job: str = ""
+    """``CUDA_CHECKPOINT_JOB_FILE`` from the environment it started with: the process was
+    started by ``cuda-checkpoint --launch-job`` (the r610 mechanism for CUDA IPC); ""
+    when unset."""
+    unreadable: str = ""
+    """Why its /proc could not be read ("" when it could): the other fields are then
+    unknown (False / "")."""
+
+
+class CudaProcessFacts(Protocol):
+    """Per process, what /proc says about workloads the CUDA driver cannot checkpoint."""
+
+    def cuda_facts(self, pid: int) -> CudaProcessFact:
+        """``pid``'s facts (a host pid). Never raises: a process whose /proc cannot be read
+        (gone, not permitted) gives a fact with ``unreadable`` set."""
+        ...
+
+
 class GpuCheckpointer(Protocol):
     """The CUDA driver's checkpoint API for one process at a time (host pids).
 

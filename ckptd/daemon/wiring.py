@@ -13,7 +13,12 @@ from ckptd.adapters.clock import SystemClock
 from ckptd.adapters.criu import CriuSwrk
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.guard.client import PidfdTreeGuard
-from ckptd.adapters.procfs import LocalStdioProvider, ProcFsTable, ProcNodeInspector
+from ckptd.adapters.procfs import (
+    LocalStdioProvider,
+    ProcCudaFacts,
+    ProcFsTable,
+    ProcNodeInspector,
+)
 from ckptd.adapters.procfs.cgroups import CgroupFs
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
 from ckptd.adapters.storage import (
@@ -178,7 +183,10 @@ def wire(config: DaemonConfig) -> Wired:
     )
     journal = FileJournal(state / "journal")
     guard = PidfdTreeGuard(state, state / "journal")
-    gpu = GpuSteps(*gpu_adapters(config), clock, config.gpu_lock_timeout_ms)
+    gpu = GpuSteps(
+        *gpu_adapters(config), clock, config.gpu_lock_timeout_ms,
+        facts=ProcCudaFacts() if config.gpu else None,
+    )
     dump = DumpRecipe(
         criu=criu,
         processes=processes,

@@ -230,6 +230,10 @@ class GpuInventory:
     uses: tuple[GpuUse, ...] = ()
     problems: tuple[str, ...] = ()
     """Per-GPU NVML failures, one line each (the inventory is still available)."""
+    mig_enabled: tuple[str, ...] = ()
+    """UUIDs of the GPUs in MIG mode now (``nvmlDeviceGetMigMode``): the driver cannot
+    checkpoint CUDA on them (cuda-checkpoint issue 42). Kept here, not on ``GpuInfo``, which
+    records carry (an older daemon reads them with ``GpuInfo(**g)``)."""
 
     def by_uuid(self) -> dict[str, GpuInfo]:
         return {g.uuid: g for g in self.gpus if g.uuid}

@@ -7,13 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from ckptd.core.ports import CudaProcessFact
 from ckptd.domain import CudaState, GpuInfo, GpuInventory, GpuUse, PidState
 from ckptd.errors import GpuFailed, GpuUnavailable
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._processes import FakeProcessTable
 
 if TYPE_CHECKING:
-    from ckptd.core.ports import GpuCheckpointer, GpuInventoryPort
+    from ckptd.core.ports import CudaProcessFacts, GpuCheckpointer, GpuInventoryPort
 
 H100 = GpuInfo(
     index=0,
@@ -29,6 +30,7 @@ H100 = GpuInfo(
 ILLEGAL_STATE = "CUDA_ERROR_ILLEGAL_STATE"
 INVALID_VALUE = "CUDA_ERROR_INVALID_VALUE"
 OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"
+NOT_SUPPORTED = "CUDA_ERROR_NOT_SUPPORTED"
 
 _CALLS = {
     "uses_cuda": "cuCheckpointProcessGetRestoreThreadId",
@@ -136,6 +138,26 @@ class FakeGpu:
     run, so the real call blocks until ckptd's bound on it (docs/adr/0015) gives up; this
     fake fails at once. The code is a choice of this fake.
 
+    Workloads the driver cannot checkpoint (issue 23, 6), and what /proc shows of them
+    (``cuda_facts``, the ``CudaProcessFacts`` port):
+
+    - ``nccl``: pids that map libnccl — the ranks of one NCCL job. While one of them (alive)
+      is LOCKED or CHECKPOINTED, ``lock`` of another waits for a collective that never ends
+      (cuda-checkpoint issue 30: "once one rank is locked, the other hangs"): it raises
+      ``GpuFailed`` with ``lock_timeout_code`` when given a timeout, else with ``TIMEOUT``
+      (the adapter's bound on the call, docs/adr/0015), advancing the clock by ``hang_s``,
+      and the pid is recorded in ``hung``; the process stays RUNNING;
+    - ``mig``: UUIDs of GPUs in MIG mode (``inventory().mig_enabled``); ``lock`` of a process
+      holding memory on one raises ``CUDA_ERROR_NOT_SUPPORTED`` (cuda-checkpoint issue 42);
+    - ``ipc``: pids that share device memory through CUDA IPC, invisible in /proc;
+      ``checkpoint`` of one raises ``CUDA_ERROR_NOT_SUPPORTED`` unless it is a launch job
+      on r610 or later (cuda-checkpoint issues 43, 56);
+    - ``launch_jobs``: pid -> its ``CUDA_CHECKPOINT_JOB_FILE`` (started with
+      ``cuda-checkpoint --launch-job``).
+
+    The codes of the MIG and IPC refusals are choices of this fake (the driver's are
+    unverified). ``cuda_facts`` of a pid that is gone (with ``processes``) is ``unreadable``.
+
     Records: ``calls`` (``(method, pid)`` for every call of the checkpointer, in order, also
     those that failed), ``lock_timeouts`` (pid -> ``timeout_ms`` of its last lock),
     ``inventory_calls``, ``visible_calls`` (the pids asked about). With ``events``, each
@@ -184,6 +206,14 @@ class FakeGpu:
         self.while_stopped: list[tuple[str, int]] = []
         """``(method, pid)`` of each restore / unlock asked of a STOPPED process."""
         self.durations = {"lock": 0.01, "checkpoint": 0.5, "restore": 0.25, "unlock": 0.01}
+        self.nccl: set[int] = set()
+        self.mig: set[str] = set()
+        self.ipc: set[int] = set()
+        self.launch_jobs: dict[int, str] = {}
+        self.hang_s = 600.0
+        self.hung: list[int] = []
+        """Pids whose ``lock`` hung behind a locked NCCL peer (class doc)."""
+        self.facts_calls: list[int] = []
 
     # ---- set-up and inspection -------------------------------------------------------------
 
@@ -258,6 +288,7 @@ class FakeGpu:
                 cuda_version=self.cuda_version,
                 gpus=gpus,
                 uses=uses,
+                mig_enabled=tuple(g.uuid for g in gpus if g.uuid in self.mig),
             )
 
     def visible_to(self, pid: int) -> tuple[str, ...] | None:
@@ -274,6 +305,18 @@ class FakeGpu:
             if self.unavailable is not None:
                 return ()
             return tuple(g.uuid for g in self.gpus if g.uuid in seen)
+
+    # ---- CudaProcessFacts ----------------------------------------------------------------
+
+    def cuda_facts(self, pid: int) -> CudaProcessFact:
+        """What /proc would show of ``pid`` (class doc); never raises."""
+        with self._lock:
+            self.facts_calls.append(pid)
+            if not self._alive(pid):
+                return CudaProcessFact(pid, unreadable="No such process")
+            return CudaProcessFact(
+                pid, nccl=pid in self.nccl, launch_job=self.launch_jobs.get(pid, "")
+            )
 
     # ---- GpuCheckpointer -----------------------------------------------------------------
 
@@ -311,6 +354,9 @@ class FakeGpu:
                 self.fail_illegal_state_once.discard(pid)
                 raise self._failed("lock", pid, ILLEGAL_STATE, "the process is in cuInit")
             self._expect("lock", proc)
+            if any(u in self.mig for u in proc.memory):
+                raise self._failed("lock", pid, NOT_SUPPORTED, "the GPU is in MIG mode")
+            self._hang_behind_nccl_peer(pid, timeout_ms)
             if pid in self.fail_lock_timeout:
                 raise self._failed(
                     "lock", pid, self.lock_timeout_code, f"not locked within {timeout_ms} ms"
@@ -323,6 +369,8 @@ class FakeGpu:
             self.calls.append(("checkpoint", pid))
             proc = self._target("checkpoint", pid)
             self._expect("checkpoint", proc)
+            if pid in self.ipc and not self._launch_job_on_r610(pid):
+                raise self._failed("checkpoint", pid, NOT_SUPPORTED, "CUDA IPC memory")
             if pid in self.fail_checkpoint:
                 raise self._failed("checkpoint", pid, self.fail_code, "injected")
             proc.checkpointed_on = {g.uuid: g.name for g in self.gpus}
@@ -377,6 +425,29 @@ class FakeGpu:
             self._move("unlock", proc)
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _hang_behind_nccl_peer(self, pid: int, timeout_ms: int) -> None:
+        """The lock of an NCCL rank while another rank is held (class doc)."""
+        if pid not in self.nccl:
+            return
+        held = [
+            p for p in sorted(self.nccl - {pid})
+            if p in self.cuda and self._alive(p)
+            and self.cuda[p].state in (CudaState.LOCKED, CudaState.CHECKPOINTED)
+        ]
+        if not held:
+            return
+        self.hung.append(pid)
+        if self.clock is not None:
+            self.clock.advance(timeout_ms / 1000 if timeout_ms > 0 else self.hang_s)
+        code = self.lock_timeout_code if timeout_ms > 0 else "TIMEOUT"
+        raise self._failed(
+            "lock", pid, code, f"its NCCL peer {held[0]} is locked: the collective waits"
+        )
+
+    def _launch_job_on_r610(self, pid: int) -> bool:
+        head = self.driver_version.split(".", 1)[0]
+        return pid in self.launch_jobs and head.isdigit() and int(head) >= 610
 
     def _alive(self, pid: int) -> bool:
         if self.processes is None:
@@ -492,4 +563,7 @@ if TYPE_CHECKING:
         return gpu
 
     def _is_a_checkpointer(gpu: FakeGpu) -> GpuCheckpointer:
+        return gpu
+
+    def _is_cuda_process_facts(gpu: FakeGpu) -> CudaProcessFacts:
         return gpu

@@ -225,7 +225,7 @@ def make_world(
     )
     files = FakeJobFiles(events=events)
     fake_gpu = FakeGpu(processes=processes, clock=clock, events=events) if gpu else None
-    gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000)
+    gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000, facts=fake_gpu)
     node = FakeNodeInspector(events=events)
     dump_recipe = DumpRecipe(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,

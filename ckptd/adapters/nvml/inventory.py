@@ -158,6 +158,7 @@ class NvmlInventory:
         gpus: list[GpuInfo] = []
         uses: list[GpuUse] = []
         problems: list[str] = []
+        mig: list[str] = []
         for index in range(count):
             try:
                 handle = self._call(nvml, "nvmlDeviceGetHandleByIndex", index, gpu=index)
@@ -171,6 +172,8 @@ class NvmlInventory:
                 gpus.append(GpuInfo(index, UNKNOWN_GPU, self._uuid_or_empty(nvml, index), 0))
                 continue
             gpus.append(gpu)
+            if self._mig_enabled(nvml, handle):
+                mig.append(gpu.uuid)
             for proc in found:
                 memory = getattr(proc, "usedGpuMemory", None)
                 uses.append(GpuUse(int(proc.pid), gpu.uuid, int(memory or 0)))
@@ -194,7 +197,20 @@ class NvmlInventory:
             gpus=tuple(gpus),
             uses=tuple(uses),
             problems=tuple(problems),
+            mig_enabled=tuple(mig),
         )
+
+    @staticmethod
+    def _mig_enabled(nvml: Any, handle: Any) -> bool:
+        """Whether MIG mode is on now (``nvmlDeviceGetMigMode``'s current mode; pending
+        changes need a GPU reset first). False where NVML cannot say (a GPU without MIG
+        answers NotSupported; an nvidia-ml-py without the call)."""
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except Exception:
+            return False
+        enable = getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+        return bool(int(current) == int(enable))
 
     def _uuid_or_empty(self, nvml: Any, index: int) -> str:
         """The UUID of GPU ``index`` when NVML still gives it, else ""."""

@@ -245,6 +245,8 @@ class StubDevice:
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     minor: int | None = None
     """``nvmlDeviceGetMinorNumber`` (None: the device's position in ``StubNvml.devices``)."""
+    mig: bool | None = None
+    """``nvmlDeviceGetMigMode``'s current mode (None: NotSupported, a GPU without MIG)."""
 
 
 @dataclass
@@ -351,6 +353,14 @@ class StubNvml:
     def nvmlDeviceGetMinorNumber(self, h: StubDevice) -> int:
         self._maybe_fail("nvmlDeviceGetMinorNumber")
         return h.minor if h.minor is not None else self.devices.index(h)
+
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def nvmlDeviceGetMigMode(self, h: StubDevice) -> tuple[int, int]:
+        self._maybe_fail("nvmlDeviceGetMigMode")
+        if h.mig is None:
+            raise NVMLError_NotSupported()
+        return int(h.mig), int(h.mig)
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: StubDevice) -> list[_Process]:
         self._maybe_fail("nvmlDeviceGetComputeRunningProcesses")

@@ -158,6 +158,7 @@ def test_every_nvml_name_the_inventory_uses_exists(pynvml: ModuleType) -> None:
         "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetPciInfo",
         "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetMigMode",
     )
     assert [name for name in used if not callable(getattr(pynvml, name, None))] == []
     assert issubclass(pynvml.NVMLError, Exception)

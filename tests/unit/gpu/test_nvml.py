@@ -163,3 +163,21 @@ def test_concurrent_calls_do_not_overlap() -> None:
         t.join(10)
     assert results == [True] * 6
     assert nvml.max_active == 1
+
+
+def test_mig_mode_is_on_the_inventory_not_on_the_gpus() -> None:
+    """Issue 23, 6: a GPU in MIG mode is named in ``mig_enabled`` (GpuInfo, which records
+    carry, is unchanged); a GPU without MIG (NotSupported) or with MIG off is not."""
+    nvml = two_gpus()
+    nvml.devices[1].mig = True
+    inv = NvmlInventory(nvml).inventory()
+    assert inv.mig_enabled == (UUID1,)
+    assert inv.gpus[1] == GpuInfo(
+        1, "NVIDIA H100 80GB HBM3", UUID1, 80 * GIB, 80 * GIB, "9.0", "00000000:75:00.0"
+    )
+    nvml.devices[1].mig = False
+    assert NvmlInventory(nvml).inventory().mig_enabled == ()
+    nvml.fail["nvmlDeviceGetMigMode"] = NVMLError("Function Not Found")
+    nvml.devices[1].mig = True
+    assert NvmlInventory(nvml).inventory().available
+    assert NvmlInventory(nvml).inventory().mig_enabled == ()
