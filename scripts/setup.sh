@@ -6,7 +6,8 @@
 #   - a CRIU that works on this kernel (scripts/install-criu.sh),
 #   - .venv in the checkout with ckptd (its C extension built in place by pip install -e),
 #     its GPU packages (ckptd[gpu]: cuda-python, nvidia-ml-py; they install and import
-#     without a GPU or driver) and its dev tools,
+#     without a GPU or driver; cuda-bindings 12.x on a driver older than 580.65.06) and its dev
+#     tools,
 #   - the native test workloads (native/workloads/bin).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,6 +53,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! compgen -G 'ckptd/_pages*.s
         exit 1
     fi
     echo "$want" > "$stamp"
+fi
+# cuda-bindings 13.x need driver 580.65.06 or newer: on an older driver, the 12.x ones (no-op
+# without a driver)
+mapfile -t pin < <(bash scripts/cuda-bindings-pin.sh)
+if [ ${#pin[@]} -gt 0 ]; then
+    have=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("cuda-bindings"))' \
+           2>/dev/null || true)
+    if [ "${have%%.*}" != 12 ]; then
+        log "NVIDIA driver older than 580.65.06: installing ${pin[*]} (cuda-bindings ${have:-none})"
+        .venv/bin/python -m pip install -q --disable-pip-version-check "${pin[@]}" \
+            >>.venv/pip.log 2>&1 || { tail -n 30 .venv/pip.log >&2; exit 1; }
+    fi
 fi
 if ! .venv/bin/python -c 'import ckptd._pages' 2>/dev/null; then
     log "WARNING: ckptd._pages did not build (see .venv/pip.log): the store runs its slow" \

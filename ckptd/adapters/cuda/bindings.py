@@ -20,6 +20,8 @@ import importlib.metadata
 from typing import Any
 
 from ckptd.adapters.cuda.support import (
+    BINDINGS_12_PIP,
+    BINDINGS_13_DRIVER,
     GIL_RELEASE_BINDINGS,
     GPU_REMAP_BINDINGS,
     GPU_REMAP_DRIVER,
@@ -77,6 +79,19 @@ def gil_refusal(version: str) -> str | None:
             f"cuda-bindings {version} holds the GIL during driver calls (released from "
             f"{need} on): a long checkpoint would stall the daemon and its watchdog ping; "
             f"needs cuda-bindings >= {need}"
+        )
+    return None
+
+
+def driver_refusal(version: str, driver_version: int) -> str | None:
+    """Why cuda-bindings ``version`` cannot serve on a driver of CUDA ``driver_version``
+    (``cuDriverGetVersion``): 13.x needs r580 / CUDA 13.0 (580.65.06); one line ending in
+    the pip command that fixes it. None when it can (or the version is unknown)."""
+    parsed = parse_version(version)
+    if parsed[:1] == (13,) and driver_version < BINDINGS_13_DRIVER:
+        return (
+            f"cuda-bindings {version} needs an NVIDIA driver r580 (580.65.06) or newer, this "
+            f"driver is CUDA {format_cuda_version(driver_version)}: {BINDINGS_12_PIP}"
         )
     return None
 

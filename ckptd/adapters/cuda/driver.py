@@ -79,9 +79,11 @@ from ckptd.adapters.cuda.bindings import (
     CHECKPOINT_FUNCTIONS,
     DriverApi,
     bindings_version,
+    driver_refusal,
     gil_refusal,
 )
 from ckptd.adapters.cuda.support import (
+    BINDINGS_12_PIP,
     CHECKPOINT_API_DRIVER,
     GIL_RELEASE_BINDINGS,
     GPU_REMAP_BINDINGS,
@@ -397,6 +399,9 @@ class CudaDriverCheckpointer:
                 hint="upgrade the NVIDIA driver to r570 or newer",
             )
             return None, reason, False
+        mismatch = driver_refusal(version, driver_version)
+        if mismatch is not None:
+            return None, GpuUnavailable(mismatch, hint=BINDINGS_12_PIP), False
         missing = [name for name in CHECKPOINT_FUNCTIONS if not hasattr(cu, name)]
         if missing:
             parsed = parse_version(version)

@@ -31,6 +31,13 @@ GPU_REMAP_BINDINGS = (13, 0, 2)
 """First cuda-bindings with both ``CUcheckpointGpuPair`` and ``cuCheckpointProcessRestore``
 (13.0.0 and 13.0.1 lack the latter)."""
 
+BINDINGS_13_DRIVER = 13000
+"""``cuDriverGetVersion()`` that cuda-bindings 13.x needs: r580 / CUDA 13.0 (NVIDIA's
+cuda-python release notes: driver 580.65.06 or newer). On r570 / r575 (CUDA 12.8 / 12.9)
+the 12.x bindings serve."""
+BINDINGS_12_PIP = "pip install 'cuda-bindings>=12.9.1,<13'"
+"""What fixes cuda-bindings 13.x on a driver older than r580."""
+
 INSTALL_HINT = "pip install 'ckptd[gpu]'"
 NOT_INSTALLED = f"GPU support not installed ({INSTALL_HINT})"
 

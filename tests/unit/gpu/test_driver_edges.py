@@ -222,3 +222,26 @@ def test_pid_less_calls_that_time_out_answer_a_reason_not_raise(make: Any) -> No
         assert gpu.describe().startswith("unavailable: ")
     finally:
         cu.release.set()
+
+
+# ---- issue 23 (8): the bindings major against the driver --------------------------------------
+
+
+@pytest.mark.parametrize("driver", [12080, 12090])
+def test_bindings_13_on_an_r570_or_r575_driver_say_the_pip_command(
+    make: Any, driver: int
+) -> None:
+    cu = StubCu(version=driver, states={PID: 0})
+    with pytest.raises(GpuUnavailable) as info:
+        make(cu, version="13.0.3").lock(PID, 100)
+    message = info.value.message
+    assert "cuda-bindings 13.0.3 needs an NVIDIA driver r580 (580.65.06) or newer" in message
+    assert message.endswith("pip install 'cuda-bindings>=12.9.1,<13'")
+    assert "\n" not in message
+    assert info.value.hint == "pip install 'cuda-bindings>=12.9.1,<13'"
+    assert not [n for n in cu.names() if n.startswith("cuCheckpoint")]
+
+
+def test_bindings_12_on_r570_and_13_on_r580_serve(make: Any) -> None:
+    make(StubCu(version=12080, states={PID: 0}), version="12.9.4").lock(PID, 100)
+    make(StubCu(version=13000, states={PID: 0}), version="13.0.3").lock(PID, 100)
