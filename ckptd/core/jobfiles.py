@@ -174,11 +174,16 @@ class PutBackAll:
         return tuple(d.aside for d in self.done if d.aside)
 
     def _journal(self, step: str, uid: int, gid: int) -> Callable[[PutBack], None]:
+        moves = iter(range(1 << 30))
+
         def before(done: PutBack) -> None:
+            key = f"{step}/moved/{next(moves)}" if done.moved_from else step
             if self.undo_log is not None:
-                self.undo_log.record(step, UndoPutBack(
+                self.undo_log.record(key, UndoPutBack(
                     done.path, done.aside, done.created, done.dev, done.ino, done.temp,
-                    uid, gid, self.root, done.mode))
+                    uid, gid, self.root, done.mode, done.moved_from))
+            if done.moved_from:  # a rename following a rotation: its own record and undo
+                self.done.append(done)  # (journaled before the file's own, undone after it)
         return before
 
     def _owner(self) -> tuple[int, int]:

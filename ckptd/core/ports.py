@@ -280,7 +280,9 @@ class PutBack:
     ("" when there was none: the file was ``created``). ``dev``/``ino`` identify the file put
     back (0 while it is not created yet), so that an undo acts only on that very file;
     ``temp`` is the temporary a crash may have left beside it (removed by the undo);
-    ``mode`` the permission bits found (put back by the undo; 0 for a created file)."""
+    ``mode`` the permission bits found (put back by the undo; 0 for a created file);
+    ``moved_from``: the file (``dev``/``ino``) was only renamed from that path to ``path``
+    (following a log rotation): the undo renames it back."""
 
     path: str
     aside: str
@@ -289,6 +291,7 @@ class PutBack:
     ino: int = 0
     temp: str = ""
     mode: int = 0
+    moved_from: str = ""
 
 
 class JobFiles(Protocol):

@@ -121,7 +121,7 @@ class Undoer:
             handle.close()
             files = files.seen_by(pid)
         files.undo(PutBack(undo.path, undo.aside, undo.created, undo.dev, undo.ino, undo.temp,
-                           undo.mode), undo.uid, undo.gid)
+                           undo.mode, undo.moved_from), undo.uid, undo.gid)
 
     # ---- recovery --------------------------------------------------------------------------
 

@@ -142,6 +142,7 @@ class UndoPutBack:
     gid: int
     root: Member = (0, 0)
     mode: int = 0
+    moved_from: str = ""
 
 
 Undo = (AbortStaging | ResumeCuda | ResumeTree | KillTree | RestoreHere | InDoubt | GuardResumed

@@ -390,6 +390,15 @@ class CapturedFile:
     directories) changed since. Empty in checkpoints from before it was recorded."""
     boot: str = ""
     """The node's boot id at the checkpoint (directory identities compare only within it)."""
+    dev: int = 0
+    ino: int = 0
+    """The file's identity (``st_dev``, ``st_ino``) at the checkpoint (0: not recorded): on the
+    same boot, a restore follows it where a log rotation moved it (docs/adr/0017)."""
+    rotated: tuple[tuple[str, int, int], ...] = ()
+    """The files beside it named ``<name>.*`` (its rotated set: ``job.log.1``, ...) at the
+    checkpoint, as (name, st_dev, st_ino); asides (``.ckptd-``) left out."""
+    at_ns: int = 0
+    """When it was captured (``time.time_ns()``; 0: not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -528,7 +537,9 @@ class CheckpointRecord:
         fingerprint = data.get("fingerprint")
         values["fingerprint"] = NodeFingerprint.from_json(fingerprint) if fingerprint else None
         values["files"] = tuple(
-            CapturedFile(**{**f, "dirs": tuple(tuple(d) for d in f.get("dirs", ()))})
+            CapturedFile(**{**f, "dirs": tuple(tuple(d) for d in f.get("dirs", ())),
+                            "rotated": tuple((str(r[0]), int(r[1]), int(r[2]))
+                                             for r in f.get("rotated", ()))})
             for f in data.get("files", ())
         )
         values["files_skipped"] = tuple(data.get("files_skipped", ()))

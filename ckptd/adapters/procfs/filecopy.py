@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,16 +110,19 @@ def precopy_file(file: WrittenFile, dest: Path) -> Precopy | None:
 def capture_file(
     file: WrittenFile, dest: Path, precopy: Precopy | None = None,
     dirs: tuple[tuple[int, int, int], ...] = (), boot: str = "",
+    rotated: tuple[tuple[str, int, int], ...] = (),
 ) -> CapturedFile | None:
     """Copy ``file``'s content (read through ``file.source``) to ``dest``, zero-padded to
     whole pages (zero pages cost nothing in the store); None when it is gone. After a
     ``precopy`` into ``dest`` of the same file, not shorter now: only the bytes appended
-    since. ``dirs``/``boot``: the directories on its path as seen now (``safefs``)."""
+    since. ``dirs``/``boot``: the directories on its path as seen now (``safefs``);
+    ``rotated``: its rotated set beside it; its own identity is read from ``file.source``."""
     try:
         src = os.open(file.source, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        at_ns = time.time_ns()
         st = os.fstat(src)
         size = st.st_size
         early = precopy.state if precopy is not None else None
@@ -146,6 +150,7 @@ def capture_file(
     return CapturedFile(
         path=file.path, size=size, mode=stat.S_IMODE(st.st_mode), uid=st.st_uid,
         gid=st.st_gid, hash=digest.hexdigest(), image=dest.name, dirs=dirs, boot=boot,
+        dev=st.st_dev, ino=st.st_ino, rotated=rotated, at_ns=at_ns,
     )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.node import fd_flags
-from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
+from ckptd.adapters.procfs.putback import check_file, put_back, rotated_set, undo_put_back
 from ckptd.adapters.procfs.rootpath import process_root, same_root
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.adapters.procfs.stdio import _as_user
@@ -89,7 +89,8 @@ class ProcJobFiles:
     def capture(
         self, file: WrittenFile, dest: Path, precopy: Precopy | None = None
     ) -> CapturedFile | None:
-        return capture_file(file, dest, precopy, dirs=self._dirs_of(file), boot=boot_id())
+        dirs, rotated = self._dirs_of(file)
+        return capture_file(file, dest, precopy, dirs=dirs, boot=boot_id(), rotated=rotated)
 
     def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck:
         try:
@@ -109,8 +110,11 @@ class ProcJobFiles:
         with self._at() as root, self._rights(uid, gid):
             undo_put_back(root, done)
 
-    def _dirs_of(self, file: WrittenFile) -> tuple[tuple[int, int, int], ...]:
-        """The directories on ``file``'s path as its writer sees them (its root)."""
+    def _dirs_of(
+        self, file: WrittenFile
+    ) -> tuple[tuple[tuple[int, int, int], ...], tuple[tuple[str, int, int], ...]]:
+        """The directories on ``file``'s path as its writer sees them (its root), and its
+        rotated set beside it (``putback.rotated_set``)."""
         try:
             if same_root(self._proc, file.pid):
                 root = Root.node()
@@ -118,11 +122,13 @@ class ProcJobFiles:
                 root = Root.of_directory(process_root(self._proc, file.pid), "")
             try:
                 with root.locate(file.path) as loc:
-                    return loc.chain
+                    return loc.chain, tuple(
+                        (name, st.st_dev, st.st_ino)
+                        for name, st in sorted(rotated_set(root, loc).items()))
             finally:
                 root.close()
         except OSError:
-            return ()  # links are refused at restore all the same
+            return (), ()  # links are refused at restore all the same
 
     # ---- internals ------------------------------------------------------------------------
 

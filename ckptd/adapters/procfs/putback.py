@@ -16,7 +16,13 @@ Invariants:
 - ``before(done)`` is called before each effect exists, with what undoes it (the caller
   journals it): ``undo_put_back`` then works from any point a crash left — a ``.part`` or
   ``.new`` temporary is removed, a complete aside is copied back (only into the very file,
-  by ``(st_dev, st_ino)``), a created file is removed (only the very file).
+  by ``(st_dev, st_ino)``), a created file is removed (only the very file);
+- a log rotated since the checkpoint (same boot, same directory): the file the job had open
+  (its recorded identity), found under another name of its rotated set and still starting
+  with the checkpoint's content, leaves the set (renamed ``<its name>.ckptd-<id>``), as do
+  files of the set not there at the checkpoint and written after it; the set's other files
+  get their names of the checkpoint back (``follow_rotation``). Only renames, each journaled
+  (``PutBack.moved_from``) and undone by renaming back the very file.
 """
 
 from __future__ import annotations
@@ -114,6 +120,7 @@ def put_back(
         problem = _chain_check(loc, captured)
         if problem:
             raise UnsafePath(errno.EPERM, f"cannot put back {captured.path}: {problem}")
+        follow_rotation(root, loc, captured, aside[len(captured.path):], before)
         try:
             fd = root.open_in(loc, os.O_RDWR | os.O_NONBLOCK)
         except FileNotFoundError:
@@ -180,7 +187,18 @@ def _create(
 def undo_put_back(root: Root, done: PutBack) -> None:
     """The file as ``put_back`` found it, from whatever point it reached: its temporary
     removed, a complete aside copied back into the very file and removed, a created file
-    removed. Acts only on the files ``done`` identifies; safe to run twice."""
+    removed; a file renamed by ``follow_rotation`` renamed back. Acts only on the files
+    ``done`` identifies; safe to run twice."""
+    if done.moved_from:
+        with root.locate(done.path) as loc:
+            old = _name_in_same_dir(done.path, done.moved_from)
+            if _identity(loc, loc.name) == (done.dev, done.ino):
+                try:
+                    rename_noreplace(loc.dirfd, loc.name, old)
+                except FileExistsError as exc:
+                    raise UnsafePath(errno.EEXIST, f"cannot rename {done.path} back to "
+                                     f"{done.moved_from}: that name is taken") from exc
+        return
     with root.locate(done.path) as loc:
         if done.temp:
             _unlink_if_present(loc, _name_in_same_dir(done.path, done.temp))
@@ -208,7 +226,118 @@ def undo_put_back(root: Root, done: PutBack) -> None:
             os.close(fd)
 
 
+def rotated_set(root: Root, loc: Located) -> dict[str, os.stat_result]:
+    """The regular files beside ``loc.name`` named ``<name>.<anything>`` (``job.log.1``,
+    ``job.log.2.gz``): its rotated set; asides and temporaries left out. fd-relative."""
+    return {name: st for name, st in _listing(root, loc).items()
+            if _in_set(loc.name, name) and stat.S_ISREG(st.st_mode)}
+
+
+def follow_rotation(
+    root: Root, loc: Located, captured: CapturedFile, suffix: str,
+    before: Callable[[PutBack], None],
+) -> None:
+    """Where a log rotated since the checkpoint, its rotated set made as at the checkpoint,
+    so that no step is in it twice once the checkpoint's content is back at the path.
+
+    Acts only on the same boot, in the directory the job wrote into, when the file open at
+    the checkpoint (``captured.dev``/``ino``) is no longer at the path but under a name of
+    its rotated set, and still starts with the checkpoint's content (it was appended to, then
+    renamed). Then, by renames only (``RENAME_NOREPLACE``, ``before`` called first): that
+    file leaves the set (``<its name><suffix>``: its steps up to the checkpoint go back at
+    the path, the restored job writes the others again); so does each file of the set not
+    there at the checkpoint and written after it (``captured.at_ns``); each file the set held
+    at the checkpoint gets its name of then back where that name is free. Files are touched
+    only when regular, single-linked and the checkpoint owner's."""
+    same_boot = bool(captured.boot) and captured.boot == boot_id()
+    if not (captured.ino and same_boot and captured.dirs
+            and captured.dirs[-1][1:] == loc.chain[-1][1:]):
+        return
+    ident = (captured.dev, captured.ino)
+    if _identity(loc, loc.name) == ident:
+        return
+    listing = _listing(root, loc)
+    family = {n: st for n, st in listing.items()
+              if _in_set(loc.name, n) and _ours(st, captured)}
+    where = {(st.st_dev, st.st_ino): n for n, st in family.items()}
+    moved = where.get(ident)
+    if moved is None or not _starts_as_captured(root, loc, moved, captured):
+        return
+    folder = captured.path.rpartition("/")[0]
+    occupied = set(listing)
+
+    def move(old: str, new: str, aside: bool) -> None:
+        st = family[old]
+        before(PutBack(path=f"{folder}/{new}", aside=f"{folder}/{new}" if aside else "",
+                       dev=st.st_dev, ino=st.st_ino, moved_from=f"{folder}/{old}"))
+        rename_noreplace(loc.dirfd, old, new)
+        occupied.discard(old)
+        occupied.add(new)
+        family[new] = st
+        where[(st.st_dev, st.st_ino)] = new
+
+    move(moved, moved + suffix, aside=True)
+    recorded = {(dev, ino) for _, dev, ino in captured.rotated}
+    if captured.at_ns:
+        for name, st in sorted(family.items()):
+            if (name != moved and _in_set(loc.name, name)
+                    and (st.st_dev, st.st_ino) not in recorded
+                    and st.st_mtime_ns > captured.at_ns):
+                move(name, name + suffix, aside=True)
+    pending = {name: (dev, ino) for name, dev, ino in captured.rotated}
+    progress = True
+    while progress:
+        progress = False
+        for target, identity in sorted(pending.items()):
+            now = where.get(identity)
+            if now is None or now == target or not _in_set(loc.name, now):
+                del pending[target]
+            elif target not in occupied:
+                move(now, target, aside=False)
+                del pending[target]
+                progress = True
+
+
 # ---- internals ------------------------------------------------------------------------------
+
+
+ASIDE_MARK = ".ckptd-"
+
+
+def _in_set(name: str, other: str) -> bool:
+    return (other.startswith(name + ".") and ASIDE_MARK not in other
+            and not other.endswith((PART, NEW)))
+
+
+def _ours(st: os.stat_result, captured: CapturedFile) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == captured.uid
+
+
+def _listing(root: Root, loc: Located) -> dict[str, os.stat_result]:
+    """Every entry of ``loc``'s directory, read through a directory fd opened from the held
+    one, each ``lstat``-ed relative to it (no link followed)."""
+    dfd = root.open_in(loc, os.O_RDONLY | os.O_DIRECTORY, name=".")
+    try:
+        names = os.listdir(dfd)
+    finally:
+        os.close(dfd)
+    found: dict[str, os.stat_result] = {}
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            found[name] = os.stat(name, dir_fd=loc.dirfd, follow_symlinks=False)
+    return found
+
+
+def _starts_as_captured(root: Root, loc: Located, name: str, captured: CapturedFile) -> bool:
+    fd = root.open_in(loc, os.O_RDONLY | os.O_NONBLOCK, name=name)
+    try:
+        st = os.fstat(fd)
+        return ((st.st_dev, st.st_ino) == (captured.dev, captured.ino)
+                and _ours(st, captured) and st.st_size >= captured.size
+                and hash_fd(fd, captured.size) == captured.hash)
+    finally:
+        os.close(fd)
+
 
 
 def _name_in_same_dir(path: str, other: str) -> str:

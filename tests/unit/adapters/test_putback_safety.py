@@ -156,3 +156,67 @@ def test_a_sparse_file_is_captured_and_put_back_by_extent(tmp_path: Path) -> Non
         assert f.read(4) == b"head"
         f.seek(1 << 30)
         assert f.read(6) == b"middle"
+
+
+def _rotate(d: Path) -> None:
+    """What logging's RotatingFileHandler does: job.log.N -> N+1, job.log -> .1, new job.log."""
+    n = max([int(p.name.rsplit(".", 1)[1]) for p in d.glob("job.log.[0-9]*")], default=0)
+    for i in range(n, 0, -1):
+        (d / f"job.log.{i}").rename(d / f"job.log.{i + 1}")
+    (d / "job.log").rename(d / "job.log.1")
+    (d / "job.log").write_bytes(b"")
+
+
+def _rotating_capture(d: Path, image: Path, boot: str) -> CapturedFile:
+    from dataclasses import replace
+
+    from ckptd.adapters.procfs.putback import rotated_set
+    root = Root.node()
+    try:
+        with root.locate(str(d / "job.log")) as loc:
+            rotated = tuple((n, st.st_dev, st.st_ino)
+                            for n, st in sorted(rotated_set(root, loc).items()))
+    finally:
+        root.close()
+    return replace(_capture(d / "job.log", image), boot=boot, rotated=rotated)
+
+
+def test_a_log_rotated_after_the_checkpoint_is_followed_and_its_set_made_as_then(
+    tmp_path: Path,
+) -> None:
+    from ckptd.adapters.procfs.safefs import boot_id
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "job.log.1").write_bytes(b"step 0\n")
+    (d / "job.log").write_bytes(b"step 1\n")
+    captured = _rotating_capture(d, tmp_path / "img", boot_id())
+    then = {p.name: p.read_bytes() for p in d.iterdir()}
+    (d / "job.log").open("ab").write(b"step 2\n")
+    time.sleep(0.01)
+    _rotate(d)
+    (d / "job.log").write_bytes(b"step 3\n")
+    _rotate(d)
+    (d / "job.log").write_bytes(b"step 4\n")
+    found = {p.name: p.read_bytes() for p in d.iterdir()}
+    done, journal = _put(captured, tmp_path / "img", str(d / "job.log.ckptd-r1"))
+    assert done is not None
+    now = {p.name: p.read_bytes() for p in d.iterdir() if ".ckptd-" not in p.name}
+    assert now == then  # no step twice: the set as at the checkpoint
+    kept = {p.name: p.read_bytes() for p in d.iterdir() if ".ckptd-" in p.name}
+    assert kept == {"job.log.ckptd-r1": b"step 4\n", "job.log.2.ckptd-r1": b"step 1\nstep 2\n",
+                    "job.log.1.ckptd-r1": b"step 3\n"}
+    for undo in [done, *reversed([j for j in journal if j.moved_from])]:
+        _undo(undo)
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == found
+
+
+def test_a_rotation_is_not_followed_across_boots(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "job.log").write_bytes(b"step 1\n")
+    captured = _rotating_capture(d, tmp_path / "img", "another-boot")
+    _rotate(d)
+    (d / "job.log").write_bytes(b"step 2\n")
+    done, journal = _put(captured, tmp_path / "img", str(d / "job.log.ckptd-r1"))
+    assert done is not None and not [j for j in journal if j.moved_from]
+    assert (d / "job.log.1").read_bytes() == b"step 1\n"  # left as found
