@@ -34,7 +34,9 @@ import argparse
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -45,7 +47,15 @@ from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.transport.cli import args as types
 from ckptd.transport.cli import no_io_uring
 from ckptd.transport.cli.jobs import Command
-from ckptd.transport.cli.output import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, err, stream_result
+from ckptd.transport.cli.output import (
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    PROG,
+    CliError,
+    err,
+    one_line,
+    stream_result,
+)
 
 EXIT_TERMINATED = 143
 PASSED_ON = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -100,14 +110,40 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
         if not terminated.is_set():
             drained = _forget_unless_drained(ctx, name)
             if drained:  # a drain, a spot notice or `ckptctl dump --name` (preStop) took it
-                err(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
-                    f"{_restores_it(name)}")
+                notice(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
+                       f"{_restores_it(name)}")
                 return EXIT_TERMINATED
             return _status(job.wait())
         return _checkpoint_then_stop(ctx, args, job, name)
     finally:
         for signo, old in handlers.items():
             signal.signal(signo, old)
+
+
+def notice(text: str) -> None:
+    """``text`` where the user of ``run`` sees it. Not into a regular file: ``run``'s stderr
+    redirected to a file is the job's stderr file too, which a restore puts back to its
+    content at the checkpoint — the line would survive only in the copy kept aside. So: the
+    first of stderr, stdout that is not a regular file, else the controlling terminal, else
+    stderr all the same (nothing better exists)."""
+    line = f"{PROG}: {one_line(text)}\n".encode()
+    sys.stderr.flush()
+    for fd in (2, 1):
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.write(fd, line)
+                return
+        except OSError:
+            continue
+    try:
+        tty = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        err(text)
+        return
+    try:
+        os.write(tty, line)
+    finally:
+        os.close(tty)
 
 
 RESERVED_PIDS = 1000
@@ -287,8 +323,8 @@ def _checkpoint_then_stop(
         ck = response.drained[0].drained_checkpoint_id
         job.wait()
         after = f" (after --grace {args.grace:g}s)" if late else ""
-        err(f"{name} (pid {job.pid}) checkpointed as {ck} before termination{after}; "
-            f"{_restores_it(name)}")
+        notice(f"{name} (pid {job.pid}) checkpointed as {ck} before termination{after}; "
+               f"{_restores_it(name)}")
         return EXIT_TERMINATED
     if response is not None:
         for line in response.errors:
