@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -365,7 +366,7 @@ class DumpRecipe:
     def _gpu_resume(self, ctx: DumpContext) -> None:
         """gpu-lock's undo; a failure is remembered, so the journal entry is kept."""
         try:
-            self._gpu.resume(ctx.gpu)
+            self._resume_cuda(ctx)
         except Exception as exc:
             ctx.cuda_resume_error = exc
             raise
@@ -379,9 +380,25 @@ class DumpRecipe:
         if not ctx.request.leave_running:
             return
         try:
-            self._gpu.resume(ctx.gpu)
+            self._resume_cuda(ctx)
         except Exception as exc:
             ctx.cuda_resume_error = exc
+
+    def _resume_cuda(self, ctx: DumpContext) -> None:
+        """CUDA back to RUNNING, each process's other threads held meanwhile (only the
+        driver's restore thread runs, docs/adr/0019): those CUDA processes stopped now
+        (CRIU left the tree stopped) are SIGCONTed once held; running ones are not
+        signalled."""
+        held = ctx.held
+        stopped = [p for p in ctx.gpu.cuda_pids if held is not None and p in held
+                   and held.state(p) is PidState.STOPPED]
+
+        def cont() -> None:
+            for pid in stopped:
+                assert held is not None
+                held.signal(pid, signal.SIGCONT)
+
+        self._gpu.resume(ctx.gpu, cont=cont)
 
     def _gate(self, ctx: DumpContext) -> None:
         if ctx.gate is not None:
@@ -438,9 +455,14 @@ class DumpRecipe:
 
     def _abort_criu(self, ctx: DumpContext) -> None:
         """CRIU resumes what it froze (and unlocks the network); then every process of the
-        tree that was not stopped before the dump is made to run."""
+        tree that was not stopped before the dump is made to run — a CUDA tree's CUDA
+        brought back first, each process held but its restore thread (docs/adr/0019; a
+        failure is remembered and raised again by gpu-lock's undo)."""
         if ctx.criu is not None:
             ctx.criu.abort()
+        if ctx.gpu.cuda_pids:
+            with contextlib.suppress(Exception):
+                self._gpu_resume(ctx)
         self._resume_tree(ctx)
 
     def _precopy_files(self, ctx: DumpContext) -> None:

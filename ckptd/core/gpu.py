@@ -8,7 +8,8 @@ onto this node's GPUs (remapped by UUID when they differ) and unlocked.
 Invariants: undo steps look at the driver's current state and only move a process back
 towards RUNNING (restore if CHECKPOINTED, unlock if LOCKED), so they are safe to run after a
 partial step, twice, or after a later step already resumed the process; the driver's restore
-thread is never frozen during a CUDA call (the tree is resumed before CUDA is restored); a
+thread is never frozen during a CUDA call, and, with a ``ThreadHold``, nothing else of the
+process runs before its CUDA state is back (every other thread held: docs/adr/0019); a
 record's ``GpuFacts.node_gpus`` lists every GPU of the dumping node, and a restore onto
 other GPUs passes the driver a pair for each of them (``ckptd.core.gpu_plan``) — for each
 GPU the job could see (``GpuFacts.visible_gpus``) when that was fewer (``gpu_domain``) — after
@@ -19,7 +20,7 @@ the same models and that the checkpointer can remap at all (``remap_refusal``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from ckptd.core.gpu_domain import cover, partial_refusal, remap_domain
@@ -36,6 +37,7 @@ from ckptd.core.ports import (
     CudaProcessFacts,
     GpuCheckpointer,
     GpuInventoryPort,
+    ThreadHold,
 )
 from ckptd.domain import CudaState, GpuFacts, GpuInventory, ProcessFact
 from ckptd.errors import GpuFailed, GpuMismatch, GpuUnavailable, PreconditionFailed
@@ -96,7 +98,9 @@ class GpuSteps:
     """The GPU part of the recipes. With no GPU support (``gpu`` None) every step is a no-op
     for trees without CUDA, and refuses trees that need it. ``facts``: what /proc says of
     the CUDA processes (NCCL, launch jobs), for the inspect-time refusals of workloads the
-    driver cannot checkpoint (``gpu_plan.workload_refusals``); None: not looked at."""
+    driver cannot checkpoint (``gpu_plan.workload_refusals``); None: not looked at.
+    ``threads``: holds the other threads of a process while the driver restores it on its
+    restore thread (``resume``); None: nothing held (a process runs whole meanwhile)."""
 
     def __init__(
         self,
@@ -106,6 +110,7 @@ class GpuSteps:
         lock_timeout_ms: int,
         *,
         facts: CudaProcessFacts | None = None,
+        threads: ThreadHold | None = None,
     ) -> None:
         if lock_timeout_ms < 0:
             raise ValueError(
@@ -116,6 +121,7 @@ class GpuSteps:
         self._clock = clock
         self._lock_timeout_ms = lock_timeout_ms
         self._facts = facts
+        self._threads = threads
 
     def node_inventory(self) -> GpuInventory:
         if self._inventory is None:
@@ -240,14 +246,64 @@ class GpuSteps:
                 raise
         session.timings["checkpoint"] = self._clock.monotonic() - started
 
-    def resume(self, session: GpuSession, gpu_map: Mapping[str, str] | None = None) -> None:
-        """Restore (if checkpointed) and unlock (if locked) every process, newest first.
-        Raises the first failure after trying every process."""
+    def resume(
+        self,
+        session: GpuSession,
+        gpu_map: Mapping[str, str] | None = None,
+        *,
+        cont: Callable[[], None] | None = None,
+    ) -> None:
+        """Restore (if checkpointed) and unlock (if locked) every process, newest first,
+        each held (docs/adr/0019): with a ``ThreadHold``, every thread of each process to
+        resume but its restore thread is held first, then ``cont()`` (the caller SIGCONTs
+        what is stopped of them: only the restore threads can run), then restore + unlock,
+        then every hold is released (also on failure). A process that cannot be held is
+        not resumed (its failure raised). Raises the first failure after trying every
+        process."""
         if self._gpu is None or not (session.locked or session.checkpointed):
+            if cont is not None:
+                cont()
             return
         first: BaseException | None = None
         t_restore = t_unlock = 0.0
-        for pid in reversed(dict.fromkeys(session.locked + session.checkpointed)):
+        pids = list(reversed(dict.fromkeys(session.locked + session.checkpointed)))
+        held: list[int] = []
+        unheld: set[int] = set()
+        threads = self._threads
+        try:
+            if threads is not None:
+                for pid in pids:
+                    try:
+                        if self._gpu.state(pid) in (CudaState.CHECKPOINTED, CudaState.LOCKED):
+                            threads.hold(pid, self._gpu.restore_thread(pid))
+                            held.append(pid)
+                    except Exception as exc:
+                        log.error("could not hold the threads of CUDA pid %d: %s", pid, exc)
+                        first = first or exc
+                        unheld.add(pid)
+            if cont is not None:
+                cont()
+            t_restore, t_unlock, failed = self._restore_unlock(
+                [p for p in pids if p not in unheld], gpu_map)
+            first = first or failed
+        finally:
+            for pid in held:
+                assert threads is not None
+                threads.release(pid)
+        session.timings["restore"] = t_restore
+        session.timings["unlock"] = t_unlock
+        if first is not None:
+            raise first
+
+    def _restore_unlock(
+        self, pids: Sequence[int], gpu_map: Mapping[str, str] | None
+    ) -> tuple[float, float, BaseException | None]:
+        """Restore and unlock each of ``pids`` as its state needs; the time each took and
+        the first failure (every pid tried)."""
+        assert self._gpu is not None
+        first: BaseException | None = None
+        t_restore = t_unlock = 0.0
+        for pid in pids:
             try:
                 t0 = self._clock.monotonic()
                 if self._gpu.state(pid) is CudaState.CHECKPOINTED:
@@ -260,10 +316,7 @@ class GpuSteps:
             except Exception as exc:
                 log.error("could not resume CUDA in pid %d: %s", pid, exc)
                 first = first or exc
-        session.timings["restore"] = t_restore
-        session.timings["unlock"] = t_unlock
-        if first is not None:
-            raise first
+        return t_restore, t_unlock, first
 
     def _remap_problems(self, facts: GpuFacts, inv: GpuInventory) -> list[str]:
         """Why a restore onto other GPUs cannot be done here, if it cannot: an old record

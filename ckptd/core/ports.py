@@ -154,6 +154,29 @@ class ProcessTable(Protocol):
         ...
 
 
+class ThreadHold(Protocol):
+    """Every thread of a process held stopped but one, which runs (docs/adr/0019): how the
+    CUDA driver's restore thread restores and unlocks a process while nothing else of it
+    runs (as CRIU's CUDA plugin does under ptrace). Pids and tids are the daemon's.
+
+    Invariants: a held thread does not run until ``release``; the free thread is never
+    held (it runs once the process is not stopped: a SIGCONT wakes it and only it); threads
+    that appear while the hold is taken are held too; a daemon that dies holding releases
+    every held thread (the kernel detaches a dead tracer's tracees). Thread-safe."""
+
+    def hold(self, pid: int, free_tid: int) -> tuple[int, ...]:
+        """Hold every thread of process ``pid`` except ``free_tid`` (a thread of it); the
+        tids held. Raises ``ProcessNotFound`` when ``pid`` is gone, ``PreconditionFailed``
+        when a thread cannot be held (another tracer, ptrace not permitted): nothing is
+        then left held."""
+        ...
+
+    def release(self, pid: int) -> None:
+        """Let every thread held for ``pid`` run again (those of a process stopped by a
+        signal stay stopped with it); nothing held: nothing done. Never raises."""
+        ...
+
+
 class Cgroups(Protocol):
     """The node's cgroup v2 hierarchy (the unified one), as the daemon sees it.
 
@@ -641,6 +664,12 @@ class GpuCheckpointer(Protocol):
 
     def unlock(self, pid: int) -> None:
         """LOCKED -> RUNNING."""
+        ...
+
+    def restore_thread(self, pid: int) -> int:
+        """The tid of ``pid``'s CUDA restore thread (``cuCheckpointProcessGetRestoreThreadId``):
+        the driver restores and unlocks on it, so it must run then (``ThreadHold``). Raises
+        ``GpuFailed`` when ``pid`` has no CUDA context or the driver cannot tell."""
         ...
 
     def remap_refusal(self) -> str | None:

@@ -21,12 +21,14 @@ Order, and what undoes each step if a later one fails:
     files         every file the checkpoint captured is put back                          as found
                   (``core.jobfiles``); a version that differs is kept beside it
     criu-restore  CRIU, placed in that cgroup before it begins, recreates the tree there   -
-                  (every process checked at post-restore, before it runs) and resumes it
-    gpu-restore   CUDA restore (GPUs remapped by UUID if they differ) and unlock, the tree -
-                  running: the driver does both on the process's own restore thread, which
-                  a stopped tree (CRIU's leave_stopped, SIGSTOP) cannot run (issue 23: a
-                  thread-level hold, as CRIU's CUDA plugin does, is still to come); if that
-                  fails the restored tree is killed
+                  (every process checked at post-restore, before it runs) and resumes it;
+                  a CUDA tree (or a group member) it leaves stopped
+    gpu-restore   a CUDA tree, still stopped: every thread of each CUDA process but its   -
+                  restore thread held (``ThreadHold``, ptrace, as CRIU's CUDA plugin does),
+                  those processes SIGCONTed (only the restore threads run: the driver works
+                  on them), CUDA restored (GPUs remapped by UUID if they differ) and
+                  unlocked, the holds released, then the tree SIGCONTed (docs/adr/0019);
+                  if that fails the restored tree is killed, none of its own code having run
 
 Durable undo (``core.undo``): at CRIU's post-restore notification, when the tree exists but
 has not run (until then CRIU undoes a restore it cannot finish, its daemon killed included),
@@ -372,7 +374,8 @@ class RestoreRecipe:
         assert ctx.record is not None
         ctx.gate(ctx.pid)
         assert ctx.held is not None
-        ctx.held.signal_all(signal.SIGCONT)
+        if ctx.record.gpu is None:  # a CUDA tree runs once its CUDA is back (gpu-restore)
+            ctx.held.signal_all(signal.SIGCONT)
 
     def _kill_restored(self, ctx: RestoreContext) -> None:
         if ctx.gate is None or ctx.held is None:
@@ -386,12 +389,21 @@ class RestoreRecipe:
         restored = pid_map(ctx.record.processes, ctx.restored)
         cuda = tuple(restored.get(p, p) for p in ctx.record.gpu.cuda_pids)
         session = GpuSession(cuda_pids=cuda, locked=list(cuda), checkpointed=list(cuda))
+        held = ctx.held
+
+        def cont() -> None:  # the CUDA processes, their threads held but the restore threads
+            for pid in cuda:
+                if held is not None and pid in held:
+                    held.signal(pid, signal.SIGCONT)
+
         try:
-            self._gpu.resume(session, ctx.gpu_map)
+            self._gpu.resume(session, ctx.gpu_map, cont=cont)
         except Exception:
-            if ctx.held is not None:
-                self.undoer.kill_tree(ctx.held)
+            if held is not None:
+                self.undoer.kill_tree(held)
             raise
+        if held is not None:
+            held.signal_all(signal.SIGCONT)  # CUDA is back: now the whole tree runs
 
     def _wait_pids_free(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
@@ -493,7 +505,7 @@ class RestoreRecipe:
         assert ctx.record is not None
         job = CriuRestoreJob(
             images_dir=ctx.images_dir, work_dir=work_dir, inherit_fds=ctx.inherit_fds,
-            leave_stopped=ctx.gate is not None,
+            leave_stopped=ctx.gate is not None or ctx.record.gpu is not None,
             tcp_established=ctx.record.tcp_connections > 0,
             tcp_close=ctx.record.tcp_close,
             restore_cgroups=not ctx.cgroup and ctx.into is None,

@@ -21,6 +21,7 @@ from ckptd.adapters.procfs import (
 )
 from ckptd.adapters.procfs.cgroups import CgroupFs
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
+from ckptd.adapters.procfs.threadhold import PtraceThreadHold
 from ckptd.adapters.storage import (
     FileJournal,
     JsonPolicyRepo,
@@ -186,6 +187,7 @@ def wire(config: DaemonConfig) -> Wired:
     gpu = GpuSteps(
         *gpu_adapters(config), clock, config.gpu_lock_timeout_ms,
         facts=ProcCudaFacts() if config.gpu else None,
+        threads=PtraceThreadHold() if config.gpu else None,
     )
     dump = DumpRecipe(
         criu=criu,

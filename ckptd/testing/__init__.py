@@ -17,6 +17,8 @@ suites (``tests/contract``) as the real adapters.
 - ``FakeStdioProvider``: ``StdioProvider`` handing out /dev/null descriptors.
 - ``FakeNodeInspector`` / ``FakeFile``: ``NodeInspector`` over facts and files in memory.
 - ``FakeJobFiles``: ``JobFiles`` over real files a test declares written by fake pids.
+- ``FakeThreadHold``: ``ThreadHold`` recording which processes' threads are held (and
+  which thread of each is left to run); ``FakeGpu`` given it checks them at restore.
 - ``LoopbackPeerConnector``: ``PeerConnector`` reaching ``Receiver`` s in this process.
 
 Most fakes accept ``events``, a list shared between them, to which they append what
@@ -36,6 +38,7 @@ from ckptd.testing._policies import MemoryPolicyRepo
 from ckptd.testing._processes import FakeHandle, FakeProcess, FakeProcessTable, KillMode
 from ckptd.testing._stdio import FakeStdioProvider
 from ckptd.testing._store import MemoryStore
+from ckptd.testing._threads import FakeThreadHold
 
 __all__ = [
     "DUMP_HOOKS",
@@ -53,6 +56,7 @@ __all__ = [
     "FakeProcess",
     "FakeProcessTable",
     "FakeStdioProvider",
+    "FakeThreadHold",
     "KillMode",
     "LoopbackPeerConnector",
     "LoopbackPeerLink",

@@ -12,6 +12,7 @@ from ckptd.domain import CudaState, GpuInfo, GpuInventory, GpuUse, PidState
 from ckptd.errors import GpuFailed, GpuUnavailable
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._processes import FakeProcessTable
+from ckptd.testing._threads import FakeThreadHold
 
 if TYPE_CHECKING:
     from ckptd.core.ports import CudaProcessFacts, GpuCheckpointer, GpuInventoryPort
@@ -55,6 +56,8 @@ _AFTER = {
 
 
 NOT_READY = "CUDA_ERROR_NOT_READY"
+RESTORE_TID_OFFSET = 1_000_000
+"""A fake process's restore thread is its pid plus this (unless ``FakeGpu.restore_tids``)."""
 
 
 @dataclass
@@ -127,16 +130,20 @@ class FakeGpu:
     only knows NVML's GPUs. With ``processes``, a pid that is free or a zombie raises
     ``GpuUnavailable`` (the real adapter cannot read its /proc).
 
-    Stopped processes: with ``processes``, ``restore`` and ``unlock`` of a pid that is STOPPED
-    there (SIGSTOP, or CRIU's ``leave_stopped``: every thread stopped) raise ``GpuFailed``
-    with ``CUDA_ERROR_NOT_READY`` and change nothing, and are recorded in ``while_stopped``.
-    The driver does this work on the target's own restore thread
-    (``cuCheckpointProcessGetRestoreThreadId``): CRIU's CUDA plugin keeps the restored
-    process frozen but lets that one thread run (ptrace) before it asks for a restore or an
-    unlock (criu plugins/cuda/cuda_plugin.c, ``resume_device``: "wakeup the restore thread so
-    we can handle the restore for this pid"). A stopped process's restore thread cannot
-    run, so the real call blocks until ckptd's bound on it (docs/adr/0015) gives up; this
-    fake fails at once. The code is a choice of this fake.
+    The restore thread (docs/adr/0019): ``restore_thread(pid)`` is ``restore_tids[pid]``
+    (default ``pid + RESTORE_TID_OFFSET``). The driver restores and unlocks on that thread:
+    CRIU's CUDA plugin keeps the restored process frozen but lets that one thread run
+    (ptrace) before it asks for a restore or an unlock (criu plugins/cuda/cuda_plugin.c,
+    ``resume_device``: "wakeup the restore thread so we can handle the restore for this
+    pid"). So, with ``processes``, ``restore`` and ``unlock`` of a pid whose restore thread
+    cannot run — the pid STOPPED there (SIGSTOP, or CRIU's ``leave_stopped``), or (with
+    ``threads``) its restore thread held — raise ``GpuFailed`` with ``CUDA_ERROR_NOT_READY``,
+    change nothing and are recorded in ``while_stopped`` (the real call blocks until ckptd's
+    bound on it, docs/adr/0015, gives up; this fake fails at once). With ``threads`` (a
+    ``FakeThreadHold``), they also fail, recorded in ``while_unheld``, unless every other
+    thread of the pid is held (``threads.held[pid]`` is its restore thread): the other
+    threads must not run before the CUDA state is back ("attempting to access a UVM pointer
+    will crash if we haven't restored the underlying mappings yet"). Codes: this fake's.
 
     Workloads the driver cannot checkpoint (issue 23, 6), and what /proc shows of them
     (``cuda_facts``, the ``CudaProcessFacts`` port):
@@ -175,8 +182,11 @@ class FakeGpu:
         processes: FakeProcessTable | None = None,
         clock: FakeClock | None = None,
         events: list[str] | None = None,
+        threads: FakeThreadHold | None = None,
     ) -> None:
         self._lock = threading.RLock()
+        self.threads = threads
+        self.restore_tids: dict[int, int] = {}
         self.gpus: list[GpuInfo] = list(gpus) if gpus is not None else [H100]
         self.driver_version = driver_version
         self.cuda_version = cuda_version
@@ -204,7 +214,11 @@ class FakeGpu:
         self.visible: dict[int, tuple[str, ...] | None] = {}
         self.visible_calls: list[int] = []
         self.while_stopped: list[tuple[str, int]] = []
-        """``(method, pid)`` of each restore / unlock asked of a STOPPED process."""
+        """``(method, pid)`` of each restore / unlock asked while the restore thread could
+        not run (the process STOPPED, or that thread held)."""
+        self.while_unheld: list[tuple[str, int]] = []
+        """``(method, pid)`` of each restore / unlock asked (with ``threads``) while the
+        process's other threads were not held."""
         self.durations = {"lock": 0.01, "checkpoint": 0.5, "restore": 0.25, "unlock": 0.01}
         self.nccl: set[int] = set()
         self.mig: set[str] = set()
@@ -401,6 +415,13 @@ class FakeGpu:
             proc.checkpointed_on = {}
             self._move("restore", proc)
 
+    def restore_thread(self, pid: int) -> int:
+        """The pid's restore thread (class doc)."""
+        with self._lock:
+            self.calls.append(("restore_thread", pid))
+            self._target("restore_thread", pid)
+            return self.restore_tids.get(pid, pid + RESTORE_TID_OFFSET)
+
     def remap_refusal(self) -> str | None:
         """Why this fake cannot restore onto other GPUs (class doc); None: it can."""
         with self._lock:
@@ -455,12 +476,21 @@ class FakeGpu:
         return self.processes.status(pid).state not in (PidState.FREE, PidState.ZOMBIE)
 
     def _need_restore_thread(self, method: str, pid: int) -> None:
-        """Refuse ``method`` on a STOPPED process (class doc: its restore thread is stopped)."""
-        if self.processes is None or self.processes.status(pid).state is not PidState.STOPPED:
+        """Refuse ``method`` unless the restore thread runs and (with ``threads``) nothing
+        else of the process does (class doc)."""
+        if self.processes is None:
             return
-        self.while_stopped.append((method, pid))
-        raise self._failed(method, pid, NOT_READY,
-                           "the process is stopped: the driver's restore thread cannot run")
+        tid = self.restore_tids.get(pid, pid + RESTORE_TID_OFFSET)
+        held = self.threads.held.get(pid) if self.threads is not None else None
+        if self.processes.status(pid).state is PidState.STOPPED or (
+                held is not None and held != tid):
+            self.while_stopped.append((method, pid))
+            raise self._failed(method, pid, NOT_READY,
+                               "the process is stopped: the driver's restore thread cannot run")
+        if self.threads is not None and held is None:
+            self.while_unheld.append((method, pid))
+            raise self._failed(method, pid, NOT_READY,
+                               "its other threads run before its CUDA state is back (not held)")
 
     @staticmethod
     def _held(uuid: str, uses: Sequence[GpuUse]) -> int:

@@ -88,14 +88,14 @@ def test_a_restore_into_a_container_counts_the_device_memory(gw: World) -> None:
     assert memory_problems(gw.cgroups, into, record) == []
 
 
-# ---- issue 23, point 2: where CUDA is restored (kept as it is; see the module doc of
-# ckptd.testing._gpu, "Stopped processes") -------------------------------------------------
+# ---- issue 23, point 2: CUDA comes back in a held process (docs/adr/0019; the class doc
+# of ckptd.testing.FakeGpu) ------------------------------------------------------------------
 
 
-def test_cuda_is_never_restored_or_unlocked_in_a_stopped_process(gw: World) -> None:
-    """The driver restores and unlocks on the process's own restore thread: a tree left
-    stopped (SIGSTOP, CRIU's leave_stopped) would block both. Dump (leave-running), a
-    rollback and a restore each ask it of running processes only."""
+def test_cuda_comes_back_with_only_the_restore_thread_running(gw: World) -> None:
+    """The driver restores and unlocks on the process's own restore thread, while every
+    other thread of it is held (none of the job's code runs before its CUDA state is back).
+    Dump (leave-running), a rollback and a restore each do so, and release every hold."""
     gw.dump(JOB, leave_running=True)
     gw.criu.fail_dump = RuntimeError("boom")
     with pytest.raises(Exception, match="boom"):
@@ -103,24 +103,64 @@ def test_cuda_is_never_restored_or_unlocked_in_a_stopped_process(gw: World) -> N
     gw.criu.fail_dump = None
     record = gw.dump(JOB)
     gw.restore(checkpoint_id=record.id)
-    assert gpu(gw).while_stopped == []
-    assert [gpu(gw).cuda_state(p) for p in (1000, 1002)] == [CudaState.RUNNING] * 2
-    assert [m for m, _ in gpu(gw).calls].count("restore") == 6
-
-
-def test_the_fake_driver_cannot_restore_a_stopped_process(gw: World) -> None:
     fake = gpu(gw)
+    assert fake.while_stopped == [] and fake.while_unheld == []
+    assert [fake.cuda_state(p) for p in (1000, 1002)] == [CudaState.RUNNING] * 2
+    assert [m for m, _ in fake.calls].count("restore") == 6
+    assert fake.threads is not None and fake.threads.held == {}
+    holds = [(p, t) for what, p, t in fake.threads.history if what == "hold"]
+    assert holds == [(p, p + 1_000_000) for p in (1002, 1000)] * 3
+    assert all(gw.processes.status(p).state is PidState.RUNNING for p in JOB_TREE)
+
+
+def test_a_restored_tree_runs_only_once_its_cuda_is_back(gw: World) -> None:
+    """The restore's order (CRIU's CUDA plugin's): CRIU leaves the tree stopped; the CUDA
+    processes' threads are held but the restore threads; SIGCONT; restore and unlock; the
+    holds released; then the tree runs."""
+    record = gw.dump(JOB)
+    gw.events.clear()
+    gw.restore(checkpoint_id=record.id)
+    order = [e for e in gw.events if e.split(" ")[0] in (
+        "threads.hold", "threads.release", "gpu.restore", "gpu.unlock")]
+    assert order == ["threads.hold 1002", "threads.hold 1000",
+                     "gpu.restore 1002", "gpu.unlock 1002",
+                     "gpu.restore 1000", "gpu.unlock 1000",
+                     "threads.release 1002", "threads.release 1000"]
+    assert all(gw.processes.status(p).state is PidState.RUNNING for p in JOB_TREE)
+
+
+def test_a_failed_cuda_restore_kills_a_tree_that_never_ran(gw: World) -> None:
+    record = gw.dump(JOB)
+    gpu(gw).fail_restore.add(1000)
+    with pytest.raises(GpuFailed):
+        gw.restore(checkpoint_id=record.id)
+    assert all(gw.processes.status(p).state is PidState.FREE for p in JOB_TREE)
+    assert gpu(gw).threads is not None and gpu(gw).threads.held == {}
+
+
+def test_the_fake_driver_needs_the_restore_thread_running_and_the_others_held(
+        gw: World) -> None:
+    fake = gpu(gw)
+    assert fake.threads is not None
     fake.lock(1000, 1000)
     fake.checkpoint(1000)
-    gw.processes.processes[1000].state = PidState.STOPPED
-    with pytest.raises(GpuFailed, match="restore thread cannot run") as info:
-        fake.restore(1000)
+    with pytest.raises(GpuFailed, match="not held") as info:
+        fake.restore(1000)  # its other threads run
     assert info.value.code == "CUDA_ERROR_NOT_READY"
+    fake.threads.hold(1000, 1000)  # the restore thread held, the main one not
+    with pytest.raises(GpuFailed, match="restore thread cannot run"):
+        fake.restore(1000)
+    fake.threads.release(1000)
+    fake.threads.hold(1000, fake.restore_thread(1000))
+    gw.processes.processes[1000].state = PidState.STOPPED
+    with pytest.raises(GpuFailed, match="restore thread cannot run"):
+        fake.restore(1000)
     assert fake.cuda_state(1000) is CudaState.CHECKPOINTED
     gw.processes.processes[1000].state = PidState.RUNNING
     fake.restore(1000)
     gw.processes.processes[1000].state = PidState.STOPPED
     with pytest.raises(GpuFailed, match="restore thread cannot run"):
         fake.unlock(1000)
-    assert fake.while_stopped == [("restore", 1000), ("unlock", 1000)]
+    assert fake.while_stopped == [("restore", 1000), ("restore", 1000), ("unlock", 1000)]
+    assert fake.while_unheld == [("restore", 1000)]
     assert fake.cuda_state(1000) is CudaState.LOCKED

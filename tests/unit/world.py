@@ -48,6 +48,7 @@ from ckptd.testing import (
     FakeNodeInspector,
     FakeProcessTable,
     FakeStdioProvider,
+    FakeThreadHold,
     MemoryJournal,
     MemoryStore,
 )
@@ -224,8 +225,11 @@ def make_world(
         jobs_cgroup=jobs_cgroup,
     )
     files = FakeJobFiles(events=events)
-    fake_gpu = FakeGpu(processes=processes, clock=clock, events=events) if gpu else None
-    gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000, facts=fake_gpu)
+    threads = FakeThreadHold(processes, events=events)
+    fake_gpu = (FakeGpu(processes=processes, clock=clock, events=events, threads=threads)
+                if gpu else None)
+    gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000, facts=fake_gpu,
+                         threads=threads)
     node = FakeNodeInspector(events=events)
     dump_recipe = DumpRecipe(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,

@@ -220,6 +220,19 @@ class CudaDriverCheckpointer:
             settle=lambda: self._settle(pid, None),
         )
 
+    def restore_thread(self, pid: int) -> int:
+        """The tid the driver restores and unlocks ``pid`` on (docs/adr/0019)."""
+        call = "cuCheckpointProcessGetRestoreThreadId"
+
+        def ask() -> int:
+            tid = self._call(call, pid).restore_tid(pid)
+            if tid is None:
+                raise GpuFailed(f"{call} for pid {pid}: it has no CUDA context", call=call,
+                                code="NO_CUDA", pid=pid)
+            return tid
+
+        return self._on_worker(call, pid, ask)
+
     def remap_refusal(self) -> str | None:
         """Why a restore onto other GPUs cannot be done here (the backend's reason, or why
         there is no backend); None: it can."""
