@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 
 from ckptd.adapters.criu import CriuSwrk
 from ckptd.core.gpu import GpuSteps
-from ckptd.domain import Feature, GpuInventory, NodeReport
+from ckptd.domain import Feature, GpuInventory, NodeReport, RuntimeFacts
 
 FEATURES = (
     ("mem_dirty_track", "soft-dirty memory tracking (CRIU pre-dump / incremental dumps)"),
@@ -40,7 +41,12 @@ def gpu_summary(gpu: GpuSteps) -> str:
 
 
 class NodeProbe:
-    def __init__(self, criu: CriuSwrk, node: str, store: str, gpu: GpuSteps) -> None:
+    """The Check RPC's report. ``runtime``: what this node gives containers (cgroups, OCI
+    runtimes, CAP_SYS_RESOURCE), read on each call; none by default."""
+
+    def __init__(self, criu: CriuSwrk, node: str, store: str, gpu: GpuSteps,
+                 runtime: Callable[[], RuntimeFacts] = RuntimeFacts) -> None:
+        self._runtime = runtime
         self._gpu = gpu
         self._criu = criu
         self._node = node or socket.gethostname()
@@ -63,6 +69,7 @@ class NodeProbe:
             gpu_message=_gpu_message(inventory),
             gpu=inventory,
             store=self._store,
+            runtime=self._runtime(),
         )
 
 

@@ -18,6 +18,7 @@ from ckptd.adapters.procfs import (
     ProcCudaFacts,
     ProcFsTable,
     ProcNodeInspector,
+    RuntimeProbe,
 )
 from ckptd.adapters.procfs.cgroups import CgroupFs
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
@@ -223,7 +224,7 @@ def wire(config: DaemonConfig) -> Wired:
         journal=journal,
         clock=clock,
         config=core,
-        probe=NodeProbe(criu, core.node, store.location, gpu),
+        probe=NodeProbe(criu, core.node, store.location, gpu, RuntimeProbe()),
         gpu=gpu,
         cgroups=cgroups,
     )

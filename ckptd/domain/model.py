@@ -605,6 +605,23 @@ class Feature:
 
 
 @dataclass(frozen=True)
+class RuntimeFacts:
+    """What this node gives containers, as the daemon sees it (``ckptctl check``).
+
+    ``cgroup``: ``unified`` (cgroup v2 only), ``hybrid`` (v1 controllers beside a cgroup2
+    mount: crun refuses it), ``legacy`` (v1 only) or ``""`` (none mounted / unreadable).
+    ``oci_runtimes``: paths of the runc/crun found. ``podman_runtime``: podman's default OCI
+    runtime (``""``: no podman, or unknown). ``warnings``: one line each, what is wrong and
+    what to do; empty when nothing is."""
+
+    cgroup: str = ""
+    cap_sys_resource: bool = True
+    oci_runtimes: tuple[str, ...] = ()
+    podman_runtime: str = ""
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class NodeReport:
     node: str
     kernel: str
@@ -614,3 +631,4 @@ class NodeReport:
     gpu_message: str = ""
     store: str = ""
     gpu: GpuInventory | None = None
+    runtime: RuntimeFacts = field(default_factory=RuntimeFacts)

@@ -401,6 +401,7 @@ def check_report(report: Mapping[str, Any]) -> str:
     if report.get("gpu_driver"):
         gpu_text += f" (driver {report['gpu_driver']}, CUDA {_cuda(report['cuda_version'])})"
     pairs += [("gpu", gpu_text), ("store", dash(report["store"]))]
+    pairs += _runtime_pairs(report)
     out = [key_values(pairs)]
 
     if gpus:
@@ -443,7 +444,26 @@ def check_report(report: Mapping[str, Any]) -> str:
         out.append(
             f"PROBLEM: CRIU is not usable on this node, so dump and restore will fail: {problem}"
         )
+    warnings = report.get("warnings") or []
+    if warnings:
+        out.append("")
+        out.extend(f"WARNING: {w}" for w in warnings)
     return "\n".join(out)
+
+
+def _runtime_pairs(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What the node gives containers; nothing from a daemon that does not report it."""
+    cgroup = report.get("cgroup_hierarchy") or ""
+    if not cgroup and not report.get("oci_runtimes"):
+        return []
+    runtimes = ", ".join(report.get("oci_runtimes") or []) or "none found"
+    if report.get("podman_runtime"):
+        runtimes += f" (podman's default: {report['podman_runtime']})"
+    return [
+        ("cgroups", dash(cgroup)),
+        ("oci runtimes", runtimes),
+        ("cap_sys_resource", "yes" if report.get("cap_sys_resource") else "NO"),
+    ]
 
 
 class ProgressLine:

@@ -203,6 +203,11 @@ def check_response(n: NodeReport, daemon_version: str) -> pb.CheckResponse:
         gpu_driver=n.gpu.driver_version if n.gpu else "",
         cuda_version=n.gpu.cuda_version if n.gpu else 0,
         gpu_uses=[gpu_use(u) for u in n.gpu.uses] if n.gpu else [],
+        cgroup_hierarchy=n.runtime.cgroup,
+        cap_sys_resource=n.runtime.cap_sys_resource,
+        oci_runtimes=list(n.runtime.oci_runtimes),
+        podman_runtime=n.runtime.podman_runtime,
+        warnings=list(n.runtime.warnings),
     )
 
 

@@ -1608,6 +1608,11 @@ class CheckResponse(_message.Message):
     GPU_DRIVER_FIELD_NUMBER: _builtins.int
     CUDA_VERSION_FIELD_NUMBER: _builtins.int
     GPU_USES_FIELD_NUMBER: _builtins.int
+    CGROUP_HIERARCHY_FIELD_NUMBER: _builtins.int
+    CAP_SYS_RESOURCE_FIELD_NUMBER: _builtins.int
+    OCI_RUNTIMES_FIELD_NUMBER: _builtins.int
+    PODMAN_RUNTIME_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     kernel: _builtins.str
     daemon_version: _builtins.str
@@ -1620,12 +1625,29 @@ class CheckResponse(_message.Message):
     store: _builtins.str
     gpu_driver: _builtins.str
     cuda_version: _builtins.int
+    cgroup_hierarchy: _builtins.str
+    """What this node gives containers (read by the daemon, cheaply: files, one bounded podman
+    call). The cgroup hierarchy: "unified" (cgroup v2 only), "hybrid" (v1 controllers beside a
+    cgroup2 mount: crun refuses it), "legacy" (v1 only), "" (none mounted).
+    """
+    cap_sys_resource: _builtins.bool
+    """The daemon holds CAP_SYS_RESOURCE (containers' rlimits, other uids' jobs)."""
+    podman_runtime: _builtins.str
+    """podman's default OCI runtime ("": no podman, or unknown)."""
     @_builtins.property
     def features(self) -> _containers.RepeatedCompositeFieldContainer[Global___Feature]: ...
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
     @_builtins.property
     def gpu_uses(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuUse]: ...
+    @_builtins.property
+    def oci_runtimes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The OCI runtimes found (runc, crun): their paths."""
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One line each: what keeps containers from starting here, and what to do."""
+
     def __init__(
         self,
         *,
@@ -1644,10 +1666,15 @@ class CheckResponse(_message.Message):
         gpu_driver: _builtins.str = ...,
         cuda_version: _builtins.int = ...,
         gpu_uses: _abc.Iterable[Global___GpuUse] | None = ...,
+        cgroup_hierarchy: _builtins.str = ...,
+        cap_sys_resource: _builtins.bool = ...,
+        oci_runtimes: _abc.Iterable[_builtins.str] | None = ...,
+        podman_runtime: _builtins.str = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["criu_message", b"criu_message", "criu_ok", b"criu_ok", "criu_path", b"criu_path", "criu_version", b"criu_version", "cuda_version", b"cuda_version", "daemon_version", b"daemon_version", "features", b"features", "gpu_available", b"gpu_available", "gpu_driver", b"gpu_driver", "gpu_message", b"gpu_message", "gpu_uses", b"gpu_uses", "gpus", b"gpus", "kernel", b"kernel", "node", b"node", "store", b"store"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cap_sys_resource", b"cap_sys_resource", "cgroup_hierarchy", b"cgroup_hierarchy", "criu_message", b"criu_message", "criu_ok", b"criu_ok", "criu_path", b"criu_path", "criu_version", b"criu_version", "cuda_version", b"cuda_version", "daemon_version", b"daemon_version", "features", b"features", "gpu_available", b"gpu_available", "gpu_driver", b"gpu_driver", "gpu_message", b"gpu_message", "gpu_uses", b"gpu_uses", "gpus", b"gpus", "kernel", b"kernel", "node", b"node", "oci_runtimes", b"oci_runtimes", "podman_runtime", b"podman_runtime", "store", b"store", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
