@@ -24,6 +24,11 @@ class CoreConfig:
     file_capture_oversize: str = "refuse"
     """A written file over ``file_capture_limit``: ``refuse`` the dump (naming it), or
     ``skip`` its capture (said in the checkpoint; a restore then needs it at its size)."""
+    ghost_limit: int = 256 << 20
+    """Largest ghost file a dump takes (bytes): a file the tree holds open or mapped after it
+    was deleted, its content copied into the images (PyTorch's shared memory: DataLoader
+    batches, tensors shared with ``torch.multiprocessing``). A larger one refuses the dump,
+    naming it and this setting."""
     stream_restore: bool = True
     """CRIU reads a restore's images from the store as they are verified (no image directory
     written first) when it can (``Criu.can_stream_restore``); not for restores into a

@@ -414,6 +414,7 @@ class DumpRecipe:
             leave_stopped=not ctx.request.leave_running,
             tcp_established=ctx.tcp_connections > 0,
             container=ctx.container,
+            ghost_limit=self._config.ghost_limit,
             # pages straight into the store as CRIU sends them, when the store does that
             page_sink=(None if ctx.container is not None
                        else self._store.page_sink(ctx.checkpoint_id, ctx.tree[0].uid)),

@@ -455,6 +455,10 @@ class CriuDumpJob:
     """CRIU's pages go to this sink as CRIU sends them (the adapter runs the page server;
     every page has reached the sink when the post-dump hook is called); only the other
     images, pagemaps included, are written to ``images_dir``. Not for container jobs."""
+    ghost_limit: int = 1 << 20
+    """Largest ghost file CRIU dumps (bytes; CRIU's own default: 1 MiB): a file the tree
+    holds open (or mapped) after it was deleted, such as PyTorch's shared memory, whose
+    content goes into the images. A larger one fails the dump."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from ckptd.adapters.storage.url import local_path
 from ckptd.errors import BadRequest
 from ckptd.transport import validate
 
+GHOST_LIMIT_MAX = 0xFFFFFFFF
+"""CRIU's ghost_limit is a uint32 of its RPC; a migration takes images of at most 4 GiB."""
 DEFAULT_CRIU_PATHS = ("/usr/local/sbin/criu", "/usr/sbin/criu", "/usr/bin/criu")
 DEFAULT_ENTER_PRELOADS = (
     "/usr/lib/ckptd/ckptd_enter_mntns.so",
@@ -102,6 +104,14 @@ class DaemonConfig:
     """Largest file a job writes whose content a checkpoint captures (bytes)."""
     file_capture_oversize: str = "refuse"
     """A file over ``file_capture_limit``: ``refuse`` the dump, or ``skip`` its capture."""
+    ghost_limit: int = 256 << 20
+    """Largest ghost file a dump takes (bytes; CRIU's own limit is 1 MiB): a file the job
+    holds open or mapped after deleting it — PyTorch's shared memory (DataLoader batches,
+    tensors shared with torch.multiprocessing) is such files in /dev/shm — whose content
+    CRIU copies into the checkpoint. A larger one refuses the dump, naming the file, its size
+    and this setting. Each ghost file is staged (RAM when it fits) and read whole into the
+    daemon's memory when the dump is stored: at most ``GHOST_LIMIT_MAX`` (4 GiB - 1, what
+    CRIU's RPC and a migration's images allow)."""
     max_workers: int = 16
     """Threads serving calls on the local API (and, apart, on the peer listener)."""
     max_connections_per_uid: int = 64
@@ -279,6 +289,10 @@ def _check_limits(config: DaemonConfig) -> None:
     if not 0 < config.gpu_call_timeout_s <= 86400:
         raise ValueError(f"gpu_call_timeout_s {config.gpu_call_timeout_s!r} must be in "
                          "(0, 86400]")
+    ghost = config.ghost_limit
+    if isinstance(ghost, bool) or not isinstance(ghost, int) or not 0 <= ghost <= GHOST_LIMIT_MAX:
+        raise ValueError(f"ghost_limit {ghost!r} must be a whole number of bytes from 0 (no "
+                         f"ghost files) to {GHOST_LIMIT_MAX} (4 GiB - 1)")
     if not 0 < config.open_timeout_s <= 3600:
         raise ValueError(f"open_timeout_s {config.open_timeout_s!r} must be in (0, 3600]")
 

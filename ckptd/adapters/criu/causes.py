@@ -25,6 +25,9 @@ _CAPABILITY = re.compile(
 _RLIMIT = re.compile(r"Can't get rlimit \d+: Operation not permitted")
 """prlimit(2) on a process of another uid, refused without CAP_SYS_RESOURCE (CRIU's own
 RLIMIT_NOFILE notice at its start is harmless and not this)."""
+_GHOST = re.compile(r"Can't dump ghost file (\S+) of (\d+) size, increase limit")
+"""A deleted file the tree holds (PyTorch's shared memory: unlinked /dev/shm files) over
+CRIU's ghost-file limit; CRIU names the file and its allocated size, not the limit."""
 _PID_IN = re.compile(r"(?:SEIZE|detach(?: from)?|non-zombie|the) (\d+)")
 
 
@@ -40,10 +43,20 @@ class Cause:
     """What to do."""
 
 
-def explain(what: str, log_text: str, pid: int | None, proc: Path = Path("/proc")
-            ) -> Cause | None:
+def explain(what: str, log_text: str, pid: int | None, proc: Path = Path("/proc"),
+            *, ghost_limit: int | None = None) -> Cause | None:
     """The cause of CRIU's failure of ``what`` (``"dump of pid 42"``) told by ``log_text``
-    (its log and first error), or None when none is recognised."""
+    (its log and first error), or None when none is recognised. ``ghost_limit``: the limit
+    CRIU was given (bytes), said when a ghost file exceeds it."""
+    ghost = _GHOST.search(log_text)
+    if ghost:
+        limit = f" the limit of {_size(ghost_limit)}" if ghost_limit is not None else " the limit"
+        return Cause(
+            f"CRIU {what} failed: the tree holds the deleted file {ghost[1]} "
+            f"({_size(int(ghost[2]))}, a ghost file: shared memory such as PyTorch's is one) "
+            f"and ghost files are dumped up to{limit} (ghost_limit)",
+            "raise ghost_limit in the daemon's configuration above the file's size "
+            "(bytes, at most 4 GiB - 1) and restart it")
     if _CAPABILITY.search(log_text):
         return Cause(
             f"CRIU {what} failed: CRIU lacks the capabilities it needs (CAP_SYS_ADMIN or "
@@ -96,3 +109,11 @@ def _tracer_of(pid: int | None, proc: Path) -> tuple[int, int] | None:
             if len(parts) > 1 and parts[1].isdigit() and parts[1] != "0":
                 return pid, int(parts[1])
     return None
+
+
+def _size(n: int) -> str:
+    """Bytes as the user reads them (``6.0 MiB``)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"

@@ -200,7 +200,13 @@ class CriuSwrk:
             opts = self._opts(images_fd, work_fd, job, "dump.log")
             opts.pid = job.pid
             opts.leave_running = job.leave_running
+            # a file the tree holds whose path was deleted: still linked elsewhere (a hard
+            # link), CRIU links it back beside its old path as link_remap.N (the restore
+            # opens it there, then removes it; a failed dump removes it); linked nowhere (a
+            # ghost, such as PyTorch's shared memory), its content goes into the images, up
+            # to ghost_limit bytes
             opts.link_remap = True
+            opts.ghost_limit = job.ghost_limit
             if job.leave_stopped:
                 opts.leave_stopped = True
             fds: tuple[int, ...] = (images_fd, work_fd)
@@ -228,6 +234,7 @@ class CriuSwrk:
             opts.pid = where.ns_pid
             opts.leave_running = job.leave_running
             opts.link_remap = True
+            opts.ghost_limit = job.ghost_limit
             opts.manage_cgroups_mode = rpc_pb2.IGNORE
             if job.leave_stopped:
                 opts.leave_stopped = True
@@ -507,7 +514,8 @@ class CriuSwrk:
                 f"CRIU {what} aborted: {hook_error}", errno=errno, log_tail=tail,
                 log_path=str(log_path), pid=pid, hint=f"see {log_path}",
             ) from hook_error
-        cause = explain(what, f"{detail}\n{tail}", pid)
+        ghost_limit = req.opts.ghost_limit if req.HasField("opts") else None
+        cause = explain(what, f"{detail}\n{tail}", pid, ghost_limit=ghost_limit)
         if cause is not None:  # a cause the user can act on, CRIU's words kept in the tail
             raise CriuFailed(
                 cause.message, errno=errno, log_tail=tail, log_path=str(log_path), pid=pid,
