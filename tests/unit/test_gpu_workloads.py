@@ -47,7 +47,7 @@ def touched(w: World) -> list[str]:
 
 def without_inspect_refusals(w: World) -> None:
     """The daemon as it was before issue 23 (6): no /proc facts looked at."""
-    w.dump_recipe._gpu = GpuSteps(gpu(w), gpu(w), w.clock, 1000)
+    w.dump_recipe._gpu = GpuSteps(gpu(w), gpu(w), w.clock, 1000, threads=gpu(w).threads)
 
 
 # ---- NCCL ------------------------------------------------------------------------------------
