@@ -547,6 +547,17 @@ class CheckpointRecord:
 
 
 @dataclass(frozen=True)
+class PinnedBy:
+    """What one checkpoint keeps in the store: the packs it names and their stored bytes;
+    ``bytes_alone``: of those, the packs no other checkpoint names (freed with it)."""
+
+    checkpoint_id: str
+    packs: int = 0
+    bytes: int = 0
+    bytes_alone: int = 0
+
+
+@dataclass(frozen=True)
 class GcReport:
     deleted_checkpoints: tuple[str, ...] = ()
     packs_deleted: int = 0
@@ -554,6 +565,14 @@ class GcReport:
     bytes_freed: int = 0
     packs_kept: int = 0
     bytes_kept: int = 0
+    packs_rewritten: int = 0
+    """Packs compacted: their live pages copied into ``packs_written`` new ones."""
+    bytes_rewritten: int = 0
+    packs_written: int = 0
+    bytes_written: int = 0
+    bytes_condemned: int = 0
+    """Of ``bytes_kept``: packs no checkpoint needs, deleted once the grace period passed."""
+    pinned: tuple[PinnedBy, ...] = ()
 
 
 @dataclass(frozen=True)

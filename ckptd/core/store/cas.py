@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ckptd.core.ports import BlobStore, Clock, ImageSource, PageSink
 from ckptd.core.store import maintenance, pagelist, pagepath
+from ckptd.core.store.compact import COMPACT_BELOW, compact_lease_key
 from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.export import FrameExport
 from ckptd.core.store.index import PageIndex, pack_key
@@ -171,6 +172,19 @@ class ContentStore:
             self._condemned = condemned
         self.index.set_condemned(frozenset(condemned.packs))
         return condemned
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """Compresses and verifies frames (``workers`` threads)."""
+        return self._executor
+
+    @property
+    def level(self) -> int:
+        return self._level
+
+    @property
+    def node(self) -> str:
+        return self._node
 
     def hasher(self, uid: int) -> PageHasher:
         with self._mutex:
@@ -440,6 +454,21 @@ class ContentStore:
         with self._mutex:
             self._manifests.pop(checkpoint_id, None)
 
+    def rewrite_manifest(self, manifest: Manifest) -> bool:
+        """Replace a checkpoint's manifest, signed again, by ``manifest`` (compaction: the
+        same record and files, other packs). One atomic put; False (nothing written) when
+        the checkpoint is gone. Call under the exclusive lock, every pack it names durable.
+        A delete of the checkpoint on another node between the check and the put brings it
+        back (whole and restorable: the packs it names exist), never half of it."""
+        key = manifest_key(manifest.record.id)
+        if not self._blobs.exists(key):
+            return False
+        self._blobs.put(key, manifest.to_bytes(self._keys, self.store_id))
+        with self._mutex:
+            self._manifests[manifest.record.id] = manifest
+            self._listed_mtimes.pop(manifest.record.id, None)
+        return True
+
     def reader(self, checkpoint_id: str) -> CheckpointReader:
         manifest = self.manifest(checkpoint_id, fresh=True)
         if any(p not in self.index.packs for p in manifest.packs):
@@ -572,9 +601,14 @@ class ContentStore:
         return maintenance.verify(self, self._blobs, checkpoint_id)
 
     def collect_garbage(
-        self, delete_first: tuple[str, ...] = (), *, grace_s: float | None = None
+        self,
+        delete_first: tuple[str, ...] = (),
+        *,
+        grace_s: float | None = None,
+        compact_below: float = COMPACT_BELOW,
     ) -> GcReport:
-        """Delete ``delete_first``, condemn what no manifest names, and delete what was
+        """Delete ``delete_first``, rewrite the packs whose live share is below
+        ``compact_below`` (``compact``), condemn what no manifest names, and delete what was
         condemned ``grace_s`` (default ``gc_grace_s``) ago and is still unreferenced."""
         return maintenance.collect_garbage(
             self,
@@ -582,12 +616,17 @@ class ContentStore:
             self._clock,
             delete_first=delete_first,
             grace_s=self.gc_grace_s if grace_s is None else grace_s,
+            compact_below=compact_below,
         )
 
     def clean(self) -> builtins.list[str]:
         """Remove staging and restore directories a crash left (call with no operation
         running)."""
         removed = []
+        lease = compact_lease_key(self._node)
+        if self._blobs.exists(lease):  # a compaction killed midway (its packs: garbage)
+            self._blobs.delete(lease)
+            removed.append(lease)
         for root in self._staging_roots():
             if root.is_dir():
                 for path in root.iterdir():

@@ -26,19 +26,20 @@ import contextlib
 from typing import Protocol
 
 from ckptd.core.ports import BlobStore, Clock
+from ckptd.core.store.compact import COMPACT_BELOW, CompactedStore, Compaction, compact
 from ckptd.core.store.condemned import Condemned, CondemnedList, condemned_key, load_condemned
 from ckptd.core.store.index import PACK_PREFIX, PageIndex, check_pack
 from ckptd.core.store.manifest import Manifest, names_unverified
 from ckptd.core.store.objects import BLOB_PREFIX, LEASE_PREFIX, MANIFEST_PREFIX
 from ckptd.core.store.reader import CheckpointReader
 from ckptd.core.store.rwlock import RWLock
-from ckptd.domain import CheckpointRecord, GcReport, VerifyReport
+from ckptd.domain import CheckpointRecord, GcReport, PinnedBy, VerifyReport
 from ckptd.errors import BlobNotFound, CkptdError, CorruptCheckpoint
 
 DEFAULT_LEASE_TTL_S = 6 * 3600.0
 
 
-class MaintainedStore(Protocol):
+class MaintainedStore(CompactedStore, Protocol):
     """What GC and verify need of the content store (``cas.ContentStore`` is one)."""
 
     @property
@@ -68,17 +69,34 @@ def collect_garbage(
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
     grace_s: float = DEFAULT_LEASE_TTL_S,
     delete_first: tuple[str, ...] = (),
+    compact_below: float = COMPACT_BELOW,
 ) -> GcReport:
+    """Delete ``delete_first``; compact (``compact``: rewrite the packs whose live share is
+    below ``compact_below``, 0: never); then mark, condemn and sweep (module docstring)."""
     for checkpoint_id in delete_first:
         store.delete(checkpoint_id)
     with store.rw.exclusive():
+        keep_after = _keep_after(blobs, clock, lease_ttl_s)
+        compaction = Compaction()
+        if compact_below > 0:
+            refused: set[str] = set()
+            listed = {r.id for r in store.list()}
+            for key, _mtime in blobs.list(MANIFEST_PREFIX):
+                if key[len(MANIFEST_PREFIX) :] not in listed:
+                    with contextlib.suppress(BlobNotFound):
+                        refused.update(names_unverified(blobs.get(key))[0])
+            compaction = compact(store, blobs, clock, listed=sorted(listed),
+                                 pinned_elsewhere=refused, keep_after=keep_after,
+                                 below=compact_below)
         live_packs: set[str] = set()
         live_blobs: set[str] = set()
         listed = {r.id for r in store.list()}
+        named: dict[str, builtins.list[str]] = {}  # checkpoint -> the packs it names
         for key, _mtime in blobs.list(MANIFEST_PREFIX):
             cid = key[len(MANIFEST_PREFIX) :]
             if cid in listed:
                 manifest = store.manifest(cid)
+                named[cid] = list(manifest.packs)
                 live_packs.update(manifest.packs)
                 live_blobs.update(manifest.blobs)
                 continue
@@ -90,23 +108,19 @@ def collect_garbage(
                 live_packs.update(packs)
                 live_blobs.update(named_blobs)
         now = clock.time()
-        lease_starts = []
-        for key, mtime in blobs.list(LEASE_PREFIX):
-            del key
-            if now - mtime < lease_ttl_s:
-                lease_starts.append(mtime)
-        keep_after = min(lease_starts) - 60.0 if lease_starts else None
+        keep_after = _keep_after(blobs, clock, lease_ttl_s)
         condemned = load_condemned(blobs)
         due_packs = condemned.due_packs(now)
         due_blobs = condemned.due_blobs(now)
 
-        packs_deleted = blobs_deleted = freed = kept = kept_bytes = 0
+        packs_deleted = blobs_deleted = freed = kept = kept_bytes = condemned_bytes = 0
+        sizes: dict[str, int] = {}
         gone_packs: set[str] = set()
         pending_packs: set[str] = set()  # candidates not deleted this time
         pending_blobs: set[str] = set()
         for key, mtime in list(blobs.list(PACK_PREFIX)):
             pack_id = key.rsplit("/", 1)[-1]
-            size = blobs.size(key)
+            size = sizes[pack_id] = blobs.size(key)
             if pack_id in live_packs or (keep_after is not None and mtime >= keep_after):
                 kept += 1
                 kept_bytes += size
@@ -115,6 +129,7 @@ def collect_garbage(
                 pending_packs.add(pack_id)
                 kept += 1
                 kept_bytes += size
+                condemned_bytes += size
                 continue
             blobs.delete(key)
             gone_packs.add(pack_id)
@@ -146,7 +161,42 @@ def collect_garbage(
         bytes_freed=freed,
         packs_kept=kept,
         bytes_kept=kept_bytes,
+        packs_rewritten=compaction.packs_rewritten,
+        bytes_rewritten=compaction.bytes_rewritten,
+        packs_written=compaction.packs_written,
+        bytes_written=compaction.bytes_written,
+        bytes_condemned=condemned_bytes,
+        pinned=_pinned(named, sizes),
     )
+
+
+def _keep_after(blobs: BlobStore, clock: Clock, lease_ttl_s: float) -> float | None:
+    """Objects written since then may be named by a dump (or compaction) in progress, here
+    or on another node: a minute before the oldest live lease started; None: no lease."""
+    now = clock.time()
+    starts = [mtime for _key, mtime in blobs.list(LEASE_PREFIX) if now - mtime < lease_ttl_s]
+    return min(starts) - 60.0 if starts else None
+
+
+def _pinned(
+    named: dict[str, builtins.list[str]], sizes: dict[str, int]
+) -> tuple[PinnedBy, ...]:
+    """What each checkpoint keeps in the store: the packs it names, their bytes, and of
+    those the bytes of packs no other checkpoint names (freed with it), largest first."""
+    holders: dict[str, int] = {}
+    for packs in named.values():
+        for p in set(packs):
+            holders[p] = holders.get(p, 0) + 1
+    out = [
+        PinnedBy(
+            checkpoint_id=cid,
+            packs=len(set(packs)),
+            bytes=sum(sizes.get(p, 0) for p in set(packs)),
+            bytes_alone=sum(sizes.get(p, 0) for p in set(packs) if holders[p] == 1),
+        )
+        for cid, packs in named.items()
+    ]
+    return tuple(sorted(out, key=lambda p: (-p.bytes, p.checkpoint_id)))
 
 
 def _update_condemned(

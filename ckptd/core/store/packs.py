@@ -312,6 +312,14 @@ class PackBuilder:
     def _gather_compress(self, pages: memoryview, spans: list[tuple[int, int]]) -> Frame:
         return pagepath.compress_frame(pagepath.gather_pages(pages, spans), self._level)
 
+    def add_frame(self, frame: Frame, hashes: Sequence[bytes]) -> None:
+        """Queue a frame already made (compressed or raw, its pages verified by the caller)
+        as it is: no recompression (compaction copies whole live frames this way)."""
+        self.cut_frame()
+        done: Future[Frame] = Future()
+        done.set_result(frame)
+        self._queue(done, list(hashes))
+
     def cut_frame(self) -> None:
         if not self._pending:
             return

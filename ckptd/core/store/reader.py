@@ -18,7 +18,14 @@ from typing import TypeVar
 
 from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagelist, pagepath
-from ckptd.core.store.index import IN_FRAME, SLOT_SHIFT, PageIndex, check_pack, pack_key
+from ckptd.core.store.index import (
+    IN_FRAME,
+    SLOT_SHIFT,
+    Frames,
+    PageIndex,
+    check_pack,
+    pack_key,
+)
 from ckptd.core.store.manifest import FileEntry, Manifest
 from ckptd.core.store.objects import get_blob
 from ckptd.core.store.packs import read_frame_data
@@ -87,7 +94,7 @@ class PageSource:
         once (packs another daemon wrote), then is an error."""
         codes, frames = self._index.locate(refs)
         found, missing = pagepath.code_runs(codes, refs)
-        if missing:
+        if missing or self._elsewhere(found, frames):
             self._index.refresh(self._blobs)
             codes, frames = self._index.locate(refs)
             found, missing = pagepath.code_runs(codes, refs)
@@ -101,6 +108,15 @@ class PageSource:
         for at, code, count in found:
             runs.setdefault(frames[code >> SLOT_SHIFT], []).append((at, code & IN_FRAME, count))
         return runs
+
+    def _elsewhere(self, found: Sequence[tuple[int, int, int]], frames: Frames) -> bool:
+        """Whether a page is located in a pack the checkpoint does not name: its manifest
+        was rewritten by a compaction (on another node, maybe), and that pack may be gone
+        once the grace period passed; the index is then refreshed (located anew)."""
+        if not self._packs:
+            return False
+        named = set(self._packs)
+        return any(frames[code >> SLOT_SHIFT][0] not in named for _at, code, _n in found)
 
     def _segments(self, refs: Sequence[bytes]) -> list[Segment]:
         """``_plan``'s runs in the image's order (zero pages are the gaps between them)."""
