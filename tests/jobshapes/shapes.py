@@ -23,6 +23,7 @@ from tests.integration.support import VENV_BIN, VENV_PYTHON, descendants, is_ali
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 DDP = WORKLOADS / "ddp_train.py"
 DATALOADER = WORKLOADS / "dataloader_train.py"
+SHARED_SPAWN = WORKLOADS / "shared_spawn.py"
 TORCHRUN = VENV_BIN / "torchrun"
 LOG_NAME = "train.log"
 STATE_NAME = "state.bin"
@@ -37,6 +38,23 @@ Command = Callable[..., list[str]]
 def dataloader_cmd(out_dir: Path, steps: int, pace: float = PACE) -> list[str]:
     """The single-process loop with a DataLoader of 2 worker processes."""
     return [str(VENV_PYTHON), str(DATALOADER), "--out-dir", str(out_dir),
+            "--steps", str(steps), "--pace", str(pace)]
+
+
+BIG_BATCH_FLOATS = 98304
+"""Extra floats per item of ``big_batches_cmd``: batches of 16 items are 6.3 MB."""
+
+
+def big_batches_cmd(out_dir: Path, steps: int, pace: float = PACE) -> list[str]:
+    """The DataLoader loop (2 forked workers) with 6 MB batches: torch hands each over in an
+    unlinked /dev/shm file, which CRIU dumps as a ghost file (issue 24)."""
+    return [*dataloader_cmd(out_dir, steps, pace), "--extra-floats", str(BIG_BATCH_FLOATS)]
+
+
+def shared_spawn_cmd(out_dir: Path, steps: int, pace: float = PACE) -> list[str]:
+    """An 8 MiB tensor in shared memory (an unlinked /dev/shm file) shared with a process
+    started by torch.multiprocessing's spawn (issue 24)."""
+    return [str(VENV_PYTHON), str(SHARED_SPAWN), "--out-dir", str(out_dir),
             "--steps", str(steps), "--pace", str(pace)]
 
 
@@ -136,7 +154,9 @@ class References:
     """The uninterrupted run of each (workload, steps), made once (pace 0) when first asked;
     each under its own directory of ``root``."""
 
-    BUILDERS: dict[str, Command] = {"ddp": torchrun_cmd, "dataloader": dataloader_cmd}
+    BUILDERS: dict[str, Command] = {"ddp": torchrun_cmd, "dataloader": dataloader_cmd,
+                                    "big-batches": big_batches_cmd,
+                                    "shared-spawn": shared_spawn_cmd}
 
     def __init__(self, root: Path) -> None:
         self.root = root

@@ -10,10 +10,14 @@ uninterrupted run:
 (d) just in time: ``ckptctl run --name J -- prog > job.log 2>&1``, SIGTERM to the launcher
     (whose own line then lands in job.log), ``ckptctl restore --name J``;
 (e) the two DDP ranks on two nodes (network namespaces, a daemon each): a group checkpoint,
-    both killed, a group restore, the loss curve going on bit for bit.
+    both killed, a group restore, the loss curve going on bit for bit;
+(f) the DataLoader loop with 6 MB batches and (g) an 8 MiB tensor shared with a process
+    started by torch.multiprocessing's spawn: torch's shared memory is unlinked /dev/shm
+    files, dumped by CRIU as ghost files, over CRIU's own 1 MiB limit (issue 24).
 
 What makes each pass: the files the job writes captured and put back (c, d), established TCP
-connections inside the tree (a, e), no io_uring in jobs launched by ``ckptctl run`` (a).
+connections inside the tree (a, e), no io_uring in jobs launched by ``ckptctl run`` (a), a
+ghost-file limit sized for torch's shared memory (``ghost_limit``: f, g).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from tests.integration.support import (
     Daemon,
     Procs,
     assert_ok,
+    assert_one_line_error,
     descendants,
     is_alive,
     start_detached,
@@ -47,10 +52,12 @@ from tests.jobshapes.shapes import (
     References,
     assert_kept_aside,
     assert_same_outcome,
+    big_batches_cmd,
     child_of,
     dataloader_cmd,
     kill_tree,
     rank_cmd,
+    shared_spawn_cmd,
     torchrun_cmd,
 )
 
@@ -58,6 +65,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(150
 
 DDP_STEPS = 30
 DL_STEPS = 40
+SHM_STEPS = 20
 STORE_PORT = 29517  # rank 0's TCPStore in the two-node case (namespaces of the test's own)
 START_S = 60.0  # torch imports, workers, rendezvous: slow on a loaded 2-core machine
 
@@ -79,7 +87,9 @@ def launch_run(procs: Procs, daemon: Daemon, name: str, cmd: list[str], stdout: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "steps"), [("dataloader", DL_STEPS), ("ddp", DDP_STEPS)])
+@pytest.mark.parametrize(("kind", "steps"), [("dataloader", DL_STEPS), ("ddp", DDP_STEPS),
+                                             ("big-batches", SHM_STEPS),
+                                             ("shared-spawn", SHM_STEPS)])
 def test_the_workloads_are_deterministic(references: References, kind: str, steps: int
                                          ) -> None:
     """Two uninterrupted runs print and write the same bytes (what every test relies on)."""
@@ -191,6 +201,49 @@ def test_d_just_in_time_sigterm_to_ckptctl_run_whose_line_lands_in_the_jobs_log(
     wait_for_done(job_log, timeout=START_S)
     assert_same_outcome(Outcome.read(job_log, out_dir), want, "job restored by name")
     assert_kept_aside(job_log, on_disk)
+
+
+@pytest.mark.parametrize(("kind", "command", "processes"), [
+    ("big-batches", big_batches_cmd, 3),  # (f) the loop and its 2 forked workers
+    ("shared-spawn", shared_spawn_cmd, 2),  # (g) the main process and the spawned one
+])
+def test_f_g_torch_shared_memory_over_1_mib_dumped_as_ghost_files(
+    daemon: Daemon, procs: Procs, references: References, tmp_path: Path, kind: str,
+    command: Callable[..., list[str]], processes: int,
+) -> None:
+    want = references.get(kind, SHM_STEPS)
+    out_dir, stdout = tmp_path / "out", tmp_path / "stdout"
+    pid = start_detached(procs, command(out_dir, SHM_STEPS), stdout)
+    wait_for_lines(stdout, 5, timeout=START_S)
+    assert len(descendants(pid)) + 1 >= processes, f"{kind}: {processes} processes"
+
+    dumped = assert_ok(daemon.ctl("dump", pid, "--name", kind), "dump")
+    timing(f"{kind} dump", dumped)
+    assert not is_alive(pid)
+    restored = assert_ok(daemon.ctl("restore", "--name", kind), f"restore --name {kind}")
+    timing(f"{kind} restore", restored)
+    procs.add(restored["pid"])
+    assert restored["pid"] == pid
+
+    wait_for_done(stdout, timeout=START_S)
+    assert_same_outcome(Outcome.read(stdout, out_dir), want, f"{kind} job restored")
+
+
+def test_g_a_ghost_file_over_the_limit_refuses_the_dump_naming_the_setting(
+    start_daemon: Callable[..., Daemon], procs: Procs, tmp_path: Path,
+) -> None:
+    """The 8 MiB tensor of (g) under a daemon with ``ghost_limit`` 4 MiB: one line naming
+    the file, its size, the limit and the setting; the job runs on to its end."""
+    daemon = start_daemon(config={"ghost_limit": 4 << 20})
+    out_dir, stdout = tmp_path / "out", tmp_path / "stdout"
+    pid = start_detached(procs, shared_spawn_cmd(out_dir, SHM_STEPS), stdout)
+    wait_for_lines(stdout, 5, timeout=START_S)
+
+    line = assert_one_line_error(daemon.ctl("dump", pid), 1, f"pid {pid}", "/dev/shm/torch_",
+                                 "8.0 MiB", "4.0 MiB", "ghost_limit", "daemon's configuration")
+    assert "increase limit" not in line
+    assert is_alive(pid), "the job keeps running"
+    assert wait_for_done(stdout, timeout=START_S)[-1].startswith("done steps")
 
 
 @pytest.fixture
