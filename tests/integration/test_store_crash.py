@@ -52,6 +52,7 @@ from .store_support import (
     kill_on,
     kill_pid,
     kill_when,
+    largest_pack,
     leftovers,
     manifest_refs,
     staging_dirs,
@@ -401,6 +402,71 @@ def test_daemon_killed_during_gc_recovers(daemons: Daemons, procs: Procs) -> Non
     kill_pid(pid)
     pid, output = restore(d, procs, keep2["id"])
     assert_continues_from_dump_point(wait_for_done(output, timeout=30), ref_small, low2, high2)
+    kill_pid(pid)
+    Daemons.stop(d)
+
+
+def test_daemon_killed_during_compaction_recovers(daemons: Daemons, procs: Procs) -> None:
+    """GC compacting (issue 24, point 4: packs a few live pages pin are rewritten, the
+    manifests that named them rewritten, the old packs deleted), SIGKILLed at a random one of
+    its writes or deletions. The next daemon: every kept checkpoint listed and verifying, no
+    compaction lease left; a complete GC then leaves only what the manifests name, the first
+    (full) pack freed, and the newest checkpoint restores and goes on line for line."""
+    ds = daemons
+    seed = crash_seed()
+    rng = random.Random(seed)
+    cmd = workload("bigmem", "--mib", 16, "--rewrite-pct", 10, "--steps", 800)
+    ref = reference(with_interval(cmd, 0))
+    d = ds.start(*gc_at_once(ds))
+    job = Job(procs, cmd, 20)
+    job.reader.read_lines(2, timeout=30)
+    low = high = 0
+    for _ in range(5):
+        job.reader.read_lines(len(job.reader.lines) + 3, timeout=30)
+        low = len(job.reader.drain())
+        ck = assert_ok(d.ctl("dump", job.pid, "--leave-running", "--name", "churn",
+                             "--keep", 2), "dump --leave-running")
+        high = len(job.reader.drain())
+    job.kill()
+    newest = ck["id"]
+    kept = [c["id"] for c in assert_ok(d.ctl("list"), "list")]
+    assert len(kept) == 2 and kept[-1] == newest, kept
+    first_pack = largest_pack(ds.store)
+
+    for rnd in range(2):
+        where = f"[seed {seed}, round {rnd}]"
+        watches = [(ds.store / sub, IN_CREATE | IN_MOVED_TO | IN_DELETE)
+                   for sub in ("packs", "manifests", "leases")]
+        watches += [(p, IN_MOVED_TO | IN_DELETE) for p in sorted((ds.store / "packs").iterdir())
+                    if p.is_dir()]
+        k = rng.randint(1, 6)
+        seen: list[str] = []
+
+        def kth_event(directory: Path, name: str, _mask: int, k: int = k,
+                      seen: list[str] = seen) -> bool:
+            if not name.startswith(".tmp."):
+                seen.append(f"{directory.name}/{name}")
+            return len(seen) >= k
+
+        ctl = d.popen("gc")
+        fired = kill_on(d, watches, kth_event, timeout=30,
+                        also_stop=functools.partial(finished, ctl))
+        rc, _, _ = finish(ctl)
+        print(f"{where} gc killed after {seen} (k={k}, fired={fired}), ckptctl gc rc {rc}")
+        d = ds.start(*gc_at_once(ds))
+        ids = [c["id"] for c in assert_ok(d.ctl("list"), "list")]
+        assert ids == kept, f"{where} listed {ids}, expected {kept}"
+        assert_verify_clean(d, kept)
+        assert not leftovers(ds.store, ds.state_dir), f"{where} {leftovers(ds.store, ds.state_dir)}"
+
+    report = assert_ok(d.ctl("gc"), "gc")
+    packs, _blobs = referenced(ds.store)
+    on_disk = {p.name for p in store_files(ds.store, "packs")}
+    assert on_disk == packs, f"unreferenced: {on_disk - packs}; missing: {packs - on_disk}"
+    assert not first_pack.exists(), f"the first checkpoint's pack is still pinned: {report}"
+    assert_verify_clean(d, kept)
+    pid, output = restore(d, procs, newest)
+    assert_continues_from_dump_point(wait_for_done(output, timeout=90), ref, low, high)
     kill_pid(pid)
     Daemons.stop(d)
 

@@ -138,6 +138,9 @@ def compact(
         for r in lists:
             live[manifest.uid].update(r)
     named = {p for m in manifests.values() for p in m.packs}
+    # a page is counted live in a pack a manifest names, never in a copy no manifest names
+    # (the old packs of an interrupted compaction, a dump's packs not yet committed)
+    index.set_condemned(index.condemned | (frozenset(index.packs) - named - unsafe))
     sizes: dict[str, int] = {}
     for key, mtime in blobs.list(PACK_PREFIX):
         pack_id = key.rsplit("/", 1)[-1]
@@ -175,9 +178,11 @@ def compact(
     blobs.put(lease, json.dumps({"node": store.node, "started": clock.time(),
                                  "compaction": True}).encode())
     try:
-        written, written_bytes, copied = _copy_live(store, blobs, victims)
+        written, written_bytes, copied, new = _copy_live(store, blobs, victims)
         blobs.flush()
-        index.set_condemned(index.condemned | frozenset(copied))  # locate pages anew
+        # locate pages anew: in the new packs (one may be a copy an interrupted compaction
+        # left, no manifest names it yet), not in the old ones
+        index.set_condemned((index.condemned - new) | frozenset(copied))
         rewritten = 0
         for cid, manifest in manifests.items():
             if not copied.intersection(manifest.packs):
@@ -203,10 +208,11 @@ def compact(
 
 def _copy_live(
     store: CompactedStore, blobs: BlobStore, victims: dict[str, _Pack]
-) -> tuple[int, int, set[str]]:
+) -> tuple[int, int, set[str], set[str]]:
     """Copy the live pages of ``victims`` into new packs (one uid's pages per pack), each
     frame verified as it is read; a frame wholly live is kept as it is, others are gathered
-    and compressed again. Returns (packs written, their bytes, the victims copied whole)."""
+    and compressed again. Returns (packs written, their bytes, the victims copied whole, the
+    new packs' ids)."""
     index = store.index
     by_uid: dict[int, list[str]] = defaultdict(list)
     for pack_id, pack in sorted(victims.items()):
@@ -248,7 +254,7 @@ def _copy_live(
             written, written_bytes = written + 1, written_bytes + n
     # a pack written again with a victim's content (the pages of an earlier compaction that
     # was interrupted, located in older copies) is their new home, not garbage
-    return written, written_bytes, copied - new
+    return written, written_bytes, copied - new, new
 
 
 FrameGroup = builtins.list[tuple[Future[Frame], tuple[bytes, ...]]]
