@@ -99,6 +99,9 @@ def test_gc_rewrites_packs_a_few_live_pages_pin(daemon: Daemon, procs: Procs) ->
     after = _pack_bytes(store)
     print(f"packs {before} -> {after} bytes; gc {took:.2f}s; {report}")
     assert int(report["bytes_freed"]) > 0, report
+    assert int(report["packs_rewritten"]) >= 1 and int(report["packs_written"]) >= 1, report
+    assert sorted(p["checkpoint_id"] for p in report["pinned"]) == sorted(kept), report
+    assert sum(int(p["bytes_alone"]) for p in report["pinned"]) <= after
     assert not first_pack.exists(), "the first checkpoint's pack is still pinned"
     # what the two kept checkpoints hold: the newest one, plus the pages it changed since
     # the other one (about as many as the other holds and the newest does not)

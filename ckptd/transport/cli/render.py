@@ -139,6 +139,26 @@ def gc_report(report: Mapping[str, Any]) -> str:
         f"kept {report.get('packs_kept', 0)} pack(s), "
         f"{human_bytes(int(report.get('bytes_kept', 0)))}"
     )
+    if int(report.get("packs_rewritten", 0)):
+        lines.append(
+            f"compacted {report['packs_rewritten']} pack(s), "
+            f"{human_bytes(int(report.get('bytes_rewritten', 0)))}, into "
+            f"{report.get('packs_written', 0)} pack(s), "
+            f"{human_bytes(int(report.get('bytes_written', 0)))}"
+        )
+    if int(report.get("bytes_condemned", 0)):
+        lines.append(
+            f"condemned {human_bytes(int(report['bytes_condemned']))}: no checkpoint needs "
+            "it, freed once gc_grace_s has passed"
+        )
+    pinned = report.get("pinned") or []
+    if pinned:
+        lines.append("pinned by checkpoint (its packs; of those, only it needs):")
+        lines.extend(
+            f"  {p.get('checkpoint_id', '')}  {human_bytes(int(p.get('bytes', 0)))} in "
+            f"{p.get('packs', 0)} pack(s); {human_bytes(int(p.get('bytes_alone', 0)))}"
+            for p in pinned
+        )
     return "\n".join(lines)
 
 

@@ -65,6 +65,16 @@ def gc_response(r: GcReport) -> pb.GcResponse:
         bytes_freed=r.bytes_freed,
         packs_kept=r.packs_kept,
         bytes_kept=r.bytes_kept,
+        packs_rewritten=r.packs_rewritten,
+        bytes_rewritten=r.bytes_rewritten,
+        packs_written=r.packs_written,
+        bytes_written=r.bytes_written,
+        bytes_condemned=r.bytes_condemned,
+        pinned=[
+            pb.GcPinned(checkpoint_id=p.checkpoint_id, packs=p.packs, bytes=p.bytes,
+                        bytes_alone=p.bytes_alone)
+            for p in r.pinned
+        ],
     )
 
 

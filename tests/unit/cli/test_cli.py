@@ -991,3 +991,19 @@ def test_show_human_prints_the_fingerprint_summary() -> None:
 def test_bash_completion_knows_check_restore() -> None:
     script = cli.bash_completion(cli.build_parser())
     assert "check-restore" in script and "--ignore-warnings" in script
+
+
+def test_gc_human_reports_compaction_and_what_each_checkpoint_pins() -> None:
+    msg = pb.GcResponse(
+        packs_deleted=4, bytes_freed=3 << 20, packs_kept=2, bytes_kept=5 << 20,
+        packs_rewritten=4, bytes_rewritten=3 << 20, packs_written=1, bytes_written=1 << 20,
+        bytes_condemned=0,
+        pinned=[pb.GcPinned(checkpoint_id="ck-b", packs=2, bytes=5 << 20, bytes_alone=1 << 20),
+                pb.GcPinned(checkpoint_id="ck-a", packs=1, bytes=4 << 20)],
+    )
+    lines = render.gc_report(convert.message_to_dict(msg)).splitlines()
+    assert lines[0].startswith("freed 3.0 MiB: 4 pack(s)")
+    assert lines[1] == "compacted 4 pack(s), 3.0 MiB, into 1 pack(s), 1.0 MiB"
+    assert lines[2].startswith("pinned by checkpoint")
+    assert lines[3].split()[:4] == ["ck-b", "5.0", "MiB", "in"]
+    assert lines[4].startswith("  ck-a")

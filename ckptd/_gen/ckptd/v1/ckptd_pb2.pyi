@@ -1821,13 +1821,32 @@ class GcResponse(_message.Message):
     BYTES_FREED_FIELD_NUMBER: _builtins.int
     PACKS_KEPT_FIELD_NUMBER: _builtins.int
     BYTES_KEPT_FIELD_NUMBER: _builtins.int
+    PACKS_REWRITTEN_FIELD_NUMBER: _builtins.int
+    BYTES_REWRITTEN_FIELD_NUMBER: _builtins.int
+    PACKS_WRITTEN_FIELD_NUMBER: _builtins.int
+    BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    BYTES_CONDEMNED_FIELD_NUMBER: _builtins.int
+    PINNED_FIELD_NUMBER: _builtins.int
     packs_deleted: _builtins.int
     blobs_deleted: _builtins.int
     bytes_freed: _builtins.int
     packs_kept: _builtins.int
     bytes_kept: _builtins.int
+    packs_rewritten: _builtins.int
+    """Compaction: packs whose live pages were copied into packs_written new ones (the old
+    ones are then unreferenced: freed now, or condemned until the grace period passed).
+    """
+    bytes_rewritten: _builtins.int
+    packs_written: _builtins.int
+    bytes_written: _builtins.int
+    bytes_condemned: _builtins.int
+    """of bytes_kept: no checkpoint needs it, freed after gc_grace_s"""
     @_builtins.property
     def deleted_checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def pinned(self) -> _containers.RepeatedCompositeFieldContainer[Global___GcPinned]:
+        """what each checkpoint keeps, largest first"""
+
     def __init__(
         self,
         *,
@@ -1837,14 +1856,50 @@ class GcResponse(_message.Message):
         bytes_freed: _builtins.int = ...,
         packs_kept: _builtins.int = ...,
         bytes_kept: _builtins.int = ...,
+        packs_rewritten: _builtins.int = ...,
+        bytes_rewritten: _builtins.int = ...,
+        packs_written: _builtins.int = ...,
+        bytes_written: _builtins.int = ...,
+        bytes_condemned: _builtins.int = ...,
+        pinned: _abc.Iterable[Global___GcPinned] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs_deleted", b"blobs_deleted", "bytes_freed", b"bytes_freed", "bytes_kept", b"bytes_kept", "deleted_checkpoints", b"deleted_checkpoints", "packs_deleted", b"packs_deleted", "packs_kept", b"packs_kept"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs_deleted", b"blobs_deleted", "bytes_condemned", b"bytes_condemned", "bytes_freed", b"bytes_freed", "bytes_kept", b"bytes_kept", "bytes_rewritten", b"bytes_rewritten", "bytes_written", b"bytes_written", "deleted_checkpoints", b"deleted_checkpoints", "packs_deleted", b"packs_deleted", "packs_kept", b"packs_kept", "packs_rewritten", b"packs_rewritten", "packs_written", b"packs_written", "pinned", b"pinned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GcResponse: _TypeAlias = GcResponse  # noqa: Y015
+
+@_typing.final
+class GcPinned(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PACKS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    BYTES_ALONE_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    packs: _builtins.int
+    bytes: _builtins.int
+    """the packs it names"""
+    bytes_alone: _builtins.int
+    """of those, packs no other checkpoint names (freed with it)"""
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        packs: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        bytes_alone: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "bytes_alone", b"bytes_alone", "checkpoint_id", b"checkpoint_id", "packs", b"packs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GcPinned: _TypeAlias = GcPinned  # noqa: Y015
 
 @_typing.final
 class ReservePidsRequest(_message.Message):
