@@ -19,7 +19,14 @@ from collections.abc import Mapping, Sequence
 from ckptd.core.gpu import GpuSteps
 from ckptd.core.jobfiles import check_files
 from ckptd.core.ports import JobFiles, NodeInspector
-from ckptd.domain import CheckpointRecord, CompatReport, FileKind, FileNeed, NodeFingerprint
+from ckptd.domain import (
+    CheckpointRecord,
+    CompatReport,
+    FileKind,
+    FileNeed,
+    NodeFingerprint,
+    TcpConnection,
+)
 from ckptd.errors import GpuMismatch, GpuUnavailable, Incompatible
 
 _EXECUTABLE = (FileKind.EXE, FileKind.MAP)
@@ -50,11 +57,46 @@ def check_restore(
         needs = tuple(n for n in record.fingerprint.files if n.path not in captured)
         changed = _files(needs, here, blocking, warnings)
         _libc(record.fingerprint, node, changed, warnings)
-    file_blocking, notes = check_files(record, files)
+    file_blocking, file_notes = check_files(record, files)
+    notes = [*file_notes, *tcp_notes(record, here)]
     blocking.extend(file_blocking)
     if include_gpu and record.gpu is not None:
         blocking.extend(gpu_problems(record, gpu, gpu_map, visible))
     return CompatReport(blocking=tuple(blocking), warnings=tuple(warnings), notes=tuple(notes))
+
+
+def tcp_missing(record: CheckpointRecord, here: NodeInspector) -> tuple[TcpConnection, ...]:
+    """The connections of ``record`` (``record.tcp``) whose local address this node lacks
+    (a migration that did not keep it): CRIU restores a tree's connections all established
+    or all closed, so one of them makes a restore here bring every one back closed. Empty
+    when the checkpoint was dumped with ``--tcp-close`` (all closed anyway)."""
+    if record.tcp_close:
+        return ()
+    return tuple(c for c in record.tcp if not here.has_address(c.local))
+
+
+def show_tcp(connections: Sequence[TcpConnection], limit: int = 8) -> str:
+    """``local -> remote (STATE)``, comma-separated, the first ``limit`` of them."""
+    shown = ", ".join(f"{c.local} -> {c.remote} ({c.state})" for c in connections[:limit])
+    more = f" and {len(connections) - limit} more" if len(connections) > limit else ""
+    return shown + more
+
+
+def tcp_notes(record: CheckpointRecord, here: NodeInspector) -> list[str]:
+    """What a restore here does with the TCP connections CRIU's images hold."""
+    if not record.tcp:
+        return []
+    count = f"{len(record.tcp)} TCP connection(s)"
+    if record.tcp_close:
+        return [f"brings back {count} closed (dumped with --tcp-close; the application sees "
+                f"a reset): {show_tcp(record.tcp)}"]
+    missing = tcp_missing(record, here)
+    if missing:
+        return [f"brings back {count} closed, not established, because this node lacks the "
+                f"local address of {show_tcp(missing)} (CRIU restores a tree's connections "
+                f"all established or all closed; the application sees a reset): "
+                f"{show_tcp(record.tcp)}"]
+    return [f"brings back {count} established: {show_tcp(record.tcp)}"]
 
 
 def gpu_problems(

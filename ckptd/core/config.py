@@ -29,6 +29,11 @@ class CoreConfig:
     was deleted, its content copied into the images (PyTorch's shared memory: DataLoader
     batches, tensors shared with ``torch.multiprocessing``). A larger one refuses the dump,
     naming it and this setting."""
+    tcp_outside_peers: str = "restore"
+    """A TCP connection to a peer outside the tree (a database, a metrics server): ``restore``
+    it established where this node has its local address (closed, with the restore's event
+    naming it, where it does not), or ``refuse`` the dump before anything is frozen (unless
+    ``--tcp-close``)."""
     stream_restore: bool = True
     """CRIU reads a restore's images from the store as they are verified (no image directory
     written first) when it can (``Criu.can_stream_restore``); not for restores into a

@@ -99,10 +99,12 @@ from ckptd.domain import (
     PidState,
     ProcessFact,
     StdioFact,
+    TcpConnection,
     new_checkpoint_id,
 )
 from ckptd.errors import (
     CkptdError,
+    CriuFailed,
     CriuUnavailable,
     GpuFailed,
     PermissionDenied,
@@ -146,7 +148,10 @@ class DumpContext:
     """The files the tree writes, as ``inspect`` listed them (re-listed while frozen)."""
     precopies: dict[str, Precopy] = field(default_factory=dict)
     tcp_connections: int = 0
-    """Connected TCP sockets of the tree at ``inspect`` (CRIU dumps them established)."""
+    """TCP sockets with a peer (any state) of the tree at ``inspect`` (CRIU dumps them
+    established); once CRIU has dumped, the connections its images hold (``tcp``)."""
+    tcp: tuple[TcpConnection, ...] = ()
+    """The TCP connections CRIU's images hold (what a restore must bring back)."""
     container: CriuPlacement | None = None
     """A container job: CRIU runs inside the container (its init's namespaces, cgroups)."""
     undo_log: UndoLog | None = None
@@ -270,7 +275,9 @@ class DumpRecipe:
         ctx.container = self._placement(ctx)
         ctx.stdio = self._processes.stdio(ctx.tree)
         connections = self._processes.tcp_connections(ctx.tree)
-        check_tcp(connections, ctx.request.pid, tcp_close=ctx.request.tcp_close,
+        check_tcp(connections, ctx.request.pid,
+                  tcp_close=(ctx.request.tcp_close
+                             or self._config.tcp_outside_peers != "refuse"),
                   peers_dumped=ctx.request.tcp_peers_dumped)
         ctx.tcp_connections = len(connections)
         ctx.stopped_before = frozenset(
@@ -435,6 +442,29 @@ class DumpRecipe:
                         f"caller is uid {ctx.caller.uid}",
                         pid=ctx.request.pid,
                     )
+        self._check_tcp_images(ctx, job)
+
+    def _check_tcp_images(self, ctx: DumpContext, job: CriuDumpJob) -> None:
+        """What a restore needs for TCP is decided from what CRIU dumped, not from what was
+        seen before the freeze: every connection in the images (any state, TCP_CLOSE
+        included) makes the restore pass CRIU ``tcp_established`` (or ``tcp_close``). One the
+        dump did not lock (a socket that got a peer after ``inspect``) would not restore:
+        the dump fails before its commit (CRIU resumes the tree)."""
+        assert ctx.criu is not None
+        dumped = ctx.criu.tcp_sockets
+        if dumped is None:  # images not read: the inspection's count stands
+            return
+        if dumped and not job.tcp_established:
+            conn = dumped[0]
+            raise CriuFailed(
+                f"CRIU dumped a TCP connection {conn.local} -> {conn.remote} ({conn.state}) of "
+                f"the tree of pid {ctx.request.pid} that was not there when it was inspected, "
+                "so it was not locked and a restore could not bring it back: nothing was "
+                "committed, the tree runs on",
+                hint="dump it again", pid=ctx.request.pid,
+            )
+        ctx.tcp = dumped
+        ctx.tcp_connections = len(dumped)
 
     def _dumped_tree(self, ctx: DumpContext, pids: tuple[int, ...]) -> tuple[ProcessFact, ...]:
         """The tree CRIU actually froze (children may have come and gone since ``inspect``),
@@ -555,6 +585,7 @@ class DumpRecipe:
             files_skipped=ctx.files_skipped,
             tcp_connections=ctx.tcp_connections,
             tcp_close=ctx.request.tcp_close and ctx.tcp_connections > 0,
+            tcp=ctx.tcp,
             container=ctx.container is not None,
             container_memory_limit=self._memory_limit(ctx.container),
         )

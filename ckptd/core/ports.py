@@ -250,6 +250,12 @@ class NodeInspector(Protocol):
         file (hashed when ``with_hash`` and small); CWD a directory; MOUNT a mount point."""
         ...
 
+    def has_address(self, address: str) -> bool:
+        """Whether this node (the daemon's network namespace) has the local IP address of
+        ``address`` (``ip:port`` or ``[ipv6]:port``): a TCP connection from it can be
+        restored established here."""
+        ...
+
     def seen_by(self, pid: int) -> NodeInspector:
         """The same inspector with every path resolved as process ``pid`` sees it: in its
         root file system and mount table (a container's), never escaping that root through
@@ -554,6 +560,13 @@ class CriuDumpInProgress(Protocol):
     def holds_connections(self) -> bool:
         """The dump locked established TCP connections: once finished, a tree left stopped
         cannot be resumed by a signal (its sockets stay in repair mode)."""
+        ...
+
+    @property
+    def tcp_sockets(self) -> tuple[TcpConnection, ...] | None:
+        """The TCP sockets with a peer that CRIU's images hold (any state, TCP_CLOSE
+        included: a restore needs CRIU's ``tcp_established`` or ``tcp_close`` for each), pid
+        0; None when the images could not be read (the inspection's count then stands)."""
         ...
 
     def finish(self) -> CriuDumpResult:

@@ -60,7 +60,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptd.core.callers import caller_process
-from ckptd.core.compat import check_restore, gpu_problems, refuse_unless_compatible
+from ckptd.core.compat import (
+    check_restore,
+    gpu_problems,
+    refuse_unless_compatible,
+    show_tcp,
+    tcp_missing,
+)
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree, pid_map
@@ -97,6 +103,7 @@ from ckptd.domain import (
     ProcessFact,
     RestoreOutcome,
     RestoreRequest,
+    TcpConnection,
 )
 from ckptd.domain.model import ROOT
 from ckptd.errors import (
@@ -123,6 +130,9 @@ class RestoreContext:
     op_id: str
     started: float
     record: CheckpointRecord | None = None
+    tcp_closed: tuple[TcpConnection, ...] = ()
+    """The recorded connections whose local address this node lacks: the restore brings the
+    tree's connections back closed (CRIU: all or none), its outcome naming these."""
     images_dir: Path | None = None
     output_path: Path | None = None
     inherit_fds: tuple[InheritFd, ...] = ()
@@ -273,6 +283,9 @@ class RestoreRecipe:
             stdio=ctx.record.stdio,
             files_put_back=tuple(ctx.files.put_back) if ctx.files else (),
             files_kept=ctx.files.kept if ctx.files else (),
+            tcp_closed=(f"{len(ctx.record.tcp)} TCP connection(s) restored closed: this node "
+                        f"lacks the local address of {show_tcp(ctx.tcp_closed)}"
+                        if ctx.tcp_closed else ""),
         )
 
     # ---- steps ----------------------------------------------------------------------------
@@ -363,6 +376,7 @@ class RestoreRecipe:
             else:
                 ctx.gpu_map = self._gpu.plan_restore(record.gpu, dict(ctx.request.gpu_map),
                                                      visible)
+        ctx.tcp_closed = tcp_missing(record, node)  # a container's: in its network namespace
         refuse_unless_compatible(
             record, report, ignore_warnings=ctx.request.ignore_warnings,
             where="this node" if ctx.into is None else f"the container of pid {ctx.into.init}")
@@ -507,7 +521,7 @@ class RestoreRecipe:
             images_dir=ctx.images_dir, work_dir=work_dir, inherit_fds=ctx.inherit_fds,
             leave_stopped=ctx.gate is not None or ctx.record.gpu is not None,
             tcp_established=ctx.record.tcp_connections > 0,
-            tcp_close=ctx.record.tcp_close,
+            tcp_close=ctx.record.tcp_close or bool(ctx.tcp_closed),
             restore_cgroups=not ctx.cgroup and ctx.into is None,
             container=ctx.into.placement() if ctx.into is not None else None,
             images=ctx.images,

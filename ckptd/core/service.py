@@ -178,6 +178,7 @@ class CheckpointService:
         self.events.publish(EventKind.RESTORE_DONE, pid=outcome.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
                             message=f"restored as pid {outcome.pid}" + _files_note(outcome)
+                            + (f"; {outcome.tcp_closed}" if outcome.tcp_closed else "")
                             + (f" in cgroup {outcome.cgroup}" if outcome.cgroup else ""),
                             duration_s=self._clock.monotonic() - started,
                             cgroup=outcome.cgroup)

@@ -271,18 +271,22 @@ def check_tcp(
     connections: Sequence[TcpConnection], pid: int, *, tcp_close: bool, peers_dumped: bool
 ) -> None:
     """Refuse (before anything is frozen) a tree with a TCP connection whose other end is not
-    in the tree, unless the request says its connections come back closed (``tcp_close``) or
-    that the peers are checkpointed with it (a group)."""
+    in the tree, unless the request says its connections come back closed (``tcp_close``; the
+    dump passes True too when the daemon restores such connections, its default) or that the
+    peers are checkpointed with it (a group). A connection its peer reset (CLOSE) is never
+    refused: it comes back as it was, closed."""
     if tcp_close or peers_dumped:
         return
     ends = {(c.local, c.remote) for c in connections}
     for conn in connections:
-        if (conn.remote, conn.local) not in ends:
+        # a connection its peer reset (CLOSE) has nobody left to talk to: it comes back closed
+        if conn.state != "CLOSE" and (conn.remote, conn.local) not in ends:
             raise TargetRefused(
                 f"pid {conn.pid} ({conn.comm}) has a TCP connection {conn.local} -> "
-                f"{conn.remote} to a peer outside the tree of pid {pid}: ckptd restores a "
-                "connection only when both of its ends are checkpointed",
-                hint="checkpoint the peer with it (a group), or dump with --tcp-close to "
-                "restore the tree's connections closed (the application sees a reset)",
+                f"{conn.remote} to a peer outside the tree of pid {pid}, and this daemon "
+                "refuses those (tcp_outside_peers = \"refuse\")",
+                hint="checkpoint the peer with it (a group), dump with --tcp-close to "
+                "restore the tree's connections closed (the application sees a reset), or set "
+                "tcp_outside_peers = \"restore\"",
                 pid=pid,
             )

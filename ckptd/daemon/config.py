@@ -104,6 +104,10 @@ class DaemonConfig:
     """Largest file a job writes whose content a checkpoint captures (bytes)."""
     file_capture_oversize: str = "refuse"
     """A file over ``file_capture_limit``: ``refuse`` the dump, or ``skip`` its capture."""
+    tcp_outside_peers: str = "restore"
+    """A job's TCP connection to a peer outside its tree: ``restore`` it established where
+    the node has the connection's local address (else closed, the restore's event naming
+    it), or ``refuse`` the dump (unless ``--tcp-close``)."""
     ghost_limit: int = 256 << 20
     """Largest ghost file a dump takes (bytes; CRIU's own limit is 1 MiB): a file the job
     holds open or mapped after deleting it — PyTorch's shared memory (DataLoader batches,
@@ -295,6 +299,9 @@ def _check_limits(config: DaemonConfig) -> None:
                          f"ghost files) to {GHOST_LIMIT_MAX} (4 GiB - 1)")
     if not 0 < config.open_timeout_s <= 3600:
         raise ValueError(f"open_timeout_s {config.open_timeout_s!r} must be in (0, 3600]")
+    if config.tcp_outside_peers not in ("restore", "refuse"):
+        raise ValueError(f"tcp_outside_peers {config.tcp_outside_peers!r} must be \"restore\" "
+                         "or \"refuse\"")
 
 
 def _in_file(args: argparse.Namespace, key: str) -> bool:

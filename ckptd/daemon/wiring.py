@@ -143,6 +143,7 @@ def wire(config: DaemonConfig) -> Wired:
         zombie_wait_s=config.zombie_wait_s,
         file_capture_limit=config.file_capture_limit,
         file_capture_oversize=config.file_capture_oversize,
+        tcp_outside_peers=config.tcp_outside_peers,
         ghost_limit=config.ghost_limit,
         jobs_cgroup=config.jobs_cgroup,
         stream_restore=config.stream_restore,

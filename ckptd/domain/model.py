@@ -496,6 +496,10 @@ class CheckpointRecord:
     """Connected TCP sockets dumped (CRIU's tcp-established; a restore needs it too)."""
     tcp_close: bool = False
     """A restore brings those connections back closed (peers outside the tree)."""
+    tcp: tuple[TcpConnection, ...] = ()
+    """The TCP connections CRIU's images hold (read from them at dump; pid 0), in every
+    state: ``tcp_connections`` counts them and a restore passes CRIU ``tcp_established``
+    (or ``tcp_close``) whenever there is one. Empty for a checkpoint of an older ckptd."""
     container: bool = False
     """A job in a container (not its init): dumped by CRIU run inside the container's
     namespaces, so the images hold a plain tree and pids of the container's namespace
@@ -543,6 +547,7 @@ class CheckpointRecord:
             for f in data.get("files", ())
         )
         values["files_skipped"] = tuple(data.get("files_skipped", ()))
+        values["tcp"] = tuple(TcpConnection(**c) for c in data.get("tcp", ()))
         return cls(**values)
 
 
@@ -604,6 +609,9 @@ class RestoreOutcome:
     ns_pid: int = 0
     """The restored root's pid in the caller's pid namespace (a restore into the caller's
     container), else 0."""
+    tcp_closed: str = ""
+    """Set when the tree's TCP connections came back closed because this node lacks a
+    connection's local address: one line naming them (the restore's event carries it)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from ckptd.core.ports import (
     CriuRestoreJob,
     ImageSource,
 )
-from ckptd.domain import CriuStatus, PidState, ProcessFact, StdioFact, StdioKind
+from ckptd.domain import CriuStatus, PidState, ProcessFact, StdioFact, StdioKind, TcpConnection
 from ckptd.errors import CriuFailed, CriuUnavailable
 from ckptd.testing._cgroups import FakeCgroups
 from ckptd.testing._clock import FakeClock
@@ -483,6 +483,13 @@ class _FakeDumpInProgress:
     @property
     def holds_connections(self) -> bool:
         return self._job.tcp_established
+
+    @property
+    def tcp_sockets(self) -> tuple[TcpConnection, ...] | None:
+        """The frozen tree's connections in the fake process table, as CRIU's images would
+        hold them (pid 0)."""
+        return tuple(replace(c, pid=0, comm="")
+                     for c in self._criu.processes.tcp_connections(self._tree))
 
     def finish(self) -> CriuDumpResult:
         if self._result is not None:

@@ -51,6 +51,8 @@ class FakeNodeInspector:
     """What ``seen_by(pid)`` returns (a container's files); a pid not there sees this node's
     files, one in ``gone`` is a process that ended."""
     gone: set[int] = field(default_factory=set)
+    missing_addresses: set[str] = field(default_factory=set)
+    """IP addresses this node lacks (``has_address`` is False for them, True for others)."""
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -112,6 +114,9 @@ class FakeNodeInspector:
         if with_hash and f.length <= HASH_LIMIT:
             digest = xxhash.xxh3_128_hexdigest(f.data)
         return FileNeed(path, kind, size=f.length, mtime_ns=f.mtime_ns, hash=digest)
+
+    def has_address(self, address: str) -> bool:
+        return address.rpartition(":")[0].strip("[]") not in self.missing_addresses
 
     def seen_by(self, pid: int) -> FakeNodeInspector:
         if pid in self.gone:

@@ -1,7 +1,8 @@
 """Established TCP connections inside the tree are checkpointed and restored (CRIU's
 tcp-established, the network locked with nftables meanwhile), and the job continues bit for
-bit; a connection to a peer outside the tree is refused before anything is frozen, naming the
-peer and the process, unless the dump says --tcp-close."""
+bit; with ``tcp_outside_peers = "refuse"`` a connection to a peer outside the tree is refused
+before anything is frozen, naming the peer and the process, unless the dump says --tcp-close
+(by default it is dumped and restored: tests/integration/test_tcp_outside.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -94,8 +96,10 @@ class _Server:
 
 
 def test_a_connection_to_a_peer_outside_the_tree_is_refused_unless_tcp_close(
-    daemon: Daemon, procs: Procs, tmp_path: Path
+    start_daemon: Callable[..., Daemon], procs: Procs, tmp_path: Path
 ) -> None:
+    """Where the user asks for it (``tcp_outside_peers = "refuse"``)."""
+    daemon = start_daemon(config={"tcp_outside_peers": "refuse"})
     server = _Server()
     out = tmp_path / "out.txt"
     pid = _start(procs, out, "--peer", f"127.0.0.1:{server.port}", interval_ms=200)

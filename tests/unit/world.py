@@ -197,6 +197,7 @@ def make_world(
     file_capture_oversize: str = "refuse",
     jobs_cgroup: str = "/ckptd-jobs",
     place_cgroups: bool = True,
+    tcp_outside_peers: str = "restore",
 ) -> World:
     """``gpu``: give the daemon GPU support (a ``FakeGpu`` over the world's processes, clock
     and events, as ``world.gpu``); False: a daemon without GPU support. ``place_cgroups``
@@ -223,6 +224,7 @@ def make_world(
         file_capture_limit=file_capture_limit,
         file_capture_oversize=file_capture_oversize,
         jobs_cgroup=jobs_cgroup,
+        tcp_outside_peers=tcp_outside_peers,
     )
     files = FakeJobFiles(events=events)
     threads = FakeThreadHold(processes, events=events)

@@ -34,7 +34,7 @@ from ckptd.adapters.criu.containers import (
     image_pids,
     make_pids_free,
 )
-from ckptd.adapters.criu.images import read_dump_stats, read_pstree
+from ckptd.adapters.criu.images import read_dump_stats, read_pstree, read_tcp_connections
 from ckptd.adapters.criu.imgstreamer import ImageStreamer, StreamGuard
 from ckptd.adapters.criu.pageserver import PageServer, PageServerError, wire_for
 from ckptd.core.ports import (
@@ -45,7 +45,7 @@ from ckptd.core.ports import (
     CriuRestoreJob,
     ImageSource,
 )
-from ckptd.domain import CriuStatus
+from ckptd.domain import CriuStatus, TcpConnection
 from ckptd.errors import CorruptCheckpoint, CriuFailed, CriuUnavailable
 
 log = logging.getLogger(__name__)
@@ -379,6 +379,12 @@ class CriuSwrk:
             opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
         if job.tcp_close:
             opts.tcp_close = True
+        elif (not job.tcp_established and job.images is None
+              and read_tcp_connections(job.images_dir)):
+            # a checkpoint of an older ckptd that missed a connection (a socket its peer
+            # reset): CRIU dumped and locked it with its default (iptables), and restores it
+            # only with tcp_established; the same lock method unlocks it
+            opts.tcp_established = True
         if job.leave_stopped:
             opts.leave_stopped = True
         if not job.restore_cgroups:
@@ -606,6 +612,7 @@ class _SwrkDump:
         self._error: BaseException | None = None
         self._result: CriuDumpResult | None = None
         self._pids: tuple[int, ...] = ()
+        self._tcp: tuple[TcpConnection, ...] | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"criu-dump-{job.pid}", daemon=True
         )
@@ -621,6 +628,10 @@ class _SwrkDump:
     @property
     def holds_connections(self) -> bool:
         return self._job.tcp_established
+
+    @property
+    def tcp_sockets(self) -> tuple[TcpConnection, ...] | None:
+        return self._tcp
 
     def start(self) -> None:
         """Run CRIU until it holds at post-dump; raises (the tree running) if it ends first."""
@@ -692,6 +703,7 @@ class _SwrkDump:
         if self._server is not None:
             self._server.wait(60)
         self._pids = read_pstree(self._job.images_dir)
+        self._tcp = read_tcp_connections(self._job.images_dir)
         self._reached = True
         self._held.set()
         self._decided.wait()

@@ -16,6 +16,7 @@ from pathlib import Path
 import xxhash
 
 from ckptd.adapters.procfs.rootpath import in_root, process_root, same_root
+from ckptd.adapters.procfs.tcp import has_address
 from ckptd.domain import HASH_LIMIT, FileKind, FileNeed, NodeFingerprint, ProcessFact
 from ckptd.errors import ProcessNotFound
 
@@ -93,23 +94,36 @@ def file_hash(path: str) -> str:
 
 class ProcNodeInspector:
     """``NodeInspector`` over /proc. ``root``/``mountinfo``: the file system and mount table
-    paths are resolved in (the daemon's by default; a container's for ``seen_by``)."""
+    paths are resolved in (the daemon's by default; a container's for ``seen_by``);
+    ``netns``: the network namespace addresses are looked for in (None: the daemon's)."""
 
     def __init__(
         self, proc: Path = Path("/proc"), *, root: Path | None = None,
-        mountinfo: Path | None = None,
+        mountinfo: Path | None = None, netns: Path | None = None,
     ) -> None:
         self._proc = proc
         self._root = root
         self._mountinfo = mountinfo or proc / "self" / "mountinfo"
+        self._netns = netns
+
+    def has_address(self, address: str) -> bool:
+        return has_address(address, self._netns)
 
     def seen_by(self, pid: int) -> ProcNodeInspector:
         if not (self._proc / str(pid)).exists():
             raise ProcessNotFound(f"no process with pid {pid}", pid=pid)
+        netns = self._proc / str(pid) / "ns" / "net"
+        try:
+            own_net = os.stat(netns).st_ino == os.stat(self._proc / "self" / "ns" / "net").st_ino
+        except OSError:
+            own_net = True
+        other_net = None if own_net else netns
         if same_root(self._proc, pid):
-            return self
+            if other_net is None:
+                return self
+            return ProcNodeInspector(self._proc, netns=other_net)
         return ProcNodeInspector(self._proc, root=process_root(self._proc, pid),
-                                 mountinfo=self._proc / str(pid) / "mountinfo")
+                                 mountinfo=self._proc / str(pid) / "mountinfo", netns=other_net)
 
     def here(self) -> NodeFingerprint:
         uname = os.uname()

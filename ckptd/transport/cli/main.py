@@ -392,9 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument(
         "--tcp-close",
         action="store_true",
-        help="allow TCP connections to peers outside the tree: a restore brings the tree's "
-        "connections back closed, the application sees a reset (default: such a tree is "
-        "refused; connections inside the tree are always restored established)",
+        help="a restore brings the tree's TCP connections back closed, the application sees a "
+        "reset (default: restored established where the node has each connection's local "
+        "address, else closed; a daemon with tcp_outside_peers = \"refuse\" refuses "
+        "connections to peers outside the tree without this)",
     )
     dump.add_argument("--name", metavar="NAME", type=types.name,
                       help="a name to find the checkpoint by")
