@@ -94,6 +94,11 @@ def read_tcp_connections(images_dir: Path) -> tuple[TcpConnection, ...] | None:
         raw = (images_dir / "files.img").read_bytes()
     except OSError:
         return None
+    return tcp_connections_in(raw)
+
+
+def tcp_connections_in(raw: bytes) -> tuple[TcpConnection, ...] | None:
+    """``read_tcp_connections`` of a ``files.img`` already read (``raw``)."""
     if len(raw) < 8 or struct.unpack_from("<II", raw, 0) != (IMG_COMMON_MAGIC, FILES_MAGIC):
         return None
     found: list[TcpConnection] = []

@@ -34,7 +34,12 @@ from ckptd.adapters.criu.containers import (
     image_pids,
     make_pids_free,
 )
-from ckptd.adapters.criu.images import read_dump_stats, read_pstree, read_tcp_connections
+from ckptd.adapters.criu.images import (
+    read_dump_stats,
+    read_pstree,
+    read_tcp_connections,
+    tcp_connections_in,
+)
 from ckptd.adapters.criu.imgstreamer import ImageStreamer, StreamGuard
 from ckptd.adapters.criu.pageserver import PageServer, PageServerError, wire_for
 from ckptd.core.ports import (
@@ -46,7 +51,7 @@ from ckptd.core.ports import (
     ImageSource,
 )
 from ckptd.domain import CriuStatus, TcpConnection
-from ckptd.errors import CorruptCheckpoint, CriuFailed, CriuUnavailable
+from ckptd.errors import CkptdError, CorruptCheckpoint, CriuFailed, CriuUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -379,8 +384,7 @@ class CriuSwrk:
             opts.inherit_fd.add(key=inherit.key, fd=inherit.fd)
         if job.tcp_close:
             opts.tcp_close = True
-        elif (not job.tcp_established and job.images is None
-              and read_tcp_connections(job.images_dir)):
+        elif not job.tcp_established and _images_hold_connections(job):
             # a checkpoint of an older ckptd that missed a connection (a socket its peer
             # reset): CRIU dumped and locked it with its default (iptables), and restores it
             # only with tcp_established; the same lock method unlocks it
@@ -709,6 +713,20 @@ class _SwrkDump:
         self._decided.wait()
         if not self._proceed:
             raise _Abandoned("the dump was abandoned (a later step failed)")
+
+
+def _images_hold_connections(job: CriuRestoreJob) -> bool:
+    """Whether the restore's ``files.img`` (in its directory, or from its streamed source)
+    holds a TCP connection; False when it cannot be read."""
+    if job.images is None:
+        return bool(read_tcp_connections(job.images_dir))
+    try:
+        if not job.images.exists("files.img"):
+            return False
+        raw = b"".join(bytes(chunk) for chunk in job.images.chunks("files.img"))
+    except (CkptdError, OSError, KeyError):
+        return False
+    return bool(tcp_connections_in(raw))
 
 
 class _HoldAtPostDump(CriuHooks):

@@ -5,13 +5,18 @@ sockets and other files are not; an unreadable image is None, never a guess."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from ckptd.adapters.criu.images import (
     FILES_MAGIC,
     IMG_COMMON_MAGIC,
     read_tcp_connections,
 )
+from ckptd.adapters.criu.swrk import _images_hold_connections
+from ckptd.core.ports import CriuRestoreJob, ImageSource
 
 
 def _varint(value: int) -> bytes:
@@ -78,3 +83,36 @@ def test_a_missing_or_damaged_image_is_none(tmp_path: Path) -> None:
     assert read_tcp_connections(tmp_path) is None
     (tmp_path / "files.img").write_bytes(_image(_file(4, _isk(2, 1, LO4, 1, LO4, 2)))[:-3])
     assert read_tcp_connections(tmp_path) is None
+
+
+class _Source:
+    """A streamed restore's images (only what the check reads)."""
+
+    def __init__(self, images: dict[str, bytes]) -> None:
+        self.images = images
+
+    def exists(self, name: str) -> bool:
+        return name in self.images
+
+    def chunks(self, name: str) -> Iterator[memoryview]:
+        data = self.images[name]
+        for i in range(0, len(data), 7):
+            yield memoryview(data[i : i + 7])
+
+
+def test_a_restore_of_images_holding_a_connection_is_told_so_from_a_directory_or_a_stream(
+    tmp_path: Path,
+) -> None:
+    """An older checkpoint recorded no connection for a reset socket: the restore asks CRIU
+    for tcp_established because its images hold one, streamed or not."""
+    image = _image(_file(4, _isk(2, 7, LO4, 35180, LO4, 34317)))
+    job = CriuRestoreJob(images_dir=tmp_path, work_dir=tmp_path)
+    assert not _images_hold_connections(job)
+    (tmp_path / "files.img").write_bytes(image)
+    assert _images_hold_connections(job)
+    streamed = replace(job, images_dir=tmp_path / "none",
+                       images=cast(ImageSource, _Source({"files.img": image})))
+    assert _images_hold_connections(streamed)
+    listening = _image(_file(4, _isk(2, 10, LO4, 8080, (0,), 0)))
+    assert not _images_hold_connections(
+        replace(streamed, images=cast(ImageSource, _Source({"files.img": listening}))))
