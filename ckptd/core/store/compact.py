@@ -33,7 +33,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
@@ -53,6 +53,8 @@ COMPACT_BELOW = 2 / 3
 pack left holds at least 2/3 live bytes, so the packs take at most 1.5x the live data."""
 
 COMPACT_LEASE_PREFIX = f"{LEASE_PREFIX}compact-"
+LOAD_AHEAD = 4
+"""Frames read and verified ahead of the one being copied (each at most 4 MiB, twice)."""
 
 
 def compact_lease_key(node: str) -> str:
@@ -210,38 +212,49 @@ def _copy_live(
     store: CompactedStore, blobs: BlobStore, victims: dict[str, _Pack]
 ) -> tuple[int, int, set[str], set[str]]:
     """Copy the live pages of ``victims`` into new packs (one uid's pages per pack), each
-    frame verified as it is read; a frame wholly live is kept as it is, others are gathered
-    and compressed again. Returns (packs written, their bytes, the victims copied whole, the
-    new packs' ids)."""
+    frame verified as it is read (read, decompressed and verified on the executor, a few
+    ahead: without the GIL); a frame wholly live is kept as it is, others are gathered and
+    compressed again. Returns (packs written, their bytes, the victims copied whole, the new
+    packs' ids)."""
     index = store.index
     by_uid: dict[int, list[str]] = defaultdict(list)
     for pack_id, pack in sorted(victims.items()):
         by_uid[next(iter(pack.uids)) if pack.uids else -1].append(pack_id)
     written = written_bytes = 0
-    copied: set[str] = set()
+    failed: set[str] = set()
     new: set[str] = set()
+
+    def load(pack_id: str, frame_no: int, hasher: PageHasher) -> tuple[bytes, bytes]:
+        info = index.packs[pack_id].frames[frame_no]
+        raw = blobs.get(pack_key(pack_id), info.offset, info.offset + info.length)
+        return raw, read_frame_data(pack_id, frame_no, raw, info.hashes, hasher)
+
     for uid, pack_ids in by_uid.items():
+        if uid < 0:  # live pages of no uid: nothing to verify them with
+            failed.update(pack_ids)
+            continue
         builder = PackBuilder(store.executor, store.level)
-        hasher = store.hasher(uid) if uid >= 0 else None
-        for pack_id in pack_ids:
-            frames = victims[pack_id].frames or {}
+        hasher = store.hasher(uid)
+        todo = [(p, f, at) for p in pack_ids for f, at in sorted((victims[p].frames or {}).items())]
+        ahead: deque[Future[tuple[bytes, bytes]]] = deque()
+        for i, (pack_id, frame_no, at) in enumerate(todo):
+            while len(ahead) < LOAD_AHEAD and i + len(ahead) < len(todo):
+                p, f, _ = todo[i + len(ahead)]
+                ahead.append(store.executor.submit(load, p, f, hasher))
+            future = ahead.popleft()
             try:
-                for frame_no, at in sorted(frames.items()):
-                    if hasher is None:
-                        raise CkptdError(f"pack {pack_id}: live pages of no uid")
-                    info = index.packs[pack_id].frames[frame_no]
-                    raw = blobs.get(pack_key(pack_id), info.offset, info.offset + info.length)
-                    data = read_frame_data(pack_id, frame_no, raw, info.hashes, hasher)
-                    if len(at) == len(info.hashes):
-                        builder.add_frame(raw, info.hashes)  # wholly live: as it is
-                        continue
-                    view = memoryview(data)
-                    for first, count in _runs(at):
-                        builder.add_run(list(info.hashes[first : first + count]),
-                                        view[first * PAGE_SIZE : (first + count) * PAGE_SIZE])
+                raw, data = future.result()
             except (CkptdError, BlobNotFound):
-                continue  # damaged or gone: it stays named (its pages located there)
-            copied.add(pack_id)
+                failed.add(pack_id)  # damaged or gone: it stays named (its pages located there)
+                continue
+            hashes = index.packs[pack_id].frames[frame_no].hashes
+            if len(at) == len(hashes):
+                builder.add_frame(raw, hashes)  # wholly live: as it is
+            else:
+                view = memoryview(data)
+                for first, count in _runs(at):
+                    builder.add_run(list(hashes[first : first + count]),
+                                    view[first * PAGE_SIZE : (first + count) * PAGE_SIZE])
             builder.throttle(8)
             for group in builder.take_sealed():
                 new_id, n = _put_pack(blobs, index, group)
@@ -249,12 +262,12 @@ def _copy_live(
                 written, written_bytes = written + 1, written_bytes + n
         builder.finish()
         for group in builder.take_sealed():
-            pack_id, n = _put_pack(blobs, index, group)
-            new.add(pack_id)
+            new_id, n = _put_pack(blobs, index, group)
+            new.add(new_id)
             written, written_bytes = written + 1, written_bytes + n
     # a pack written again with a victim's content (the pages of an earlier compaction that
     # was interrupted, located in older copies) is their new home, not garbage
-    return written, written_bytes, copied - new, new
+    return written, written_bytes, set(victims) - failed - new, new
 
 
 FrameGroup = builtins.list[tuple[Future[Frame], tuple[bytes, ...]]]
