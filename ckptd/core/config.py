@@ -29,6 +29,10 @@ class CoreConfig:
     was deleted, its content copied into the images (PyTorch's shared memory: DataLoader
     batches, tensors shared with ``torch.multiprocessing``). A larger one refuses the dump,
     naming it and this setting."""
+    aside_keep: int = 3
+    """After a restore that succeeded: copies kept aside of each file put back beyond the
+    newest ``aside_keep`` are removed, and those older than ``aside_max_age_s`` (0: none)."""
+    aside_max_age_s: float = 7 * 86400
     tcp_outside_peers: str = "restore"
     """A TCP connection to a peer outside the tree (a database, a metrics server): ``restore``
     it established where this node has its local address (closed, with the restore's event

@@ -169,6 +169,23 @@ class PutBackAll:
             done = self.done.pop()
             self.files.undo(done, uid, gid)
 
+    def prune(self, keep: int, max_age_s: float) -> tuple[str, ...]:
+        """After the restore succeeded: each file's copies kept aside beyond the ``keep``
+        newest, and those older than ``max_age_s``, removed (a failure is logged: the
+        restore stands). The paths removed."""
+        uid, gid = self._owner()
+        removed: list[str] = []
+        for captured in self.record.files:
+            try:
+                removed += self.files.prune_asides(captured.path, keep, max_age_s, uid, gid)
+            except OSError as exc:
+                log.warning("restore of %s: the copies kept aside of %s were not pruned: %s",
+                            self.record.id, captured.path, exc)
+        if removed:
+            log.info("restore of %s: removed %d older copies kept aside (aside_keep, "
+                     "aside_max_age_s): %s", self.record.id, len(removed), ", ".join(removed))
+        return tuple(removed)
+
     @property
     def kept(self) -> tuple[str, ...]:
         return tuple(d.aside for d in self.done if d.aside)

@@ -359,6 +359,14 @@ class JobFiles(Protocol):
         linked file, a file or directory whose owner (or identity) changed since the dump."""
         ...
 
+    def prune_asides(
+        self, path: str, keep: int, max_age_s: float, uid: int, gid: int
+    ) -> tuple[str, ...]:
+        """Remove the copies kept aside of ``path`` beyond the ``keep`` newest and those
+        older than ``max_age_s`` (0: no age limit), as the file's owner; the paths removed.
+        Never raises for a missing directory (nothing to remove)."""
+        ...
+
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         """The file exactly as ``put_back`` found it (the copy aside removed), from any point
         a put-back reached (also after a crash, from the journaled ``PutBack``)."""

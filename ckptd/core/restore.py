@@ -268,6 +268,8 @@ class RestoreRecipe:
         else:
             if ctx.undo_log is not None:
                 ctx.undo_log.end()  # the tree runs
+            if ctx.files is not None:
+                ctx.files.prune(self._config.aside_keep, self._config.aside_max_age_s)
         finally:
             if ctx.held is not None:
                 ctx.held.close()

@@ -116,6 +116,12 @@ class DaemonConfig:
     and this setting. Each ghost file is staged (RAM when it fits) and read whole into the
     daemon's memory when the dump is stored: at most ``GHOST_LIMIT_MAX`` (4 GiB - 1, what
     CRIU's RPC and a migration's images allow)."""
+    aside_keep: int = 3
+    """Copies a restore keeps aside of each file it puts back (``<path>.ckptd-<restore id>``):
+    after a restore that succeeds, the oldest beyond this many are removed (at least 1)."""
+    aside_max_age_s: float = 7 * 86400
+    """...and those older than this (seconds; 0: no age limit). ``ckptctl asides`` lists them
+    and removes them on request."""
     max_workers: int = 16
     """Threads serving calls on the local API (and, apart, on the peer listener)."""
     max_connections_per_uid: int = 64
@@ -297,6 +303,13 @@ def _check_limits(config: DaemonConfig) -> None:
     if isinstance(ghost, bool) or not isinstance(ghost, int) or not 0 <= ghost <= GHOST_LIMIT_MAX:
         raise ValueError(f"ghost_limit {ghost!r} must be a whole number of bytes from 0 (no "
                          f"ghost files) to {GHOST_LIMIT_MAX} (4 GiB - 1)")
+    if isinstance(config.aside_keep, bool) or not isinstance(config.aside_keep, int) \
+            or config.aside_keep < 1:
+        raise ValueError(f"aside_keep {config.aside_keep!r} must be a whole number of at "
+                         "least 1 (the copy the last restore kept)")
+    if not 0 <= config.aside_max_age_s <= 10 * 365 * 86400:
+        raise ValueError(f"aside_max_age_s {config.aside_max_age_s!r} must be in [0, 10 "
+                         "years] seconds (0: no age limit)")
     if not 0 < config.open_timeout_s <= 3600:
         raise ValueError(f"open_timeout_s {config.open_timeout_s!r} must be in (0, 3600]")
     if config.tcp_outside_peers not in ("restore", "refuse"):

@@ -145,6 +145,8 @@ def wire(config: DaemonConfig) -> Wired:
         file_capture_oversize=config.file_capture_oversize,
         tcp_outside_peers=config.tcp_outside_peers,
         ghost_limit=config.ghost_limit,
+        aside_keep=config.aside_keep,
+        aside_max_age_s=config.aside_max_age_s,
         jobs_cgroup=config.jobs_cgroup,
         stream_restore=config.stream_restore,
     )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptd.adapters.procfs.asides import prune_asides
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
@@ -101,6 +103,14 @@ class FakeJobFiles:
         self._event(f"files.put_back {captured.path}")
         with self._at() as root:
             return put_back(root, captured, content, aside, before)
+
+    def prune_asides(
+        self, path: str, keep: int, max_age_s: float, uid: int, gid: int
+    ) -> tuple[str, ...]:
+        self._event(f"files.prune_asides {path}")
+        with self._at() as root:
+            return tuple(prune_asides(root, path, keep=keep, max_age_s=max_age_s,
+                                      now=time.time()))
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         self._event(f"files.undo {done.path}")

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,3 +186,24 @@ def test_a_precopy_then_only_the_tail_or_all_when_the_file_shrank(
     captured = harness.files.capture(written, tmp_path / "img", early)
     assert captured is not None and captured.size == 10
     assert (tmp_path / "img").read_bytes() == b"c" * 10 + b"\0" * 4086
+
+
+def test_prune_asides_keeps_the_newest_and_touches_nothing_else(
+    harness: FilesHarness, tmp_path: Path
+) -> None:
+    path = tmp_path / "train.log"
+    path.write_bytes(b"now")
+    for age, rid in ((300, "r1"), (200, "r2"), (100, "r3")):
+        aside = tmp_path / f"train.log.ckptd-{rid}"
+        aside.write_bytes(rid.encode())
+        when = time.time() - age
+        os.utime(aside, (when, when))
+    (tmp_path / "train.log.ckptd-r4.part").write_bytes(b"in flight")
+    (tmp_path / "train.log.ckptd-r5").symlink_to(path)  # not a copy: never removed
+    removed = harness.files.prune_asides(str(path), 2, 0, 0, 0)
+    assert removed == (str(tmp_path / "train.log.ckptd-r1"),)
+    removed = harness.files.prune_asides(str(path), 5, 150, 0, 0)  # by age
+    assert removed == (str(tmp_path / "train.log.ckptd-r2"),)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "train.log", "train.log.ckptd-r3", "train.log.ckptd-r4.part", "train.log.ckptd-r5"]
+    assert harness.files.prune_asides(str(tmp_path / "gone" / "x.log"), 1, 0, 0, 0) == ()

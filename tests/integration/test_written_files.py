@@ -104,3 +104,24 @@ def test_without_captured_content_check_restore_predicts_the_size_refusal(
     assert_one_line_error(res, res.rc, "does not fit this node", "needs exactly")
     for name in FILES:  # refused before anything was touched
         assert (job_dir / name).read_bytes() == at_crash[name], name
+
+
+def test_ckptctl_asides_lists_the_copies_kept_and_removes_them(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    """Issue 24 (5): the copies restores keep aside can be listed and removed."""
+    job_dir = tmp_path / "job"
+    ck, _ = _checkpoint_then_crash(daemon, procs, job_dir)
+    res = assert_ok(daemon.ctl("restore", ck["id"]), "restore")
+    procs.add(res["pid"])
+    wait_until(lambda: (job_dir / "out.txt").read_bytes().endswith(b"done\n"), 60,
+               "the restored job to finish")
+    listed = assert_ok(daemon.ctl("asides", ck["id"]), "asides")
+    assert sorted(a["path"] for a in listed["asides"]) == sorted(res["files_kept"])
+    assert listed["removed"] == [] and all(Path(k).exists() for k in res["files_kept"])
+    everyone = assert_ok(daemon.ctl("asides"), "asides (every checkpoint's files)")
+    assert set(res["files_kept"]) <= {a["path"] for a in everyone["asides"]}
+    removed = assert_ok(daemon.ctl("asides", ck["id"], "--remove"), "asides --remove")
+    assert sorted(removed["removed"]) == sorted(res["files_kept"])
+    assert not any(Path(k).exists() for k in res["files_kept"])
+    assert sorted(p.name for p in job_dir.iterdir()) == sorted(FILES)

@@ -3,6 +3,7 @@ CRIU restores it, the version found kept aside, everything undone when the resto
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,21 @@ def test_a_precopied_file_no_longer_written_leaves_no_image(world: World) -> Non
     record = world.dump(JOB, leave_running=True)
     assert record.files == ()
     assert not any("ckptd-file-" in str(p) for p in world.tmp.rglob("ckptd-file-*"))
+
+
+def test_after_each_restore_only_the_newest_asides_are_kept(tmp_path: Path) -> None:
+    """Issue 24 (5): copies kept aside are never removed — now ``aside_keep`` per file."""
+    world = make_world(tmp_path, aside_keep=2)
+    log = _log(world)
+    record = world.dump(JOB, leave_running=True)
+    kept: list[str] = []
+    for i in range(3):
+        log.write_bytes(b"later %d\n" % i)
+        _die(world)
+        outcome = world.restore(checkpoint_id=record.id)
+        kept += outcome.files_kept
+        time.sleep(0.01)  # distinct mtimes
+    left = sorted(str(p) for p in log.parent.glob("train.log.ckptd-*"))
+    assert left == sorted(kept[1:]), "the oldest copy is removed, the two newest kept"
+    assert Path(kept[-1]).read_bytes() == b"later 2\n"
+    assert any(e.startswith("files.prune_asides") for e in world.events)

@@ -198,6 +198,7 @@ def make_world(
     jobs_cgroup: str = "/ckptd-jobs",
     place_cgroups: bool = True,
     tcp_outside_peers: str = "restore",
+    aside_keep: int = 3,
 ) -> World:
     """``gpu``: give the daemon GPU support (a ``FakeGpu`` over the world's processes, clock
     and events, as ``world.gpu``); False: a daemon without GPU support. ``place_cgroups``
@@ -225,6 +226,7 @@ def make_world(
         file_capture_oversize=file_capture_oversize,
         jobs_cgroup=jobs_cgroup,
         tcp_outside_peers=tcp_outside_peers,
+        aside_keep=aside_keep,
     )
     files = FakeJobFiles(events=events)
     threads = FakeThreadHold(processes, events=events)

@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ckptd.adapters.procfs.asides import prune_asides
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.node import fd_flags
 from ckptd.adapters.procfs.putback import check_file, put_back, rotated_set, undo_put_back
@@ -105,6 +107,13 @@ class ProcJobFiles:
     ) -> PutBack | None:
         with self._at() as root, self._rights(uid, gid):
             return put_back(root, captured, content, aside, before)
+
+    def prune_asides(
+        self, path: str, keep: int, max_age_s: float, uid: int, gid: int
+    ) -> tuple[str, ...]:
+        with self._at() as root, self._rights(uid, gid):
+            return tuple(prune_asides(root, path, keep=keep, max_age_s=max_age_s,
+                                      now=time.time()))
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         with self._at() as root, self._rights(uid, gid):

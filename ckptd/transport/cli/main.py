@@ -34,7 +34,7 @@ from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc
 from ckptd.errors import BadRequest
 from ckptd.transport.cli import args as types
-from ckptd.transport.cli import convert, jobs, render, run
+from ckptd.transport.cli import asides, convert, jobs, render, run
 from ckptd.transport.cli.completion import bash_completion
 from ckptd.transport.cli.output import (
     EXIT_BROKEN_PIPE,
@@ -289,6 +289,10 @@ def cmd_delete(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_asides(ctx: Context, args: argparse.Namespace) -> int:
+    return asides.run(ctx.client, args, ctx.json, ctx.timeout)
+
+
 def cmd_check(ctx: Context, args: argparse.Namespace) -> int:
     report = convert.check_to_dict(ctx.client.Check(pb.CheckRequest(), timeout=ctx.timeout))
     if ctx.json:
@@ -492,6 +496,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     delete = command("delete", cmd_delete, "delete a checkpoint")
     delete.add_argument("id", metavar="CHECKPOINT-ID", type=types.checkpoint_id)
+
+    asides_ = command(
+        "asides", cmd_asides,
+        "list the copies restores kept aside of checkpointed files (--remove: remove them)")
+    asides_.add_argument("id", metavar="CHECKPOINT-ID", type=types.checkpoint_id, nargs="?",
+                         help="only this checkpoint's files (default: all the caller's)")
+    asides_.add_argument("--remove", action="store_true", help="remove them")
 
     command("check", cmd_check, "report what this node can checkpoint (CRIU, kernel, GPUs)")
 
