@@ -131,6 +131,11 @@ def install_fake_gpu() -> None:
             self._adopt(pid)
             return super().state(pid)
 
+        def restore_thread(self, pid: int) -> int:
+            super().restore_thread(pid)  # recorded like the driver's call
+            return pid  # a real thread (the main one), which the daemon's real ThreadHold
+            # leaves free while it holds the others, as the driver's restore thread would be
+
         def restore(self, pid: int, gpu_map: Mapping[str, str] | None = None) -> None:
             if not gpu_map and control("identity-remap") is not None:
                 gpu_map = {g.uuid: g.uuid for g in self.gpus}
