@@ -230,9 +230,8 @@ def _copy_live(
         return raw, read_frame_data(pack_id, frame_no, raw, info.hashes, hasher)
 
     for uid, pack_ids in by_uid.items():
-        if uid < 0:  # live pages of no uid: nothing to verify them with
-            failed.update(pack_ids)
-            continue
+        if uid < 0:  # no live page is located in these (a page is located in one pack only:
+            continue  # copies an interrupted compaction left): nothing to copy, all dead
         builder = PackBuilder(store.executor, store.level)
         hasher = store.hasher(uid)
         todo = [(p, f, at) for p in pack_ids for f, at in sorted((victims[p].frames or {}).items())]
