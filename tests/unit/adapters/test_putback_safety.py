@@ -220,3 +220,20 @@ def test_a_rotation_is_not_followed_across_boots(tmp_path: Path) -> None:
     done, journal = _put(captured, tmp_path / "img", str(d / "job.log.ckptd-r1"))
     assert done is not None and not [j for j in journal if j.moved_from]
     assert (d / "job.log.1").read_bytes() == b"step 1\n"  # left as found
+
+
+def test_without_openat2_root_refuses_rather_than_falls_back_to_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel before 5.6 (no openat2: ENOSYS, as for an unknown syscall number)."""
+    from ckptd.adapters.procfs import safefs
+
+    path = tmp_path / "log"
+    path.write_bytes(b"v1")
+    captured = _capture(path, tmp_path / "img")
+    path.write_bytes(b"v2")
+    monkeypatch.setattr(safefs, "SYS_OPENAT2", 100_000)  # no such syscall: ENOSYS
+    with pytest.raises(UnsafePath, match="no openat2"):
+        _put(captured, tmp_path / "img", str(path) + ".ckptd-r1")
+    assert path.read_bytes() == b"v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["img", "log"]
