@@ -45,7 +45,10 @@ from .support import (
 pytestmark = pytest.mark.integration
 
 PEER_PORT = 7443
-JOB_PORT = 47100
+JOB_PORT = 27100
+"""Below the ephemeral range (32768-60999): in 47100's time a client socket of node a (a
+daemon's keep-alive connection to the S3 server there) could hold the port when the job
+came back, and CRIU could not bind its listening socket (Address already in use)."""
 STEPS = 260
 INTERVAL = 20
 MEM_MIB = 24
