@@ -27,7 +27,7 @@ targets are distinct; ``partial_refusal`` is one line or None.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ckptd.domain import GpuFacts, GpuInfo
 from ckptd.domain.model import UNKNOWN_GPU
@@ -64,13 +64,30 @@ def cover(
     outside ``domain`` (a ``--gpu-map`` naming the whole dumping node) is dropped."""
     inside = {g.uuid for g in domain}
     full = {old: new for old, new in used.items() if old in inside}
+    return pair_the_rest(full, domain, have, problems, lambda g: (
+        f"no GPU the restoring process sees is left for GPU {g.index} ({g.name}, "
+        f"{g.uuid or 'UUID unknown'}), which the job could see when dumped: every GPU "
+        "it could see needs a distinct visible GPU of the same model here"))
+
+
+def pair_the_rest(
+    full: dict[str, str],
+    gpus: Sequence[GpuInfo],
+    have: Sequence[GpuInfo],
+    problems: list[str],
+    no_partner: Callable[[GpuInfo], str],
+) -> dict[str, str]:
+    """``full`` (pairs already chosen) extended to every GPU of ``gpus``: each onto itself
+    when ``have`` has it and it is not taken, else onto a free GPU of ``have`` of the same
+    (known) model; a GPU left without one appends ``no_partner(gpu)`` to ``problems``.
+    Returns ``full``, updated in place."""
     here = {g.uuid for g in have if g.uuid}
     taken = set(full.values())
-    for g in domain:
+    for g in gpus:
         if g.uuid not in full and g.uuid in here and g.uuid not in taken:
             full[g.uuid] = g.uuid
             taken.add(g.uuid)
-    for g in domain:
+    for g in gpus:
         if g.uuid in full:
             continue
         partner = next(
@@ -79,11 +96,7 @@ def cover(
             None,
         )
         if partner is None:
-            problems.append(
-                f"no GPU the restoring process sees is left for GPU {g.index} ({g.name}, "
-                f"{g.uuid or 'UUID unknown'}), which the job could see when dumped: every GPU "
-                "it could see needs a distinct visible GPU of the same model here"
-            )
+            problems.append(no_partner(g))
             continue
         full[g.uuid] = partner.uuid
         taken.add(partner.uuid)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 
+from ckptd.core.gpu_domain import pair_the_rest
 from ckptd.core.ports import CudaProcessFact
 from ckptd.domain import CudaState, GpuFacts, GpuInfo, GpuInventory, GpuUse, normalize_gpu_uuid
-from ckptd.domain.model import UNKNOWN_GPU
 
 LAUNCH_JOB_DRIVER = 610
 """The first driver branch whose checkpoint takes a ``cuda-checkpoint --launch-job`` job
@@ -295,30 +295,10 @@ def complete_map(
             "the driver restores onto other GPUs only with a pair for every GPU"
         )
         return full
-    here = {g.uuid for g in have if g.uuid}
-    taken = set(full.values())
-    for g in dumped:
-        if g.uuid not in full and g.uuid in here and g.uuid not in taken:
-            full[g.uuid] = g.uuid
-            taken.add(g.uuid)
-    for g in dumped:
-        if g.uuid in full:
-            continue
-        partner = next(
-            (c for c in have if c.uuid and c.uuid not in taken and c.name == g.name
-             and g.name != UNKNOWN_GPU),
-            None,
-        )
-        if partner is None:
-            problems.append(
-                f"no GPU of this node is left for the checkpoint's GPU {g.index} "
-                f"({g.name}, {g.uuid or 'UUID unknown'}): every GPU of the dumping node needs "
-                "a distinct GPU of the same model here"
-            )
-            continue
-        full[g.uuid] = partner.uuid
-        taken.add(partner.uuid)
-    return full
+    return pair_the_rest(full, dumped, have, problems, lambda g: (
+        f"no GPU of this node is left for the checkpoint's GPU {g.index} "
+        f"({g.name}, {g.uuid or 'UUID unknown'}): every GPU of the dumping node needs "
+        "a distinct GPU of the same model here"))
 
 
 def _normalized(
