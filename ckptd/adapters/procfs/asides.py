@@ -14,10 +14,11 @@ import os
 import stat
 from dataclasses import dataclass
 
+from ckptd.adapters.procfs.putback import ASIDE_MARK as MARK
+from ckptd.adapters.procfs.putback import NEW, PART, entries
 from ckptd.adapters.procfs.safefs import Located, Root
 
-MARK = ".ckptd-"
-_TEMPORARY = (".part", ".new")
+_TEMPORARY = (PART, NEW)
 
 
 @dataclass(frozen=True)
@@ -67,20 +68,13 @@ def _asides(root: Root, loc: Located, owner: int | None, any_file: bool = False
             ) -> list[Aside]:
     """Asides in ``loc``'s directory: of the file ``loc.name``, or (``any_file``) of any."""
     directory = loc.path.rsplit("/", 1)[0]
-    dfd = root.open_in(loc, os.O_RDONLY | os.O_DIRECTORY, name=".")
-    try:
-        names = os.listdir(dfd)
-    finally:
-        os.close(dfd)
-    out: list[Aside] = []
-    for name in names:
+
+    def wanted(name: str) -> bool:
         ours = MARK in name if any_file else name.startswith(loc.name + MARK)
-        if not ours or name.endswith(_TEMPORARY):
-            continue
-        try:
-            st = os.stat(name, dir_fd=loc.dirfd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
+        return ours and not name.endswith(_TEMPORARY)
+
+    out: list[Aside] = []
+    for name, st in entries(root, loc, wanted).items():
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             continue
         if owner is not None and st.st_uid != owner:

@@ -229,7 +229,7 @@ def undo_put_back(root: Root, done: PutBack) -> None:
 def rotated_set(root: Root, loc: Located) -> dict[str, os.stat_result]:
     """The regular files beside ``loc.name`` named ``<name>.<anything>`` (``job.log.1``,
     ``job.log.2.gz``): its rotated set; asides and temporaries left out. fd-relative."""
-    return {name: st for name, st in _listing(root, loc).items()
+    return {name: st for name, st in entries(root, loc).items()
             if _in_set(loc.name, name) and stat.S_ISREG(st.st_mode)}
 
 
@@ -256,7 +256,7 @@ def follow_rotation(
     ident = (captured.dev, captured.ino)
     if _identity(loc, loc.name) == ident:
         return
-    listing = _listing(root, loc)
+    listing = entries(root, loc)
     family = {n: st for n, st in listing.items()
               if _in_set(loc.name, n) and _ours(st, captured)}
     where = {(st.st_dev, st.st_ino): n for n, st in family.items()}
@@ -313,16 +313,18 @@ def _ours(st: os.stat_result, captured: CapturedFile) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == captured.uid
 
 
-def _listing(root: Root, loc: Located) -> dict[str, os.stat_result]:
-    """Every entry of ``loc``'s directory, read through a directory fd opened from the held
-    one, each ``lstat``-ed relative to it (no link followed)."""
+def entries(
+    root: Root, loc: Located, wanted: Callable[[str], bool] = lambda name: True
+) -> dict[str, os.stat_result]:
+    """The ``wanted`` entries of ``loc``'s directory, read through a directory fd opened
+    from the held one, each ``lstat``-ed relative to it (no link followed)."""
     dfd = root.open_in(loc, os.O_RDONLY | os.O_DIRECTORY, name=".")
     try:
         names = os.listdir(dfd)
     finally:
         os.close(dfd)
     found: dict[str, os.stat_result] = {}
-    for name in names:
+    for name in filter(wanted, names):
         with contextlib.suppress(FileNotFoundError):
             found[name] = os.stat(name, dir_fd=loc.dirfd, follow_symlinks=False)
     return found
