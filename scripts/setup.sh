@@ -8,7 +8,8 @@
 #     its GPU packages (ckptd[gpu]: cuda-python, nvidia-ml-py; they install and import
 #     without a GPU or driver; cuda-bindings 12.x on a driver older than 580.65.06) and its dev
 #     tools,
-#   - the native test workloads (native/workloads/bin).
+#   - the native test workloads (native/workloads/bin) and the daemon's preload for CRIU run
+#     in a container (native/enter-mntns/bin/ckptd_enter_mntns.so), rebuilt when changed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -72,4 +73,5 @@ if ! .venv/bin/python -c 'import ckptd._pages' 2>/dev/null; then
 fi
 
 make -s -C native/workloads all
+make -s -C native/enter-mntns all
 log "ready: .venv/bin/ckptd, .venv/bin/ckptctl, CRIU $(/usr/local/sbin/criu --version 2>/dev/null | sed -n 's/^Version: *//p' || true)"

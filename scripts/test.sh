@@ -27,7 +27,6 @@ if [ ${#container_pkgs[@]} -gt 0 ]; then
         || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y \
              --no-install-recommends "${container_pkgs[@]}" >/dev/null; }
 fi
-make -s -C native/enter-mntns
 # every supported cuda-bindings side by side (/var/cache/ckptd/cuda-bindings, cached): the
 # contract test builds the CUDA adapter's structs against each; offline, it skips saying so
 .venv/bin/python scripts/cuda_bindings_versions.py >/dev/null \
