@@ -7,7 +7,7 @@
 #   - .venv in the checkout with ckptd (its C extension built in place by pip install -e),
 #     its GPU packages (ckptd[gpu]: cuda-python, nvidia-ml-py; they install and import
 #     without a GPU or driver; cuda-bindings 12.x on a driver older than 580.65.06) and its dev
-#     tools,
+#     tools, and the manual's generator (ckptd[docs]: mkdocs, mkdocs-material, matplotlib),
 #   - the native test workloads (native/workloads/bin) and the daemon's preload for CRIU run
 #     in a container (native/enter-mntns/bin/ckptd_enter_mntns.so), rebuilt when changed.
 set -euo pipefail
@@ -37,7 +37,7 @@ bash scripts/install-criu.sh
 
 PY=${PYTHON:-python3}
 stamp=.venv/.ckptd-installed
-extras=dev,gpu
+extras=dev,gpu,docs
 # reinstalled when the package's build inputs change (the C extension's too) or it is missing
 want=$({ cat pyproject.toml setup.py ckptd/_pages.c; echo "extras=$extras"; } | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ]; then
