@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import CRIU, CRIU_FLAGS, dir_bytes, kill, timed, wait_gone
+from benchlib import CRIU, CRIU_FLAGS, command_of, dir_bytes, kill, timed, wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -135,14 +135,15 @@ def daemon_at(root: Path, setting: str = "") -> Iterator[tuple[Path, int, list[P
     root.mkdir(parents=True)
     sock, state = root / "ckptd.sock", root / "state"
     config: list[str] = []
+    criu = ["--criu", os.environ["CKPTD_CRIU"]] if os.environ.get("CKPTD_CRIU") else []
     if setting:
         key, value = setting.split("=", 1)
         (root / "ckptd.toml").write_text(f"{key.strip()} = {value.strip()}\n")
         config = ["--config", str(root / "ckptd.toml")]
     with (root / "ckptd.log").open("w") as log:
         daemon = subprocess.Popen(
-            [str(VENV / "ckptd"), "--socket", str(sock), "--store", str(root / "store"),
-             "--state-dir", str(state), "--log-level", "WARNING", *config], stderr=log)
+            [*command_of("ckptd", VENV), "--socket", str(sock), "--store", str(root / "store"),
+             "--state-dir", str(state), "--log-level", "WARNING", *criu, *config], stderr=log)
     try:
         while not sock.exists():
             if daemon.poll() is not None:
@@ -166,8 +167,7 @@ def raw(mib: int, kind: str, work: Path) -> Row:
     t_sync, _ = timed(["sync", "-f", str(images)])
     stats = read_dump_stats(images)
     wait_gone(pid)
-    zstd = subprocess.run(f"tar -C {images} -cf - . | zstd -1 -T0 -c | wc -c", shell=True,
-                          capture_output=True, text=True, check=True).stdout
+    zstd = zstd_bytes(images)
     t_restore, _ = timed([CRIU, "restore", "-D", str(images), "-d", "-o", "restore.log",
                           *CRIU_FLAGS])
     kill(pid)
@@ -175,6 +175,26 @@ def raw(mib: int, kind: str, work: Path) -> Row:
     row.extra.update(sync_s=t_dump + t_sync, zstd_bytes=int(zstd))
     shutil.rmtree(images, ignore_errors=True)
     return row
+
+
+def zstd_bytes(images: Path) -> int:
+    """Bytes of ``tar -C images -cf - . | zstd -1 -T0``: the zstd CLI, or where it is missing
+    (the GPU machine) the same level and all cores through the zstandard module."""
+    if shutil.which("zstd"):
+        out = subprocess.run(f"tar -C {images} -cf - . | zstd -1 -T0 -c | wc -c", shell=True,
+                             capture_output=True, text=True, check=True).stdout
+        return int(out)
+    import zstandard
+
+    tar = subprocess.Popen(["tar", "-C", str(images), "-cf", "-", "."], stdout=subprocess.PIPE)
+    assert tar.stdout is not None
+    total = 0
+    compressor = zstandard.ZstdCompressor(level=1, threads=-1)
+    for chunk in compressor.read_to_iter(tar.stdout, read_size=1 << 20):
+        total += len(chunk)
+    if tar.wait() != 0:
+        raise SystemExit(f"tar -C {images} failed")
+    return total
 
 
 def stream(call: Any, field_name: str) -> Any:
@@ -212,7 +232,7 @@ def via_grpc(mib: int, kind: str, work: Path, stub: Any, daemon: int, staging: l
 
 def via_cli(mib: int, kind: str, work: Path, sock: Path) -> Row:
     pid = start_bigmem(mib, kind, work / "cli.out")
-    ctl = [str(VENV / "ckptctl"), "--socket", str(sock), "--json"]
+    ctl = [*command_of("ckptctl", VENV), "--socket", str(sock), "--json"]
     t_dump, out = timed([*ctl, "dump", str(pid)])
     record = json.loads(out)
     wait_gone(pid)

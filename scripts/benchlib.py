@@ -5,10 +5,23 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 CRIU = os.environ.get("CKPTD_CRIU", "/usr/local/sbin/criu")
+
+
+def command_of(name: str, venv_bin: Path) -> list[str]:
+    """How to run ``ckptd`` or ``ckptctl``: the venv's console script where it exists, else
+    ``python -m`` of its module with this Python (a machine with ckptd on PYTHONPATH only,
+    e.g. the GPU machine of scripts/device-check.sh). ``CKPTD_CRIU`` also goes to the daemon
+    as ``--criu``."""
+    script = venv_bin / name
+    if script.exists():
+        return [str(script)]
+    module = {"ckptd": "ckptd.daemon.main", "ckptctl": "ckptd.transport.cli.main"}[name]
+    return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
 CRIU_FLAGS = ["--shell-job", "--file-locks", "-v4"]
 
 

@@ -13,6 +13,7 @@
 #   .device/wheels/          cp312 manylinux x86_64 / pure-Python wheels of the runtime (and
 #                            integration-test) dependencies the GPU image lacks, pinned, --no-deps
 #   .device/lib/ckptd_enter_mntns.so   native/enter-mntns (only for jobs in containers)
+#   .device/pages/           the kit to build ckptd._pages there: zstd/xxhash headers, libzstd
 #   .device/README           what is here, how to use it on the GPU machine
 #
 # Idempotent: wheels already there are not fetched again (a second run needs no network), and
@@ -29,9 +30,12 @@
 #   container's mount namespace before exec'ing the bundle's loader (whose path is the node's).
 #   A static launcher ignores LD_PRELOAD; the bundle's loader then applies it to CRIU. File
 #   descriptors (`criu swrk <fd>`, inherited fds) pass through exec unchanged.
-# * ckptd's native page path (ckptd/_pages.c) is not bundled: a cp312 build needs Python 3.12
-#   headers, which Debian 12 lacks. ckptd.core.store.pagepath falls back to its pure-Python
-#   path when `from ckptd import _pages` fails (tested: tests/unit, both paths); it is slower.
+# * ckptd's native page path (ckptd/_pages.c) cannot be built here for the GPU machine's
+#   Python 3.12 (Debian 12 has no 3.12 headers), so the bundle carries its kit instead:
+#   pages/include (zstd.h, zstd_errors.h, xxhash.h) and pages/lib/libzstd.so.1, and
+#   scripts/device-check.sh compiles ckptd/_pages*.so on the GPU machine with its own Python's
+#   headers (and gcc, which nvcc needs there). Where that fails, ckptd.core.store.pagepath
+#   falls back to its pure-Python path (tested: tests/unit, both paths); it is slower.
 #
 #   CKPTD_DEVICE_DIR   the bundle (default: .device in the checkout)
 #   CKPTD_CRIU         the CRIU to bundle (default /usr/local/sbin/criu)
@@ -216,6 +220,17 @@ else
     log "enter-mntns: built $so"
 fi
 
+# ---- the kit for ckptd._pages (built on the GPU machine by scripts/device-check.sh) ------
+mkdir -p "$OUT/pages/include" "$OUT/pages/lib"
+for h in zstd.h zstd_errors.h xxhash.h; do
+    [ -f "/usr/include/$h" ] || die "/usr/include/$h missing (apt-get install libzstd-dev libxxhash-dev)"
+    cmp -s "/usr/include/$h" "$OUT/pages/include/$h" || cp "/usr/include/$h" "$OUT/pages/include/$h"
+done
+zlib=$(ldconfig -p | awk '$1 == "libzstd.so.1" && /x86-64/ {print $NF; exit}')
+[ -n "$zlib" ] || die "libzstd.so.1 not found (apt-get install libzstd1)"
+cmp -s "$zlib" "$OUT/pages/lib/libzstd.so.1" || cp -L "$zlib" "$OUT/pages/lib/libzstd.so.1"
+log "pages kit: headers and $(basename "$(readlink -f "$zlib")") in $OUT/pages"
+
 # ---- README -------------------------------------------------------------------------------
 readme=$(cat <<EOF
 ckptd's device bundle, made by scripts/device-bundle.sh (do not edit; run it again).
@@ -235,9 +250,10 @@ wheels/       $(cd "$OUT/wheels" && ls -- *.whl | tr '\n' ' ')
               from the machine's image)
 lib/ckptd_enter_mntns.so   native/enter-mntns, for jobs in containers (criu_enter_preload)
 
-ckptd's native page path (ckptd._pages) is NOT here: a cp312 build needs Python 3.12 headers,
-which the build host (Debian 12) lacks. ckptd uses its pure-Python page path instead (same
-results, slower; the daemon logs "ckptd._pages is not built" once).
+pages/        the kit for ckptd's native page path: scripts/device-check.sh builds
+              ckptd/_pages*.so there with the machine's Python headers, pages/include and
+              pages/lib/libzstd.so.1 (rpath). If that fails, ckptd uses its pure-Python page
+              path (same results, slower; the daemon logs "ckptd._pages is not built" once).
 EOF
 )
 if [ "$(cat "$OUT/README" 2>/dev/null)" != "$readme" ]; then
@@ -248,6 +264,5 @@ fi
 # ---- size ---------------------------------------------------------------------------------
 bytes=$(du -sb "$OUT" | cut -f1)
 mib=$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}')
-log "native page path: not bundled (no Python 3.12 headers here): ckptd uses its pure-Python fallback"
 log "bundle: $OUT, $mib MiB ($bytes bytes; limit $LIMIT_MIB MiB)"
 [ "$bytes" -le $((LIMIT_MIB * 1048576)) ] || die "the bundle is $mib MiB, over $LIMIT_MIB MiB"

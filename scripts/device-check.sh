@@ -62,6 +62,32 @@ section() { printf '\n==== %s\n' "$*"; }
         echo "no .device/wheels: using the Python packages already installed"
     fi
 
+    section "native page path (ckptd._pages)"
+    # Built here, for this machine's Python, from the bundle's kit (.device/pages): headers of
+    # zstd/xxhash and libzstd.so.1 (rpath). The dry run builds it aside (the venv has its own).
+    if [ $DRY = 0 ] && "$PY" -c 'import ckptd._pages' 2>/dev/null; then
+        echo "ckptd._pages: already importable"
+    elif [ -d .device/pages/include ] && command -v gcc >/dev/null; then
+        inc=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+        ext=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+        dest=ckptd; [ $DRY = 1 ] && dest=$(mktemp -d /tmp/pages-dry-run.XXXXXX)
+        if [ ! -f "$inc/Python.h" ]; then
+            echo "ckptd._pages: NOT built: no $inc/Python.h (pure-Python page path, slower)"
+        elif timeout 120 gcc -O3 -pthread -shared -fPIC -Wall -I"$inc" -I.device/pages/include \
+                ckptd/_pages.c -o "$dest/_pages$ext" -L"$HERE/.device/pages/lib" -l:libzstd.so.1 \
+                -Wl,-rpath,"$HERE/.device/pages/lib" 2>&1 | tail -5; then
+            if [ $DRY = 1 ]; then
+                PYTHONPATH="$dest" "$PY" -c 'import _pages' 2>/dev/null && echo "ckptd._pages: built aside and imported (dry run: $dest)" || echo "ckptd._pages: built aside, NOT importable"
+            else
+                PYTHONPATH="$HERE" "$PY" -c 'import ckptd._pages' && echo "ckptd._pages: built for $("$PY" -V) ($dest/_pages$ext)" || echo "ckptd._pages: built, NOT importable (pure-Python page path)"
+            fi
+        else
+            echo "ckptd._pages: NOT built: gcc failed (pure-Python page path, slower)"
+        fi
+    else
+        echo "ckptd._pages: NOT built: no .device/pages kit or no gcc (pure-Python page path)"
+    fi
+
     section "criu: $CRIU"
     timeout 60 "$CRIU" --version 2>&1 | head -3
     timeout 120 "$CRIU" check --all 2>&1 | tail -40; echo "criu check --all: exit ${PIPESTATUS[0]}"

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from pathlib import Path
@@ -157,10 +158,33 @@ def test_wheels_are_cp312_x86_64_and_cover_what_the_image_lacks(
         assert (tmp_path / "site" / pkg).is_dir(), pkg
 
 
-def test_bundle_readme_says_the_page_path_is_pure_python(bundle: Path) -> None:
-    text = (bundle / "README").read_text()
+def test_bundle_readme_says_how_the_page_path_is_built(bundle: Path) -> None:
+    text = " ".join((bundle / "README").read_text().split())
+    assert "builds ckptd/_pages*.so there" in text
     assert "pure-Python page path" in text
     assert "CRIU_LIBS_DIR" in text
+
+
+def test_the_page_kit_builds_an_importable_pages_module(bundle: Path, tmp_path: Path) -> None:
+    """What scripts/device-check.sh does on the GPU machine, with this machine's Python: the
+    module built from the kit alone (its headers, its libzstd by rpath) loads and hashes."""
+    kit = bundle / "pages"
+    for name in ("include/zstd.h", "include/zstd_errors.h", "include/xxhash.h", "lib/libzstd.so.1"):
+        assert (kit / name).is_file(), name
+    inc = sysconfig.get_paths()["include"]
+    if not (Path(inc) / "Python.h").exists():
+        pytest.skip(f"no Python.h in {inc}")
+    so = tmp_path / f"_pages{sysconfig.get_config_var('EXT_SUFFIX')}"
+    subprocess.run(
+        ["gcc", "-O2", "-pthread", "-shared", "-fPIC", f"-I{inc}", f"-I{kit / 'include'}",
+         str(ROOT / "ckptd" / "_pages.c"), "-o", str(so), f"-L{kit / 'lib'}", "-l:libzstd.so.1",
+         f"-Wl,-rpath,{kit / 'lib'}"], check=True, capture_output=True, text=True)
+    linked = subprocess.run(["ldd", str(so)], capture_output=True, text=True, check=True).stdout
+    assert str(kit / "lib" / "libzstd.so.1") in linked, linked
+    probe = subprocess.run([sys.executable, "-c", "import _pages; print(sorted(dir(_pages))[:3])"],
+                           env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                           capture_output=True, text=True, check=False)
+    assert probe.returncode == 0, probe.stderr
 
 
 def test_second_run_changes_nothing(bundle: Path) -> None:
