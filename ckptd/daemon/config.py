@@ -27,6 +27,7 @@ class DaemonConfig:
     socket: Path = Path("/run/ckptd/ckptd.sock")
     """Public gRPC socket (mode ``socket_mode``, group ``socket_group``)."""
     socket_mode: int = 0o660
+    """Permission bits of the socket (octal in the TOML file, e.g. ``"660"``)."""
     socket_group: str = "ckptd"
     """Group allowed to use the socket; root only when the group does not exist."""
     store: str = "/var/lib/ckptd"
@@ -95,11 +96,14 @@ class DaemonConfig:
     criu_path: str = ""
     """Empty: the first of DEFAULT_CRIU_PATHS that exists."""
     criu_log_level: int = 4
+    """CRIU's log verbosity (its ``-v``, 0-4) for the logs kept in ``state_dir``."""
     criu_enter_preload: str = ""
     """native/enter-mntns's library, with which CRIU run inside a container (a job in one)
     is loaded from the node; empty: the first of DEFAULT_ENTER_PRELOADS that exists, else
     none (CRIU must then be in the container's root filesystem)."""
     zombie_wait_s: float = 5.0
+    """How long a restore waits for a zombie holding a pid it needs to be reaped (and a
+    rollback for a killed tree's tasks to go) before it refuses, naming the parent."""
     file_capture_limit: int = 8 << 30
     """Largest file a job writes whose content a checkpoint captures (bytes)."""
     file_capture_oversize: str = "refuse"
@@ -154,7 +158,11 @@ class DaemonConfig:
     """How long opening a file for a caller (``restore --output``) may take (a slow or hung
     file system) before the request fails; such opens never hold a worker longer."""
     shutdown_grace_s: float = 60.0
+    """On SIGTERM: how long calls still running may take to finish, before the daemon waits
+    ``shutdown_grace_s + gpu_call_timeout_s`` more for a dump or restore under way."""
     log_level: str = "INFO"
+    """The daemon's log level (``DEBUG``, ``INFO``, ``WARNING``, ``ERROR``); it logs one JSON
+    object per line on stderr."""
     node: str = ""
     """Empty: the host name."""
     peer_listen: str = ""
@@ -164,6 +172,7 @@ class DaemonConfig:
     """This node's certificate (PEM), used as server and as client between daemons; its
     subject alternative names must hold the address other daemons dial."""
     tls_key: str = ""
+    """This node's private key (PEM) for ``tls_cert``."""
     tls_ca: str = ""
     """The CA certificate (PEM) that signs every daemon's certificate; nothing else is
     accepted, in either direction."""
@@ -178,8 +187,11 @@ class DaemonConfig:
     spot_aws_url: str = ""
     """Instead of AWS's instance-metadata spot/instance-action URL (tests, proxies)."""
     spot_gcp_url: str = ""
+    """Instead of GCP's metadata ``instance/preempted`` URL (tests, proxies)."""
     spot_azure_url: str = ""
+    """Instead of Azure's Scheduled Events URL (tests, proxies)."""
     spot_poll_s: float = 5.0
+    """How often the spot notice URLs are polled (seconds)."""
     policy_tick_s: float = 1.0
     """How often periodic policies are looked at."""
     resume_drained_on_start: bool = False

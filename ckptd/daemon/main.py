@@ -53,6 +53,12 @@ SERVICE_NAME = ckptd_pb2.DESCRIPTOR.services_by_name["Checkpointer"].full_name
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The daemon's flags (each the ``DaemonConfig`` field of its ``dest``); the manual's
+    reference (docs/reference/ckptd.md) is generated from it."""
     p = argparse.ArgumentParser(prog="ckptd", description="ckptd checkpoint/restore daemon")
     p.add_argument("--config", help="TOML file with settings (keys as the long flags, '_')")
     p.add_argument("--socket", help="gRPC Unix socket (default /run/ckptd/ckptd.sock)")
@@ -99,7 +105,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cgroup-fs", dest="cgroup_fs",
                    help="mount point of the host's cgroup v2 hierarchy (default: found)")
     p.add_argument("--version", action="version", version=f"ckptd {__version__}")
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

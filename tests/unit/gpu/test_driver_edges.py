@@ -188,13 +188,14 @@ def test_a_negative_lock_timeout_is_refused_not_made_infinite(make: Any) -> None
 
 
 def test_the_gpu_extra_requires_bindings_that_release_the_gil() -> None:
-    """pyproject's ``gpu`` extra and the adapter agree: >= 12.9.1, never 13.0.0/13.0.1."""
+    """pyproject's ``gpu`` extra, the adapter and the manual's GPU guide agree: >= 12.9.1,
+    never 13.0.0/13.0.1."""
     root = Path(__file__).resolve().parents[3]
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]["gpu"]
     (bindings,) = [d for d in extra if d.startswith("cuda-bindings")]
     assert bindings == "cuda-bindings>=12.9.1,!=13.0.0,!=13.0.1"
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs/guides/gpus.md").read_text()  # the README's CUDA section, moved
     assert "Supported\n  cuda-bindings: >= 12.9.1, except 13.0.0 and 13.0.1" in readme
     assert all(v in readme for v in SUPPORTED_BINDINGS)
 
