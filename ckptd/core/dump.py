@@ -17,25 +17,32 @@ Order, and what undoes each step if a later one fails:
     files           capture the content of every file the tree writes          -
                     (``core.jobfiles``), the tree still frozen (append-only
                     files: their new tail, see precopy)
-    let-go          CRIU ends: leave-running, the tree runs on; else it stays  SIGCONT what it
-                    stopped (not with TCP connections: see criu-finish)        stopped
+    let-go          CRIU ends: leave-running, the tree runs on — a CUDA tree  (criu-dump's undo
+                    is stopped first (SIGSTOP queued while CRIU still holds    SIGCONTs it)
+                    it: delivered as CRIU detaches, before any of its code
+                    runs), to run only once its CUDA is back (docs/adr/0019);
+                    else it stays stopped (not with TCP connections: see
+                    criu-finish)
     gate            group checkpoints only: hold here (tree frozen or, with    -
-                    leave-running, running; images staged) until the group
-                    commits, or raise to abort
+                    leave-running, running unless CUDA; images staged) until
+                    the group commits, or raise to abort
     commit          the checkpoint becomes durable, then visible (the guard   delete it
                     is told before and after: ``GuardPhase``)
-    gpu-resume      leave-running: CUDA restore + unlock, only now: a resume   -
-                    that fails keeps the committed checkpoint (the dump then
-                    raises saying so, and its journal entry stays for the
-                    next start to retry the resume: ResumeCuda)
+    gpu-resume      leave-running: CUDA restore + unlock, only now, each CUDA  -
+                    process held but its restore thread; then the tree is let
+                    go (SIGCONT), whether or not CUDA came back: a resume that
+                    fails keeps the committed checkpoint (the dump then raises
+                    saying so, and its journal entry stays for the next start
+                    to retry the resume: ResumeCuda)
     criu-finish     a tree with TCP connections: CRIU ends only now, leaving  -
                     it stopped with its connections locked
     release         leave-running: nothing; else kill the tree                -
 
 Durable undos (``core.undo``, written before the step's effect can exist; a restarted daemon
 replays them newest first, ``CheckpointService.recover``): stage: AbortStaging; gpu-lock:
-ResumeCuda (unless committed, for a killing dump); criu-dump: ResumeTree unless committed
-(re-recorded with the pids CRIU froze); commit, killing dumps: KillTree if committed. So a
+ResumeCuda (unless committed, for a killing dump); criu-dump: ResumeTree (unless committed,
+for a killing dump; re-recorded with the pids CRIU froze); commit, killing dumps: KillTree if
+committed. Recovery runs ResumeCuda with the tree still stopped, then ResumeTree. So a
 daemon killed at any point leaves, after its restart, the tree killed once its checkpoint
 is committed (docs/adr/0002), else running with nothing listed and nothing staged; except
 that a guard that resumed the tree while the commit was under way appends GuardResumed:
@@ -156,6 +163,8 @@ class DumpContext:
     """A container job: CRIU runs inside the container (its init's namespaces, cgroups)."""
     undo_log: UndoLog | None = None
     """The dump's durable undo records (journal entry ``checkpoint_id``)."""
+    stopped_for_cuda: tuple[int, ...] = ()
+    """Leave-running, CUDA: the processes ``let-go`` stopped, continued once CUDA is back."""
     cuda_resume_error: BaseException | None = None
     """Bringing CUDA back to RUNNING failed (rollback, or leave-running's resume after the
     commit): the journal entry is kept for the next start (its ResumeCuda)."""
@@ -347,8 +356,10 @@ class DumpRecipe:
                           unless_committed=self._committed_kills(ctx))
 
     def _resume_tree_record(self, ctx: DumpContext) -> Undo:
+        """Leave-running: the tree runs on whatever the commit's outcome (a CUDA tree is
+        stopped from ``let-go`` to ``gpu-resume``), so the record holds after the commit."""
         return ResumeTree(self._members(ctx), tuple(sorted(ctx.stopped_before)),
-                          unless_committed=ctx.checkpoint_id)
+                          unless_committed=self._committed_kills(ctx))
 
     def _kill_tree_record(self, ctx: DumpContext) -> Undo | None:
         if ctx.request.leave_running:
@@ -380,16 +391,44 @@ class DumpRecipe:
 
     def _gpu_resume_if_running(self, ctx: DumpContext) -> None:
         """With --leave-running the tree runs on: give it its GPUs back once the checkpoint
-        is committed (its device memory is in the images); otherwise it is killed after the
-        commit. A failure here must not cost the valid checkpoint: it is kept, the journal
-        entry too (its ResumeCuda retried at the next start), and ``run`` raises saying
-        so once the dump is done."""
+        is committed (its device memory is in the images), each CUDA process held but its
+        restore thread, then let the tree go; otherwise it is killed after the commit. A
+        failure here must not cost the valid checkpoint: it is kept, the journal entry too
+        (its ResumeCuda retried at the next start), and ``run`` raises saying so once the
+        dump is done; the tree is let go all the same (never left stopped, nothing held)."""
         if not ctx.request.leave_running:
             return
         try:
             self._resume_cuda(ctx)
         except Exception as exc:
             ctx.cuda_resume_error = exc
+        finally:
+            self._let_tree_go(ctx)
+
+    def _stop_for_cuda(self, ctx: DumpContext) -> None:
+        """While CRIU still holds the tree (ptrace, at post-dump): SIGSTOP every process of
+        it not stopped before the dump. The signal stays pending while CRIU traces it and is
+        delivered as CRIU detaches, before the process runs any of its code — what CRIU's
+        own ``leave_stopped`` does (compel_resume_task: SIGSTOP, then PTRACE_DETACH). So a
+        tree whose CUDA is checkpointed never runs until ``_resume_cuda`` has it back."""
+        held = ctx.held
+        if held is None:
+            return
+        stopped = [p for p in held.pids if p not in ctx.stopped_before
+                   and held.signal(p, signal.SIGSTOP)]
+        ctx.stopped_for_cuda = tuple(dict.fromkeys(ctx.stopped_for_cuda + tuple(stopped)))
+        log.debug("dump %s: %s stopped until their CUDA state is back", ctx.checkpoint_id,
+                  stopped)
+
+    def _let_tree_go(self, ctx: DumpContext) -> None:
+        """SIGCONT what ``_stop_for_cuda`` stopped (those still stopped)."""
+        held = ctx.held
+        if held is None:
+            return
+        for pid in ctx.stopped_for_cuda:
+            if held.state(pid) is PidState.STOPPED:
+                held.signal(pid, signal.SIGCONT)
+        ctx.stopped_for_cuda = ()
 
     def _resume_cuda(self, ctx: DumpContext) -> None:
         """CUDA back to RUNNING, each process's other threads held meanwhile (only the
@@ -485,11 +524,14 @@ class DumpRecipe:
         return tuple(ctx.held.hold_facts(facts))
 
     def _abort_criu(self, ctx: DumpContext) -> None:
-        """CRIU resumes what it froze (and unlocks the network); then every process of the
-        tree that was not stopped before the dump is made to run — a CUDA tree's CUDA
-        brought back first, each process held but its restore thread (docs/adr/0019; a
-        failure is remembered and raised again by gpu-lock's undo)."""
+        """CRIU resumes what it froze (and unlocks the network) — a CUDA tree CRIU still
+        holds is stopped first (``_stop_for_cuda``), so that CRIU's resume leaves it stopped;
+        then every process of the tree that was not stopped before the dump is made to run
+        — a CUDA tree's CUDA brought back first, each process held but its restore thread
+        (docs/adr/0019; a failure is remembered and raised again by gpu-lock's undo)."""
         if ctx.criu is not None:
+            if ctx.gpu.locked and ctx.criu_result is None:
+                self._stop_for_cuda(ctx)
             ctx.criu.abort()
         if ctx.gpu.cuda_pids:
             with contextlib.suppress(Exception):
@@ -516,6 +558,8 @@ class DumpRecipe:
 
     def _let_go(self, ctx: DumpContext) -> None:
         assert ctx.criu is not None
+        if ctx.request.leave_running and ctx.gpu.locked:
+            self._stop_for_cuda(ctx)  # runs again only once its CUDA is back (gpu-resume)
         if ctx.request.leave_running or not ctx.criu.holds_connections:
             self._finish_criu(ctx)
 

@@ -13,7 +13,8 @@ the daemon is gone, ``TreeWatch.daemon_gone`` acts on every dump still watched, 
                               complete: the tree ran on, as when a step after the commit fails)
     UNSURE     yes            RESUME (the tree runs on either way; the checkpoint stands)
     COMMITTED  no             KILL every process (ADR 0002: a committed tree is killed)
-    COMMITTED  yes            LEAVE
+    COMMITTED  yes            RESUME (a CUDA tree is stopped from CRIU's end until its CUDA
+                              is back, docs/adr/0019; a tree that runs has nothing stopped)
 
 Invariants:
 - nothing is decided while a member is traced (a CRIU the daemon started still holds it; on
@@ -24,7 +25,9 @@ Invariants:
   reached; a process stopped before the dump stays stopped;
 - the verdicts agree with ``recover``: after RESUME the next start finds nothing stopped to
   resume and no checkpoint listed (never committed, or deleted as recorded); after KILL it
-  finds the processes gone. CUDA state is never touched here: the next start resumes it.
+  finds the processes gone. CUDA state is never touched here: the next start resumes it
+  (the tree then runs with its CUDA calls blocked until then: a guard never leaves a tree
+  stopped for a daemon that may not come back).
 """
 
 from __future__ import annotations
@@ -48,13 +51,12 @@ class Verdict(enum.Enum):
     RESUME = "resume"
     RECORD_RESUME = "record-resume"
     KILL = "kill"
-    LEAVE = "leave"
 
 
 def verdict(phase: GuardPhase, leave_running: bool) -> Verdict:
     """What to do with a watched tree whose daemon died in ``phase`` (the module's table)."""
-    if phase is GuardPhase.COMMITTED:
-        return Verdict.LEAVE if leave_running else Verdict.KILL
+    if phase is GuardPhase.COMMITTED and not leave_running:
+        return Verdict.KILL
     if phase is GuardPhase.UNSURE and not leave_running:
         return Verdict.RECORD_RESUME
     return Verdict.RESUME
@@ -161,8 +163,6 @@ class TreeWatch:
     def _act(self, known: Watched) -> str:
         what = verdict(known.phase, known.leave_running)
         where = f"the daemon died with the dump {known.phase.value}"
-        if what is Verdict.LEAVE:
-            return f"{where}, the tree left running"
         if what is Verdict.KILL:
             killed = [p for p, h in known.handles.items() if h.signal(signal.SIGKILL)]
             return f"{where}: killed {killed or 'nothing (gone)'}"

@@ -53,6 +53,8 @@ class _Replay:
     resumed: list[int] = field(default_factory=list)
     tree: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stopped_before: frozenset[int] = frozenset()
+    """The pids the entry's ResumeTree records leave stopped (stopped before the dump)."""
 
 
 class Undoer:
@@ -99,13 +101,26 @@ class Undoer:
                 log.error("pids %s still alive %.0fs after SIGKILL", alive, wait_s)
         return killed
 
-    def resume_cuda(self, pids: Sequence[int], gpu_map: dict[str, str] | None = None) -> None:
-        """Whatever state the driver was left in, CUDA of ``pids`` back to RUNNING. Raises
-        the first failure (after trying every process)."""
+    def resume_cuda(
+        self, pids: Sequence[int], gpu_map: dict[str, str] | None = None, *,
+        held: HeldTree | None = None, stopped_before: frozenset[int] = frozenset(),
+    ) -> None:
+        """Whatever state the driver was left in, CUDA of ``pids`` back to RUNNING, each
+        process held but its restore thread (``GpuSteps.resume``, docs/adr/0019). With
+        ``held`` (the processes, stopped or not), those of ``pids`` stopped now and not in
+        ``stopped_before`` are SIGCONTed once held: only their restore threads run until
+        their CUDA is back. Raises the first failure (after trying every process)."""
         if not pids or self._gpu is None:
             return
+        cont = None
+        if held is not None:
+            def cont() -> None:
+                for pid in pids:
+                    if pid not in stopped_before and held.state(pid) is PidState.STOPPED:
+                        held.signal(pid, signal.SIGCONT)
+
         self._gpu.resume(GpuSession(cuda_pids=tuple(pids), locked=list(pids),
-                                    checkpointed=list(pids)), gpu_map)
+                                    checkpointed=list(pids)), gpu_map, cont=cont)
 
     def undo_put_back(self, undo: UndoPutBack) -> None:
         """A file as the restore found it (``UndoPutBack``), in the root it was put back in.
@@ -126,18 +141,24 @@ class Undoer:
     # ---- recovery --------------------------------------------------------------------------
 
     def replay(self, entry: Entry) -> str:
-        """Run ``entry``'s records newest first; one line saying what was done ("" when the
-        entry records nothing)."""
+        """Run ``entry``'s records newest first — but CUDA before the tree: each ResumeCuda
+        runs before the entry's ResumeTree (``_cuda_first``), so the CUDA processes come
+        back held, the tree still stopped, and only then does the tree run (docs/adr/0019).
+        One line saying what was done ("" when the entry records nothing)."""
         if not entry.undos:
             return ""
-        done = _Replay()
+        done = _Replay(stopped_before=frozenset(
+            p for u in entry.undos if isinstance(u, ResumeTree) for p in u.stopped_before))
         self._wait_untraced(tree_members(entry.undos))
-        for undo in reversed(entry.undos):
+        for undo in _cuda_first(entry.undos):
             try:
                 self._run(undo, done)
             except Exception as exc:
                 log.exception("recovery: %s failed", undo.kind)
                 done.notes.append(f"{undo.kind} failed: {exc}")
+        if entry.op == "dump" and entry.checkpoint_id:
+            # for the summary: a leave-running dump's records do not depend on its commit
+            self._committed(entry.checkpoint_id, done)
         return _summary(entry, done)
 
     def _run(self, undo: Undo, done: _Replay) -> None:
@@ -159,8 +180,9 @@ class Undoer:
         elif isinstance(undo, ResumeCuda):
             if undo.unless_committed and self._committed(undo.unless_committed, done):
                 return
-            with self._reopen(undo.members) as held:  # after the tree runs: the driver
-                self.resume_cuda([p for p, _ in undo.members if p in held])  # needs it
+            with self._reopen(undo.members) as held:  # the tree still stopped: held, each
+                self.resume_cuda([p for p, _ in undo.members if p in held],  # continued
+                                 held=held, stopped_before=done.stopped_before)
         elif isinstance(undo, RestoreHere):
             self._restore_here(undo, done)
         elif isinstance(undo, GuardResumed):
@@ -219,6 +241,19 @@ class Undoer:
                           self._config.recovery_wait_s)
                 return
             self._clock.sleep(0.1)
+
+
+def _cuda_first(undos: Sequence[Undo]) -> list[Undo]:
+    """``undos`` newest first, every ResumeCuda moved just before the first ResumeTree (a
+    dump's ResumeTree is newer than its ResumeCuda: replayed as written, the tree would run
+    before its CUDA is back)."""
+    ordered = list(reversed(undos))
+    cuda = [u for u in ordered if isinstance(u, ResumeCuda)]
+    rest = [u for u in ordered if not isinstance(u, ResumeCuda)]
+    at = next((i for i, u in enumerate(rest) if isinstance(u, ResumeTree)), None)
+    if not cuda or at is None:
+        return ordered
+    return rest[:at] + cuda + rest[at:]
 
 
 def _unverified(members: Sequence[Member]) -> frozenset[int]:

@@ -65,10 +65,12 @@ class FakeCriu:
     (``PAGE_SIZE`` bytes per process) into ``job.images_dir`` and ``dump.log`` into
     ``job.work_dir``; ``post_dump`` — and ``dump`` returns there, the tree held STOPPED (the
     ``CriuDumpInProgress`` port). ``finish`` then calls ``network_unlock`` and ends it:
-    ``leave_running`` puts every process back in the state it had; else ``leave_stopped``
-    leaves them all STOPPED; else they are terminated (``FakeProcessTable.terminate``: no
-    signal is recorded). ``abort`` puts every process back as it was (as CRIU does when its
-    post-dump notification is answered with a failure). With a ``clock``, the tree stays
+    ``leave_running`` puts every process back in the state it had; else ``leave_stopped`` leaves
+    them all STOPPED; else they are terminated (``FakeProcessTable.terminate``: no signal is
+    recorded). ``abort`` puts every process back as it was (as CRIU does when its post-dump
+    notification is answered with a failure). A process sent a stop signal while seized (and no
+    SIGCONT after it) comes back STOPPED from ``finish`` and ``abort``, as the kernel delivers
+    it when CRIU detaches (``FakeProcessTable.stop_pending``). With a ``clock``, the tree stays
     frozen for ``frozen_s`` of it (a restore takes ``restore_s``). Both directories must exist
     (else ``CriuFailed``), as must the root. ``pids`` (and the result's) are the seized tree's
     as CRIU's images name them (``image_pid``: pids in the root's pid namespace when it is the
@@ -172,12 +174,14 @@ class FakeCriu:
         tree = self.processes.tree(job.pid)
         before = {p.pid: self.processes.status(p.pid).state for p in tree}
         seized = False
+        mark = 0
         try:
             self._hook(hooks, "pre_dump", job.pid, what, self.fail_dump, self.fail_dump_after)
             tree = self.processes.tree(job.pid)  # what CRIU seizes: the tree as it is now
             before = {p.pid: self.processes.status(p.pid).state for p in tree} | before
             self._set_states(tree, PidState.STOPPED)  # seized and frozen
             seized = True
+            mark = len(self.processes.signals)
             (job.images_dir / INVENTORY_IMAGE).write_text(
                 json.dumps({"fake_criu": True, "version": self.criu_status.version})
             )
@@ -188,12 +192,13 @@ class FakeCriu:
             self._event(f"criu.dumped {job.pid}")
             self._hook(hooks, "post_dump", job.pid, what, self.fail_dump, self.fail_dump_after)
         except _Abort as abort:
-            self._abandon(job, before if seized else {}, abort.error)
+            self._abandon(job, before if seized else {}, abort.error, mark)
             raise abort.error from abort.error.__cause__
-        return _FakeDumpInProgress(self, job, hooks, tuple(tree), before)
+        return _FakeDumpInProgress(self, job, hooks, tuple(tree), before, mark)
 
-    def _abandon(self, job: CriuDumpJob, before: dict[int, PidState], error: Exception) -> None:
-        self._restore_states(before)
+    def _abandon(self, job: CriuDumpJob, before: dict[int, PidState], error: Exception,
+                 mark: int = 0) -> None:
+        self._restore_states(self._detached(before, mark))
         self._log(job.work_dir / "dump.log", f"Error (fake-criu): {error}")
         self._event("criu.failed")
 
@@ -203,6 +208,7 @@ class FakeCriu:
         hooks: CriuHooks,
         tree: tuple[ProcessFact, ...],
         before: dict[int, PidState],
+        mark: int = 0,
     ) -> CriuDumpResult:
         what = f"dump of pid {job.pid}"
         try:
@@ -210,10 +216,10 @@ class FakeCriu:
                 hooks, "network_unlock", job.pid, what, self.fail_dump, self.fail_dump_after
             )
         except _Abort as abort:
-            self._abandon(job, before, abort.error)
+            self._abandon(job, before, abort.error, mark)
             raise abort.error from abort.error.__cause__
         if job.leave_running:
-            self._restore_states(before)
+            self._restore_states(self._detached(before, mark))
         elif not job.leave_stopped:
             for proc in tree:
                 self.processes.terminate(proc.pid)
@@ -389,15 +395,18 @@ class FakeCriu:
 
     def _set_states(self, tree: Sequence[ProcessFact], state: PidState) -> None:
         for proc in tree:
-            fake = self.processes.processes.get(proc.pid)
-            if fake is not None and fake.state is not PidState.ZOMBIE:
-                fake.state = state
+            self.processes.set_state(proc.pid, state)
 
     def _restore_states(self, states: dict[int, PidState]) -> None:
         for pid, state in states.items():
-            fake = self.processes.processes.get(pid)
-            if fake is not None and fake.state is not PidState.ZOMBIE:
-                fake.state = state
+            self.processes.set_state(pid, state)
+
+    def _detached(self, before: dict[int, PidState], mark: int) -> dict[int, PidState]:
+        """The states CRIU leaves the seized processes in when it lets go of them: as they
+        were (``before``), but stopped where a stop signal came while seized (among the
+        signals after the first ``mark`` of the table's)."""
+        return {pid: PidState.STOPPED if self.processes.stop_pending(pid, mark) else state
+                for pid, state in before.items()}
 
     @staticmethod
     def _log(path: Path, line: str) -> None:
@@ -467,8 +476,10 @@ class _FakeDumpInProgress:
         hooks: CriuHooks,
         tree: tuple[ProcessFact, ...],
         before: dict[int, PidState],
+        mark: int = 0,
     ) -> None:
         self._criu = criu
+        self._mark = mark
         self._job = job
         self._hooks = hooks
         self._tree = tree
@@ -497,14 +508,16 @@ class _FakeDumpInProgress:
         if self._ended:
             raise CriuFailed(f"CRIU dump of pid {self._job.pid} was aborted", pid=self._job.pid)
         self._ended = True
-        self._result = self._criu._finish_dump(self._job, self._hooks, self._tree, self._before)
+        self._result = self._criu._finish_dump(self._job, self._hooks, self._tree, self._before,
+                                              self._mark)
         return self._result
 
     def abort(self) -> None:
         if self._ended:
             return
         self._ended = True
-        self._criu._abandon(self._job, self._before, RuntimeError("the dump was abandoned"))
+        self._criu._abandon(self._job, self._before, RuntimeError("the dump was abandoned"),
+                            self._mark)
 
 
 if TYPE_CHECKING:

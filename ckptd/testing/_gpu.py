@@ -70,6 +70,8 @@ class FakeCudaProcess:
     memory: dict[str, int] = field(default_factory=dict)
     state: CudaState = CudaState.RUNNING
     checkpointed_on: dict[str, str] = field(default_factory=dict)
+    restored: bool = False
+    """LOCKED by a ``restore`` (not by a ``lock``): its CUDA state is back only once unlocked."""
 
 
 class FakeGpu:
@@ -144,6 +146,12 @@ class FakeGpu:
     thread of the pid is held (``threads.held[pid]`` is its restore thread): the other
     threads must not run before the CUDA state is back ("attempting to access a UVM pointer
     will crash if we haven't restored the underlying mappings yet"). Codes: this fake's.
+    With ``processes``, the fake also watches the process table (``watchers``): a CUDA
+    process that goes RUNNING while CHECKPOINTED, or LOCKED by a restore not yet unlocked,
+    with its other threads not held (``threads.held[pid]`` its restore thread; with no
+    ``threads``, never held) has run its own code before its CUDA state was back — the
+    moment CRIU's plugin keeps frozen: its pid is appended to ``ran_unrestored`` (and, with
+    ``events``, ``"gpu.ran-unrestored <pid>"``).
 
     Workloads the driver cannot checkpoint (issue 23, 6), and what /proc shows of them
     (``cuda_facts``, the ``CudaProcessFacts`` port):
@@ -228,6 +236,10 @@ class FakeGpu:
         self.hung: list[int] = []
         """Pids whose ``lock`` hung behind a locked NCCL peer (class doc)."""
         self.facts_calls: list[int] = []
+        self.ran_unrestored: list[int] = []
+        """Pids that ran (not held) before their CUDA state was back (class doc)."""
+        if processes is not None:
+            processes.watchers.append(self._saw_state)
 
     # ---- set-up and inspection -------------------------------------------------------------
 
@@ -470,6 +482,22 @@ class FakeGpu:
         head = self.driver_version.split(".", 1)[0]
         return pid in self.launch_jobs and head.isdigit() and int(head) >= 610
 
+    def _saw_state(self, pid: int, state: PidState) -> None:
+        """A watcher of ``processes`` (called inside its lock: reads only, no lock of this
+        fake taken, so no lock order to break)."""
+        proc = self.cuda.get(pid)
+        if state is not PidState.RUNNING or proc is None:
+            return
+        if not (proc.state is CudaState.CHECKPOINTED
+                or (proc.state is CudaState.LOCKED and proc.restored)):
+            return
+        tid = self.restore_tids.get(pid, pid + RESTORE_TID_OFFSET)
+        if self.threads is not None and self.threads.held.get(pid) == tid:
+            return  # only its restore thread runs
+        self.ran_unrestored.append(pid)
+        if self.events is not None:
+            self.events.append(f"gpu.ran-unrestored {pid}")
+
     def _alive(self, pid: int) -> bool:
         if self.processes is None:
             return True
@@ -530,6 +558,7 @@ class FakeGpu:
 
     def _move(self, method: str, proc: FakeCudaProcess) -> None:
         proc.state = _AFTER[method]
+        proc.restored = method == "restore"
         if self.clock is not None:
             self.clock.advance(self.durations.get(method, 0.0))
         self._event(method, proc.pid)

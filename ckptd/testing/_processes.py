@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal as _signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -160,7 +160,10 @@ class FakeProcessTable:
       only recorded.
 
     When ``events`` is given, every signal appends ``"signal <pid> <SIGNAME>"`` to it, so a
-    test can check the order against other fakes sharing the list. Thread-safe.
+    test can check the order against other fakes sharing the list. ``watchers``: callables
+    told ``(pid, state)`` each time a process goes from RUNNING to STOPPED or back (a signal,
+    ``set_state``) and on ``tell_watchers``, inside the table's lock (a watcher must not call
+    the table). Thread-safe.
     """
 
     def __init__(self, *, kill_mode: KillMode = "free", events: list[str] | None = None) -> None:
@@ -175,6 +178,8 @@ class FakeProcessTable:
         self._next_start = 1000
         self.handles: list[FakeHandle] = []
         """Every handle ``open`` gave out (a test may check they were all closed)."""
+        self.watchers: list[Callable[[int, PidState], None]] = []
+        """Told ``(pid, state)`` of every RUNNING <-> STOPPED change (class doc)."""
 
     # ---- set-up helpers --------------------------------------------------------------------
 
@@ -319,6 +324,37 @@ class FakeProcessTable:
     def state(self, pid: int) -> PidState:
         """Shorthand for ``status(pid).state``."""
         return self.status(pid).state
+
+    def set_state(self, pid: int, state: PidState) -> None:
+        """Put the process at ``pid`` in ``state`` (as a fake CRIU seizes or lets go of it),
+        telling the ``watchers`` of a change; a free pid or a zombie is left as it is."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None or proc.state is PidState.ZOMBIE or proc.state is state:
+                return
+            proc.state = state
+            self._changed(pid, state)
+
+    def stop_pending(self, pid: int, since: int) -> bool:
+        """Whether the last stop or SIGCONT among the signals sent to ``pid`` after the first
+        ``since`` of ``signals`` was a stop signal: what a process seized by a tracer then
+        does once detached (the kernel delivers the signal as the tracer lets go)."""
+        with self._lock:
+            last = [signo for target, signo in self.signals[since:] if target == pid
+                    and (signo in _STOP_SIGNALS or signo == _signal.SIGCONT)]
+            return bool(last) and last[-1] in _STOP_SIGNALS
+
+    def tell_watchers(self, pid: int) -> None:
+        """Tell the ``watchers`` the state of ``pid`` again (a fake holder let its threads
+        go: they run now if it is RUNNING). Nothing for a free pid."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is not None:
+                self._changed(pid, proc.state)
+
+    def _changed(self, pid: int, state: PidState) -> None:
+        for watcher in list(self.watchers):
+            watcher(pid, state)
 
     def signals_to(self, pid: int) -> list[int]:
         """The signal numbers sent to ``pid``, in order."""
@@ -492,8 +528,10 @@ class FakeProcessTable:
             elif signo in _STOP_SIGNALS:
                 if proc.state is PidState.RUNNING:
                     proc.state = PidState.STOPPED
+                    self._changed(pid, proc.state)
             elif signo == _signal.SIGCONT and proc.state is PidState.STOPPED:
                 proc.state = PidState.RUNNING
+                self._changed(pid, proc.state)
             return True
 
 if TYPE_CHECKING:

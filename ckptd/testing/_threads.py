@@ -21,7 +21,8 @@ class FakeThreadHold:
     ``PreconditionFailed`` and holds nothing; holding a pid held already raises too.
     Records ``held`` (pid -> its free tid, while held), ``history`` (``("hold", pid,
     free_tid)`` / ``("release", pid, 0)`` in order); with ``events``, ``"threads.hold <pid>"``
-    and ``"threads.release <pid>"``. Thread-safe."""
+    and ``"threads.release <pid>"``. A release tells the table's ``watchers`` the process's
+    state again (its threads run now if it is RUNNING). Thread-safe."""
 
     def __init__(self, processes: FakeProcessTable | None = None,
                  events: list[str] | None = None) -> None:
@@ -57,6 +58,8 @@ class FakeThreadHold:
             self.history.append(("release", pid, 0))
             if self.events is not None:
                 self.events.append(f"threads.release {pid}")
+        if self.processes is not None:  # its threads run now, if it does
+            self.processes.tell_watchers(pid)
 
 
 def _is_a_thread_hold(hold: FakeThreadHold) -> ThreadHold:

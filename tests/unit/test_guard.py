@@ -31,7 +31,7 @@ from .world import JOB, JOB_TREE, guarded_world, make_world
     (GuardPhase.UNSURE, False, Verdict.RECORD_RESUME),
     (GuardPhase.UNSURE, True, Verdict.RESUME),
     (GuardPhase.COMMITTED, False, Verdict.KILL),
-    (GuardPhase.COMMITTED, True, Verdict.LEAVE),
+    (GuardPhase.COMMITTED, True, Verdict.RESUME),  # a CUDA tree stopped for its resume
 ])
 def test_verdict(phase: GuardPhase, leave_running: bool, expected: Verdict) -> None:
     assert verdict(phase, leave_running) is expected
@@ -118,11 +118,18 @@ def test_committed_killing_dump_is_killed() -> None:
     assert table.signals == [(10, SIGKILL), (11, SIGKILL)]
 
 
-def test_committed_leave_running_dump_is_left_alone() -> None:
-    table, _ = stopped_tree(10)
-    watch, _ = watching(table, (10,), phase=GuardPhase.COMMITTED, leave_running=True)
+def test_committed_leave_running_dump_is_continued_never_left_stopped() -> None:
+    """After CRIU's end a leave-running CUDA tree is stopped until its CUDA is back
+    (docs/adr/0019): the guard continues what is stopped (not what was before); a process
+    that runs gets no signal."""
+    table, _ = stopped_tree(10, 11, 12)
+    table.processes[12].state = PidState.RUNNING
+    watch, _ = watching(table, (10, 11, 12), phase=GuardPhase.COMMITTED, leave_running=True,
+                        stopped_before=frozenset({11}))
     watch.daemon_gone()
-    assert table.signals == []
+    assert table.signals == [(10, SIGCONT)]
+    assert [table.state(p) for p in (10, 11, 12)] == [
+        PidState.RUNNING, PidState.STOPPED, PidState.RUNNING]
 
 
 def test_released_dump_is_not_touched() -> None:

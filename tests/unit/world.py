@@ -289,8 +289,8 @@ class InProcessGuard:
         self.watch.release(op_id)
 
 
-def guarded_world(tmp_path: Path) -> tuple[World, InProcessGuard]:
-    world = make_world(tmp_path)
+def guarded_world(tmp_path: Path, *, gpu: bool = False) -> tuple[World, InProcessGuard]:
+    world = make_world(tmp_path, gpu=gpu)
     guard = InProcessGuard(world)
 
     class Port:
