@@ -4,8 +4,9 @@
 #   unit:        no root, no CRIU (fakes from ckptd.testing), contract suites
 #   integration: root + real CRIU on real processes, through the real daemon and CLI
 #   containers:  root, CRIU, runc/crun/podman (installed here): jobs moved between containers
-#   jobshapes:   real PyTorch jobs (DDP, DataLoader workers, Slurm) under the daemon: needs
+#   jobshapes:   real PyTorch jobs (DDP, DataLoader workers) under the daemon: needs
 #                the pinned CPU wheel, installed here (scripts/install-torch.sh), not by setup.sh
+#   slurm:       deploy/slurm on a real Slurm cluster (slurm-wlm, munge: installed here)
 #   gpu:         only where an NVIDIA GPU is present (skipped, with the reason, elsewhere)
 # Extra arguments go to pytest (e.g. scripts/test.sh -k restore).
 set -euo pipefail
@@ -13,10 +14,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
 bash scripts/install-torch.sh .venv
-# the containers tier (tests/containers): OCI runtimes and podman from Debian 12, not needed
-# by the daemon itself (so not in setup.sh, which the demo runs)
+# the containers tier (tests/containers): OCI runtimes and podman from Debian 12, and the
+# slurm tier (tests/slurm): Slurm 22.05 and munge, whose daemons the tier starts itself; not
+# needed by the daemon itself (so not in setup.sh, which the demo runs)
 container_pkgs=()
-for p in runc crun podman; do
+for p in runc crun podman slurmctld slurmd slurm-client munge; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
         || container_pkgs+=("$p")
 done

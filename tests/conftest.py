@@ -2,8 +2,9 @@
 
 Tiers are the directories under tests/: unit and contract (no root, no CRIU), integration
 (root + real CRIU), containers (root, CRIU and runc/crun/podman), jobshapes (root, CRIU and
-PyTorch: real training jobs), system (the packaging: systemd unit, generated code), gpu (a GPU),
-docs (the README and the manual: built strictly, current, its examples run).
+PyTorch: real training jobs), slurm (those and a real Slurm cluster: slurm-wlm, munge), system
+(the packaging: systemd unit, generated code), gpu (a GPU), docs (the README and the manual:
+built strictly, current, its examples run).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     tr = terminalreporter
     tr.section("ckptd test tiers: what ran, what was skipped and why")
     for tier in ("unit", "contract", "integration", "containers", "jobshapes", "system", "gpu",
-                 "docs", "workloads_selftest"):
+                 "docs", "slurm", "workloads_selftest"):
         counts = _results.get(tier, Counter())
         if not counts:
             tr.write_line(f"{tier:20s} no tests collected")
