@@ -52,6 +52,7 @@ from ckptd.core.ports import (
     PeerSession,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
+from ckptd.core.rollback import BackHere
 from ckptd.core.store.pagehash import HASH_SIZE
 from ckptd.core.undo import InDoubt, RestoreHere, UndoLog
 from ckptd.domain import (
@@ -135,7 +136,7 @@ class MigrateRecipe:
         self._events = events
         self._preview = preview
         self._dump = dump
-        self._restore_here = restore_here
+        self._back_here = BackHere(restore_here)
         self._pages = pages
         self._connector = connector
         self._clock = clock
@@ -265,28 +266,17 @@ class MigrateRecipe:
                                 before_commit)
 
     def _restore_back(self, ctx: MigrateContext) -> None:
+        """dump's undo: what its record says (RestoreHere, or InDoubt once ``finish`` began
+        and the link broke), through ``core.rollback.BackHere`` as a restart does it."""
         if ctx.record is None:
             return  # the dump failed: its own rollback left the tree running
         if ctx.in_doubt:
-            ctx.notes.append(
-                f"the link broke while {ctx.request.to} was restoring: check there whether "
-                f"pid {ctx.record.pid} runs; if not, `ckptctl restore {ctx.record.id}` here"
-            )
+            ctx.notes.append(self._back_here.in_doubt(
+                InDoubt(ctx.record.id, ctx.request.to), "the link broke", ctx.record.pid))
             return
-        try:
-            ctx.restored_here = self._restore_here(
-                ctx.caller, RestoreRequest(checkpoint_id=ctx.record.id)
-            )
-        except CkptdError as exc:
-            ctx.notes.append(
-                f"restoring it on this node failed too ({exc.message}); its checkpoint is "
-                f"kept: `ckptctl restore {ctx.record.id}`"
-            )
-            return
-        ctx.notes.append(
-            f"the tree was restored on this node as pid {ctx.restored_here.pid} from "
-            f"{ctx.record.id}"
-        )
+        ctx.restored_here, note = self._back_here.restore(
+            RestoreHere(ctx.record.id, ctx.caller.uid, ctx.request.to), ctx.caller)
+        ctx.notes.append(note)
 
     def _open(self, ctx: MigrateContext) -> None:
         assert ctx.link is not None and ctx.record is not None

@@ -418,6 +418,44 @@ class CriuHooks:
         """The restored tree runs."""
 
 
+class ForwardingHooks(CriuHooks):
+    """Hooks that pass every notification on to ``inner``: the base of a hook set that adds
+    to another's (override a notification, do its own part, then call ``super()``)."""
+
+    def __init__(self, inner: CriuHooks) -> None:
+        self.inner = inner
+
+    def pre_dump(self, pid: int) -> None:
+        self.inner.pre_dump(pid)
+
+    def network_lock(self, pid: int) -> None:
+        self.inner.network_lock(pid)
+
+    def post_dump(self, pid: int) -> None:
+        self.inner.post_dump(pid)
+
+    def network_unlock(self, pid: int) -> None:
+        self.inner.network_unlock(pid)
+
+    def criu_started(self, criu_pid: int) -> None:
+        self.inner.criu_started(criu_pid)
+
+    def pre_restore(self, pid: int) -> None:
+        self.inner.pre_restore(pid)
+
+    def setup_namespaces(self, pid: int) -> None:
+        self.inner.setup_namespaces(pid)
+
+    def post_restore(self, pid: int) -> None:
+        self.inner.post_restore(pid)
+
+    def pre_resume(self, pid: int) -> None:
+        self.inner.pre_resume(pid)
+
+    def post_resume(self, pid: int) -> None:
+        self.inner.post_resume(pid)
+
+
 @dataclass(frozen=True)
 class CriuPlacement:
     """Where CRIU runs for a job in a container (docs/design/containers.md): inside the

@@ -2,64 +2,74 @@
 
 Order, and what undoes each step if a later one fails:
 
-    resolve       find the checkpoint (id, or latest of a pid / name); check the caller   -
-    compat        this node fits the checkpoint (``core.compat``: architecture, CPU flags,  -
-                  files, kernel, CRIU, libc; CUDA trees: GPU model, count, memory, driver);
-                  refuses with every blocking difference, and with every warning unless
-                  the request says ``ignore_warnings``
-    pids          every pid of the tree must be free (a zombie is waited for, bounded);   -
-                  a tree that was the init of its own pid namespace gets a new one: its
-                  pids cannot clash
-    cgroup        where the tree will live: the caller's cgroup; one of its own under     -
-                  ``jobs_cgroup`` when the daemon asks (or the caller is in the daemon's
-                  cgroup), so that a daemon restart never touches it (docs/adr/0010)
-    checkout      CRIU's image directory from the store; streamed (``stream_restore``):   release it
-                  an empty one, the images read from the store as CRIU asks for them,
-                  every byte verified on the way (a failure undoes CRIU's restore at
-                  post-restore, before the tree runs), only the captured files written
-    stdio         replacements for stdio whose other end was outside the tree             close ours
-    files         every file the checkpoint captured is put back                          as found
-                  (``core.jobfiles``); a version that differs is kept beside it
-    criu-restore  CRIU, placed in that cgroup before it begins, recreates the tree there   -
-                  (every process checked at post-restore, before it runs) and resumes it;
-                  a CUDA tree (or a group member) it leaves stopped
-    gpu-restore   a CUDA tree, still stopped: every thread of each CUDA process but its   -
-                  restore thread held (``ThreadHold``, ptrace, as CRIU's CUDA plugin does),
-                  those processes SIGCONTed (only the restore threads run: the driver works
-                  on them), CUDA restored (GPUs remapped by UUID if they differ) and
-                  unlocked, the holds released, then the tree SIGCONTed (docs/adr/0019);
-                  if that fails the restored tree is killed, none of its own code having run
+    resolve       find the checkpoint (id, or latest of a pid / name); check the     -
+                  caller
+    compat        this node fits the checkpoint (``core.compat``: architecture, CPU  -
+                  flags, files, kernel, CRIU, libc; CUDA trees: GPU model, count,
+                  memory, driver); refuses with every blocking difference, and with
+                  every warning unless the request says ``ignore_warnings``
+    pids          every pid of the tree must be free (a zombie is waited for,       -
+                  bounded); a tree that was the init of its own pid namespace gets a
+                  new one: its pids cannot clash
+    cgroup        where the tree will live (``core.placement``): the caller's       -
+                  cgroup; one of its own under ``jobs_cgroup`` when the daemon asks
+                  (or the caller is in the daemon's cgroup), so that a daemon restart
+                  never touches it (docs/adr/0010)
+    checkout      CRIU's image directory from the store; streamed                   release it
+                  (``stream_restore``): an empty one, the images read from the store
+                  as CRIU asks for them, every byte verified on the way (a failure
+                  undoes CRIU's restore at post-restore, before the tree runs), only
+                  the captured files written
+    stdio         replacements for stdio whose other end was outside the tree       close ours;
+                  (in an output file ckptd chose, or the caller's)                  remove an
+                                                                                    empty output
+    files         every file the checkpoint captured is put back                    each file
+                  (``core.jobfiles``); a version that differs is kept beside it     as found
+    criu-restore  CRIU, placed in that cgroup before it begins, recreates the tree  kill the
+                  there (every process held and checked at post-restore, before it  restored tree
+                  runs) and resumes it; a CUDA tree (or a group member) it leaves
+                  stopped
+    gate          group restores only: hold the stopped tree until every member is  -
+                  restored (raise: this member is undone); then let it run (a CUDA
+                  tree: at gpu-restore)
+    gpu-restore   a CUDA tree, still stopped: every thread of each CUDA process     -
+                  but its restore thread held (``ThreadHold``, ptrace, as CRIU's
+                  CUDA plugin does), those processes SIGCONTed (only the restore
+                  threads run: the driver works on them), CUDA restored (GPUs
+                  remapped by UUID if they differ) and unlocked, the holds released,
+                  then the tree SIGCONTed (docs/adr/0019)
 
-Durable undo (``core.undo``): at CRIU's post-restore notification, when the tree exists but
-has not run (until then CRIU undoes a restore it cannot finish, its daemon killed included),
-KillTree of the restored processes is journaled (a group member held at the gate: only
-while it is still stopped); the entry ends when the restore has finished or been rolled back.
-A daemon killed in between has the half-restored tree killed at its restart, its checkpoint
-untouched. Each file put back has its ``UndoPutBack`` journaled before its effect exists
-(``core.jobfiles``): a daemon killed during the put-back or CRIU's restore has every file
-made again as found at its restart. stdio is undone in-process only (not yet durable).
+Durable undos (``core.undo``, journal entry ``op_id``, written before the step's effect can
+exist; a restarted daemon replays them newest first through ``core.rollback.Undoer``, the code
+the in-process undos use): stdio: RemoveOutput of the output file ckptd chose; files: one
+UndoPutBack per file, before each effect on it (``core.jobfiles``); criu-restore: KillTree of
+the restored processes, at CRIU's post-restore notification, when the tree exists but has not
+run (until then CRIU undoes a restore it cannot finish, its daemon killed included; a group
+member: only while it is still stopped). The entry ends once the whole tree runs (or the
+restore is rolled back): a daemon killed before has the half-restored tree killed, every
+file made again as found and its empty output file removed at its restart, the checkpoint
+untouched; one killed after touches nothing of a tree that runs.
 
 Invariants: the restored processes are held (``core.held``) from CRIU's post-restore
 notification on, before they run, and signalled only through those handles; nothing on the
 node changes before ``pids`` passed (and CRIU is never called for a checkpoint that does not
-fit the node); a failed CRIU restore leaves
-no part of the tree behind (CRIU kills what it created); the restored tree is not a child of
-the daemon (CRIU's process forks it and exits), so stopping the daemon never touches it; with
-a ``Cgroups`` port, no process of the restored tree ever runs outside the cgroup chosen for it
-(CRIU is moved there before it creates anything, so the tree's memory is charged there too).
+fit the node); a failed CRIU restore leaves no part of the tree behind (CRIU kills what it
+created); a failure after it kills the restored tree, none of its own code having run (a
+group member, or a CUDA tree, is still stopped then; a plain tree CRIU has resumed); the
+restored tree is not a child of the daemon (CRIU's process forks it and exits), so stopping
+the daemon never touches it; with a ``Cgroups`` port, no process of the restored tree ever
+runs outside the cgroup chosen for it (``core.placement``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ckptd.core.callers import caller_process
 from ckptd.core.compat import (
     check_restore,
     gpu_problems,
@@ -77,6 +87,7 @@ from ckptd.core.intocontainer import (
     memory_problems,
 )
 from ckptd.core.jobfiles import PutBackAll
+from ckptd.core.placement import CgroupPlacement, TreeCgroup
 from ckptd.core.ports import (
     Cgroups,
     CheckpointStore,
@@ -84,6 +95,7 @@ from ckptd.core.ports import (
     Criu,
     CriuHooks,
     CriuRestoreJob,
+    ForwardingHooks,
     ImageSource,
     InheritFd,
     JobFiles,
@@ -94,7 +106,7 @@ from ckptd.core.ports import (
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
 from ckptd.core.rollback import Undoer
-from ckptd.core.undo import KillTree, UndoLog
+from ckptd.core.undo import KillTree, RemoveOutput, Undo, UndoLog
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -117,7 +129,6 @@ from ckptd.errors import (
     PermissionDenied,
     PidInUse,
     PreconditionFailed,
-    ProcessNotFound,
 )
 
 log = logging.getLogger(__name__)
@@ -138,7 +149,11 @@ class RestoreContext:
     inherit_fds: tuple[InheritFd, ...] = ()
     pid: int = 0
     gpu_map: dict[str, str] | None = None
-    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    checkout: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    """The store's checkout, held until the restore ends (checkout's undo releases it)."""
+    stdio_fds: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    """Our ends of the stdio replacements, held until the restore ends (stdio's undo
+    closes them)."""
     gate: Callable[[int], None] | None = None
     """Group restores: CRIU leaves the tree stopped; called with its root pid; returns to let
     it run (SIGCONT), raises to kill it."""
@@ -147,10 +162,8 @@ class RestoreContext:
     restored: tuple[ProcessFact, ...] = ()
     """The restored tree as /proc shows it (pids on this node; ``ns_pid`` in its namespace)."""
     files: PutBackAll | None = None
-    cgroup: str = ""
-    """The cgroup the restored tree goes into ("" when ckptd places nothing)."""
-    create_cgroup: bool = False
-    """``cgroup`` is one of the tree's own, created for it."""
+    placed: TreeCgroup = field(default_factory=TreeCgroup)
+    """The cgroup the restored tree goes into (``path`` "" when ckptd places nothing)."""
     into: CallerContainer | None = None
     """Restoring into the caller's container (``RestoreRequest.into_callers_container``)."""
     images: ImageSource | None = None
@@ -158,6 +171,11 @@ class RestoreContext:
     captured files)."""
     undo_log: UndoLog | None = None
     """The restore's durable undo records (journal entry ``op_id``)."""
+
+    @property
+    def cgroup(self) -> str:
+        """The cgroup the restored tree goes into ("" when ckptd places nothing)."""
+        return self.placed.path
 
 
 def find_checkpoint(
@@ -195,6 +213,8 @@ def find_checkpoint(
 
 
 class RestoreRecipe:
+    """Restores one checkpoint. Thread-safe: callers serialize per pid (PidLocks)."""
+
     def __init__(
         self,
         *,
@@ -212,6 +232,7 @@ class RestoreRecipe:
         journal: Journal | None = None,
     ) -> None:
         self._cgroups = cgroups
+        self._placement = CgroupPlacement(cgroups, processes, config)
         self._gpu = gpu
         self._node = node
         self._files = files
@@ -230,12 +251,15 @@ class RestoreRecipe:
             Step("compat", self._compat, None, "checking that this node fits the checkpoint"),
             Step("pids", self._wait_pids_free, None, "checking that the tree's pids are free"),
             Step("cgroup", self._choose_cgroup, None, "choosing the tree's cgroup"),
-            Step("checkout", self._checkout, None, "reading the checkpoint from the store"),
-            Step("stdio", self._stdio_replacements, self._undo_output, "preparing stdio"),
+            Step("checkout", self._checkout, self._release_checkout,
+                 "reading the checkpoint from the store"),
+            Step("stdio", self._stdio_replacements, self._undo_stdio, "preparing stdio",
+                 durable=self._remove_output_record),
             Step("files", self._put_back_files, self._undo_files,
                  "putting back the files the tree writes"),
-            Step("criu-restore", self._criu_restore, None, "CRIU is restoring the tree"),
-            Step("gate", self._gate, self._kill_restored, "waiting for every member"),
+            Step("criu-restore", self._criu_restore, self._kill_restored,
+                 "CRIU is restoring the tree", durable=self._kill_tree_record),
+            Step("gate", self._gate, None, "waiting for every member"),
             Step("gpu-restore", self._gpu_restore, None, "restoring GPU state"),
         )
 
@@ -255,9 +279,10 @@ class RestoreRecipe:
         return ctx.record
 
     def run(self, ctx: RestoreContext, progress: ProgressSink) -> RestoreOutcome:
+        if ctx.undo_log is not None and ctx.gate is not None:
+            ctx.undo_log.op = "held-restore"
         try:
-            with ctx.resources:
-                run_steps(self.steps, ctx, progress)
+            run_steps(self.steps, ctx, progress, ctx.undo_log)
         except Exception as exc:
             if ctx.undo_log is not None:
                 ctx.undo_log.end()  # rolled back (a dying daemon never gets here)
@@ -270,9 +295,14 @@ class RestoreRecipe:
                 ctx.undo_log.end()  # the tree runs
             if ctx.files is not None:
                 ctx.files.prune(self._config.aside_keep, self._config.aside_max_age_s)
-        finally:
+        finally:  # what the steps hold until the restore ends (their undos release it too)
+            ctx.stdio_fds.close()
+            ctx.checkout.close()
             if ctx.held is not None:
                 ctx.held.close()
+        return self._outcome(ctx)
+
+    def _outcome(self, ctx: RestoreContext) -> RestoreOutcome:
         assert ctx.record is not None
         return RestoreOutcome(
             checkpoint_id=ctx.record.id,
@@ -290,7 +320,17 @@ class RestoreRecipe:
                         if ctx.tcp_closed else ""),
         )
 
-    # ---- steps ----------------------------------------------------------------------------
+    def place_criu(self, ctx: RestoreContext, criu_pid: int) -> None:
+        """CRIU's process into the tree's cgroup, before it creates anything."""
+        self._placement.place_criu(ctx.placed, criu_pid, ctx.into)
+
+    def check_placed(self, ctx: RestoreContext) -> None:
+        """At post-restore (the tree exists, has not run): every held process is in the
+        tree's cgroup (``CgroupPlacement.check_placed``)."""
+        if ctx.held is not None:
+            self._placement.check_placed(ctx.placed, ctx.held.pids, ctx.op_id)
+
+    # ---- steps, in their order ------------------------------------------------------------
 
     def _resolve(self, ctx: RestoreContext) -> None:
         if ctx.record is not None:
@@ -383,44 +423,6 @@ class RestoreRecipe:
             record, report, ignore_warnings=ctx.request.ignore_warnings,
             where="this node" if ctx.into is None else f"the container of pid {ctx.into.init}")
 
-    def _gate(self, ctx: RestoreContext) -> None:
-        """Group restores only: hold the stopped tree until every member is restored."""
-        if ctx.gate is None:
-            return
-        assert ctx.record is not None
-        ctx.gate(ctx.pid)
-        assert ctx.held is not None
-        if ctx.record.gpu is None:  # a CUDA tree runs once its CUDA is back (gpu-restore)
-            ctx.held.signal_all(signal.SIGCONT)
-
-    def _kill_restored(self, ctx: RestoreContext) -> None:
-        if ctx.gate is None or ctx.held is None:
-            return
-        self.undoer.kill_tree(ctx.held)
-
-    def _gpu_restore(self, ctx: RestoreContext) -> None:
-        assert ctx.record is not None
-        if ctx.record.gpu is None:
-            return
-        restored = pid_map(ctx.record.processes, ctx.restored)
-        cuda = tuple(restored.get(p, p) for p in ctx.record.gpu.cuda_pids)
-        session = GpuSession(cuda_pids=cuda, locked=list(cuda), checkpointed=list(cuda))
-        held = ctx.held
-
-        def cont() -> None:  # the CUDA processes, their threads held but the restore threads
-            for pid in cuda:
-                if held is not None and pid in held:
-                    held.signal(pid, signal.SIGCONT)
-
-        try:
-            self._gpu.resume(session, ctx.gpu_map, cont=cont)
-        except Exception:
-            if held is not None:
-                self.undoer.kill_tree(held)
-            raise
-        if held is not None:
-            held.signal_all(signal.SIGCONT)  # CUDA is back: now the whole tree runs
-
     def _wait_pids_free(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
         if ctx.into is not None:
@@ -453,6 +455,10 @@ class RestoreRecipe:
                     )
                 self._clock.sleep(0.05)
 
+    def _choose_cgroup(self, ctx: RestoreContext) -> None:
+        assert ctx.record is not None
+        ctx.placed = self._placement.choose(ctx.caller, ctx.record, ctx.op_id, ctx.into)
+
     def _checkout(self, ctx: RestoreContext) -> None:
         """The images CRIU restores from: read from the store as CRIU asks for them when
         streaming (``stream_restore``, a CRIU that can, not into a container), the
@@ -462,46 +468,60 @@ class RestoreRecipe:
         if ctx.images_dir is not None:
             return  # staged images given by the caller (a migration's target)
         if self._streams(ctx):
-            ctx.images_dir, ctx.images = ctx.resources.enter_context(
+            ctx.images_dir, ctx.images = ctx.checkout.enter_context(
                 self._store.checkout_streamed(ctx.record.id))
             for captured in ctx.record.files:
                 ctx.images.write(captured.image, ctx.images_dir / captured.image)
             return
-        ctx.images_dir = ctx.resources.enter_context(self._store.checkout(ctx.record.id))
+        ctx.images_dir = ctx.checkout.enter_context(self._store.checkout(ctx.record.id))
 
     def _streams(self, ctx: RestoreContext) -> bool:
         return (self._config.stream_restore and ctx.into is None
                 and self._criu.can_stream_restore())
 
+    @staticmethod
+    def _release_checkout(ctx: RestoreContext) -> None:
+        ctx.checkout.close()
+
     def _stdio_replacements(self, ctx: RestoreContext) -> None:
         assert ctx.record is not None
         if ctx.into is not None:  # the container's own stdio (its log stream)
-            ctx.inherit_fds = ctx.resources.enter_context(
+            ctx.inherit_fds = ctx.stdio_fds.enter_context(
                 self._stdio.from_process(ctx.record.stdio, ctx.into.init))
             return
-        if ctx.request.output_path:
-            ctx.output_path = Path(ctx.request.output_path)
-        else:
-            ctx.output_path = self._config.output_dir / f"{ctx.record.id}.{ctx.op_id}.out"
+        ctx.output_path = (Path(ctx.request.output_path) if ctx.request.output_path
+                           else self._chosen_output(ctx))
         root = ctx.record.processes[0] if ctx.record.processes else None
         owner = (root.uid, root.gid) if root is not None else (ctx.record.uid, ctx.record.uid)
-        ctx.inherit_fds = ctx.resources.enter_context(
+        ctx.inherit_fds = ctx.stdio_fds.enter_context(
             self._stdio.replacements(ctx.record.stdio, ctx.output_path, owner,
                                      bool(ctx.request.output_path))
         )
 
-    def _undo_output(self, ctx: RestoreContext) -> None:
-        """A failed restore leaves no output file of its own: the one ckptd chose, still
-        empty (nothing of the tree ran). One the caller named is left as found."""
-        if ctx.output_path is None or ctx.request.output_path:
-            return
-        with contextlib.suppress(OSError):
-            if ctx.output_path.stat().st_size == 0:
-                ctx.output_path.unlink()
+    def _chosen_output(self, ctx: RestoreContext) -> Path:
+        """The output file ckptd chooses for a restore (when the caller names none)."""
+        assert ctx.record is not None
+        return self._config.output_dir / f"{ctx.record.id}.{ctx.op_id}.out"
+
+    def _remove_output_record(self, ctx: RestoreContext) -> Undo | None:
+        if ctx.into is not None or ctx.request.output_path:
+            return None  # the container's stdio, or a file the caller named: left as found
+        return RemoveOutput(str(self._chosen_output(ctx)))
+
+    def _undo_stdio(self, ctx: RestoreContext) -> None:
+        """Our ends closed; a failed restore leaves no output file of its own: the one ckptd
+        chose, still empty (nothing of the tree ran). One the caller named is left as
+        found."""
+        ctx.stdio_fds.close()
+        record = self._remove_output_record(ctx)
+        if isinstance(record, RemoveOutput) and ctx.output_path is not None:
+            with contextlib.suppress(OSError):
+                self.undoer.remove_output(record)
 
     def _put_back_files(self, ctx: RestoreContext) -> None:
         """Last before CRIU (every refusal is behind us): the captured files as they were at
-        the checkpoint. Undone (each file as found) if CRIU then fails."""
+        the checkpoint, each one's UndoPutBack journaled before its effect exists. Undone
+        (each file as found) if CRIU or a later step fails."""
         assert ctx.record is not None and ctx.images_dir is not None
         if not ctx.record.files or self._files is None:
             return
@@ -557,71 +577,9 @@ class RestoreRecipe:
                    and self._clock.monotonic() < deadline):
                 self._clock.sleep(0.02)
 
-    def _choose_cgroup(self, ctx: RestoreContext) -> None:
-        """The caller's cgroup; a cgroup of its own (``<jobs_cgroup>/<name or id>-<op>``)
-        when the caller is the daemon itself, is unknown (pid 0: outside the daemon's pid
-        namespace), or is in the daemon's cgroup. ``jobs_cgroup`` empty: the daemon's."""
-        if self._cgroups is None:
-            return
-        assert ctx.record is not None
-        if ctx.into is not None:  # CRIU is run in the container's cgroups (every hierarchy)
-            ctx.cgroup = self._cgroup_of(ctx.into.init, f"the container's init (pid "
-                                                        f"{ctx.into.init})")
-            return
-        daemon_pid = self._config.daemon_pid
-        daemon = self._cgroup_of(daemon_pid, f"the daemon (pid {daemon_pid})")
-        caller = ctx.caller.pid or 0
-        if caller > 0 and caller != daemon_pid:
-            with caller_process(self._processes, ctx.caller,
-                                "the cgroup of its restore was chosen"):
-                theirs = self._cgroup_of(caller, f"the caller (pid {caller})")
-            if not within(theirs, daemon):
-                ctx.cgroup = theirs
-                log.info("restore %s: into the caller's cgroup %s", ctx.op_id, theirs)
-                return
-        base = self._config.jobs_cgroup.rstrip("/")
-        if not base:
-            ctx.cgroup = daemon
-            return
-        ctx.cgroup = f"{base}/{leaf_name(ctx.record.name or ctx.record.id, ctx.op_id)}"
-        ctx.create_cgroup = True
-        log.info("restore %s: into a cgroup of its own, %s", ctx.op_id, ctx.cgroup)
-
-    def _cgroup_of(self, pid: int, who: str) -> str:
-        assert self._cgroups is not None
-        try:
-            return self._cgroups.cgroup_of(pid)
-        except ProcessNotFound as exc:
-            raise CgroupUnavailable(f"{who} is gone: its cgroup cannot be told",
-                                    hint="ask again from a running process") from exc
-
-    def place_criu(self, ctx: RestoreContext, criu_pid: int) -> None:
-        """CRIU's process into the tree's cgroup, before it creates anything (the tree is
-        then born there, and what it restores is charged there)."""
-        if not ctx.cgroup or self._cgroups is None or ctx.into is not None:
-            return  # (into a container: CRIU's entry moves itself into its cgroups)
-        if ctx.create_cgroup:  # leftovers of restores whose trees have ended
-            self._cgroups.remove_empty(ctx.cgroup.rsplit("/", 1)[0] or "/")
-        self._cgroups.move((criu_pid,), ctx.cgroup, create=ctx.create_cgroup)
-
-    def check_placed(self, ctx: RestoreContext) -> None:
-        """At post-restore (the tree exists, has not run): every held process is in the
-        tree's cgroup; one that is not is moved there (raises, so CRIU undoes the restore,
-        when it cannot be)."""
-        if not ctx.cgroup or self._cgroups is None or ctx.held is None:
-            return
-        astray = []
-        for pid in ctx.held.pids:
-            with contextlib.suppress(ProcessNotFound):
-                if self._cgroups.cgroup_of(pid) != ctx.cgroup:
-                    astray.append(pid)
-        if astray:
-            log.warning("restore %s: pids %s were not born in %s; moving them", ctx.op_id,
-                        astray, ctx.cgroup)
-            self._cgroups.move(astray, ctx.cgroup)
-
     def hold_restored(self, ctx: RestoreContext, root_pid: int) -> None:
-        """Hold the restored tree rooted at ``root_pid`` (a pid on this node)."""
+        """Hold the restored tree rooted at ``root_pid`` (a pid on this node), and journal
+        its KillTree: at post-restore, before it runs."""
         if ctx.held is not None or root_pid <= 0:
             return
         ctx.held = HeldTree(self._processes)
@@ -631,57 +589,78 @@ class RestoreRecipe:
             log.warning("restored root pid %d is already gone", root_pid)
             return
         ctx.restored = tuple(ctx.held.hold_facts(tree))
-        if ctx.undo_log is not None and ctx.record is not None:
-            ctx.undo_log.op = "held-restore" if ctx.gate is not None else "restore"
-            ctx.undo_log.checkpoint_id = ctx.record.id
-            ctx.undo_log.record("criu-restore", KillTree(
-                tuple((p, s) for p, s in ctx.held.members()),
-                only_stopped=ctx.gate is not None))
+        record = self._kill_tree_record(ctx)
+        if ctx.undo_log is not None and record is not None:
+            ctx.undo_log.record("criu-restore", record)
+
+    @staticmethod
+    def _kill_tree_record(ctx: RestoreContext) -> Undo | None:
+        """KillTree of the restored processes, once they are held (a group member: only
+        while it is still stopped, its group never having let it run)."""
+        if ctx.held is None or ctx.record is None:
+            return None
+        return KillTree(tuple((p, s) for p, s in ctx.held.members()),
+                        only_stopped=ctx.gate is not None)
+
+    def _kill_restored(self, ctx: RestoreContext) -> None:
+        """criu-restore's undo: the restored tree killed (the record's KillTree, in-process:
+        a failure comes before anything let the tree run, so every process is killed).
+        Nothing when CRIU itself failed: it killed what it had created."""
+        if ctx.held is None or not ctx.pid:
+            return
+        self.undoer.kill_tree(ctx.held)
+
+    def _gate(self, ctx: RestoreContext) -> None:
+        """Group restores only: hold the stopped tree until every member is restored."""
+        if ctx.gate is None:
+            return
+        assert ctx.record is not None
+        ctx.gate(ctx.pid)
+        if ctx.record.gpu is None:  # a CUDA tree runs once its CUDA is back (gpu-restore)
+            self._let_run(ctx)
+
+    def _gpu_restore(self, ctx: RestoreContext) -> None:
+        assert ctx.record is not None
+        if ctx.record.gpu is None:
+            return
+        restored = pid_map(ctx.record.processes, ctx.restored)
+        cuda = tuple(restored.get(p, p) for p in ctx.record.gpu.cuda_pids)
+        session = GpuSession(cuda_pids=cuda, locked=list(cuda), checkpointed=list(cuda))
+        held = ctx.held
+
+        def cont() -> None:  # the CUDA processes, their threads held but the restore threads
+            for pid in cuda:
+                if held is not None and pid in held:
+                    held.signal(pid, signal.SIGCONT)
+
+        self._gpu.resume(session, ctx.gpu_map, cont=cont)  # failing: criu-restore's undo
+        self._let_run(ctx)  # CUDA is back: now the whole tree runs
+
+    @staticmethod
+    def _let_run(ctx: RestoreContext) -> None:
+        """The whole restored tree SIGCONTed: from now on it runs, so nothing of the restore
+        is undone, by a restart either (the journal entry ends)."""
+        if ctx.held is not None:
+            ctx.held.signal_all(signal.SIGCONT)
+        if ctx.undo_log is not None:
+            ctx.undo_log.end()
 
 
-class _HoldOnPostRestore(CriuHooks):
-    """The recipe's hooks, plus: hold the restored tree at ``post_restore``, when it exists
-    and has not run yet (so no pid of it can have been reused by the time it is held)."""
+class _HoldOnPostRestore(ForwardingHooks):
+    """The recipe's hooks, plus: CRIU placed in the tree's cgroup before it begins; the
+    restored tree held and checked at ``post_restore``, when it exists and has not run yet
+    (so no pid of it can have been reused by the time it is held)."""
 
     def __init__(self, inner: CriuHooks, recipe: RestoreRecipe, ctx: RestoreContext) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._recipe = recipe
         self._ctx = ctx
 
     def criu_started(self, criu_pid: int) -> None:
         self._recipe.place_criu(self._ctx, criu_pid)
-        self._inner.criu_started(criu_pid)
-
-    def pre_restore(self, pid: int) -> None:
-        self._inner.pre_restore(pid)
-
-    def setup_namespaces(self, pid: int) -> None:
-        self._inner.setup_namespaces(pid)
+        super().criu_started(criu_pid)
 
     def post_restore(self, pid: int) -> None:
         self._recipe.hold_restored(self._ctx, pid)
         self._recipe.check_placed(self._ctx)
-        self._inner.post_restore(pid)
-
-    def pre_resume(self, pid: int) -> None:
-        self._inner.pre_resume(pid)
-
-    def post_resume(self, pid: int) -> None:
-        self._inner.post_resume(pid)
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._:@+-]")
-
-
-def leaf_name(label: str, op_id: str) -> str:
-    """The name of a restored tree's own cgroup: its checkpoint's name (or id) and the
-    restore's operation id (unique), with what a cgroup name should not hold replaced."""
-    return f"{_UNSAFE.sub('_', label)}-{op_id}"
-
-
-def within(cgroup: str, ancestor: str) -> bool:
-    """``cgroup`` is ``ancestor`` or below it (the root contains only itself here: a caller
-    in any other cgroup is not "in the daemon's" because the daemon runs at the root)."""
-    if cgroup == ancestor:
-        return True
-    return ancestor != "/" and cgroup.startswith(ancestor.rstrip("/") + "/")
+        super().post_restore(pid)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import signal
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
@@ -29,6 +31,7 @@ from ckptd.core.undo import (
     InDoubt,
     KillTree,
     Member,
+    RemoveOutput,
     RestoreHere,
     ResumeCuda,
     ResumeTree,
@@ -42,6 +45,40 @@ from ckptd.errors import CkptdError
 log = logging.getLogger(__name__)
 
 RestoreHereFn = Callable[[Caller, RestoreRequest], RestoreOutcome]
+
+
+class BackHere:
+    """The undo of a migration whose dump killed the tree here: the one implementation, run
+    by the migrate recipe in-process and by ``Undoer.replay`` for a killed daemon's entry.
+    ``RestoreHere``: the tree restored on this node from its checkpoint (as the record's
+    uid); ``InDoubt``: nothing restored (the target may run it), the note says where to look.
+    Each returns the note a caller adds to its error or summary; a failed restore here is a
+    note too (the checkpoint stays)."""
+
+    def __init__(self, restore_here: RestoreHereFn | None) -> None:
+        self.restore_here = restore_here
+
+    def restore(self, undo: RestoreHere,
+                caller: Caller | None = None) -> tuple[RestoreOutcome | None, str]:
+        """``caller``: who asked for the migration, when it is still known (in-process: the
+        tree goes where its restore would put it); else the record's uid."""
+        if self.restore_here is None:
+            return None, f"not restored here: `ckptctl restore {undo.checkpoint_id}`"
+        try:
+            outcome = self.restore_here(
+                caller or Caller(uid=undo.uid), RestoreRequest(checkpoint_id=undo.checkpoint_id))
+        except CkptdError as exc:
+            return None, (f"restoring it on this node failed too ({exc.message}); its "
+                          f"checkpoint is kept: `ckptctl restore {undo.checkpoint_id}`")
+        return outcome, (f"the tree was restored on this node as pid {outcome.pid} from "
+                         f"{undo.checkpoint_id}")
+
+    @staticmethod
+    def in_doubt(undo: InDoubt, why: str, pid: int = 0) -> str:
+        """``why``: what happened while the target was restoring ("the link broke")."""
+        which = f"pid {pid} runs" if pid else "it runs"
+        return (f"{why} while {undo.to} was restoring: check there whether {which}; if not, "
+                f"`ckptctl restore {undo.checkpoint_id}` here")
 
 
 @dataclass
@@ -74,7 +111,7 @@ class Undoer:
         self._clock = clock
         self._config = config
         self._gpu = gpu
-        self.restore_here = restore_here
+        self.back_here = BackHere(restore_here)
         self._files = files
 
     # ---- shared with the recipes' in-process rollback -------------------------------------
@@ -138,6 +175,20 @@ class Undoer:
         files.undo(PutBack(undo.path, undo.aside, undo.created, undo.dev, undo.ino, undo.temp,
                            undo.mode, undo.moved_from), undo.uid, undo.gid)
 
+    @staticmethod
+    def remove_output(undo: RemoveOutput) -> bool:
+        """The restore's own output file removed if it is still an empty regular file (never
+        followed through a link). Whether it was."""
+        path = Path(undo.path)
+        try:
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+                return False
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     # ---- recovery --------------------------------------------------------------------------
 
     def replay(self, entry: Entry) -> str:
@@ -190,10 +241,11 @@ class Undoer:
         elif isinstance(undo, UndoPutBack):
             self.undo_put_back(undo)
             done.notes.append(f"{undo.path} as found")
+        elif isinstance(undo, RemoveOutput):
+            if self.remove_output(undo):
+                done.notes.append(f"{undo.path} removed (empty)")
         elif isinstance(undo, InDoubt):
-            done.notes.append(
-                f"the daemon died while {undo.to} was restoring it: check there whether it "
-                f"runs; if not, `ckptctl restore {undo.checkpoint_id}` here")
+            done.notes.append(BackHere.in_doubt(undo, "the daemon died"))
 
     def _guard_resumed(self, undo: GuardResumed, done: _Replay) -> None:
         """The guard resumed the tree while the commit was unsure (docs/adr/0016): a
@@ -210,17 +262,7 @@ class Undoer:
         if not self._committed(undo.checkpoint_id, done):
             done.notes.append("its checkpoint was never committed: the tree was not killed")
             return
-        if self.restore_here is None:
-            done.notes.append(f"not restored here: `ckptctl restore {undo.checkpoint_id}`")
-            return
-        try:
-            outcome = self.restore_here(
-                Caller(uid=undo.uid), RestoreRequest(checkpoint_id=undo.checkpoint_id))
-        except CkptdError as exc:
-            done.notes.append(f"restoring it here failed ({exc.message}); its checkpoint is "
-                              f"kept: `ckptctl restore {undo.checkpoint_id}`")
-            return
-        done.notes.append(f"restored here as pid {outcome.pid}")
+        done.notes.append(self.back_here.restore(undo)[1])
 
     def _committed(self, checkpoint_id: str, done: _Replay) -> bool:
         if checkpoint_id not in done.committed:

@@ -145,11 +145,21 @@ class UndoPutBack:
     moved_from: str = ""
 
 
+@dataclass(frozen=True)
+class RemoveOutput:
+    """The output file ckptd chose for a restore's stdio (``path``, in its output
+    directory), removed while it is an empty regular file: nothing of the tree wrote to it.
+    A file the caller named is never recorded."""
+
+    kind: ClassVar[str] = "remove-output"
+    path: str
+
+
 Undo = (AbortStaging | ResumeCuda | ResumeTree | KillTree | RestoreHere | InDoubt | GuardResumed
-        | UndoPutBack)
+        | UndoPutBack | RemoveOutput)
 KINDS: dict[str, type[Undo]] = {
     c.kind: c for c in (AbortStaging, ResumeCuda, ResumeTree, KillTree, RestoreHere, InDoubt,
-                        GuardResumed, UndoPutBack)
+                        GuardResumed, UndoPutBack, RemoveOutput)
 }
 
 GUARD_STEP = "guard"

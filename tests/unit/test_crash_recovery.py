@@ -202,7 +202,7 @@ def test_a_restore_killed_after_any_step(world: World, step: str, held: bool) ->
         world.service.restore(ROOT, RestoreRequest(checkpoint_id=record.id),
                               gate=(lambda _pid: None) if held else None)
     world.restore_recipe.steps = original
-    restored = RESTORE_STEPS.index(step) >= RESTORE_STEPS.index("criu-restore")
+    journaled = RESTORE_STEPS.index(step) >= RESTORE_STEPS.index("stdio")  # RemoveOutput on
     let_run = held and RESTORE_STEPS.index(step) >= RESTORE_STEPS.index("gate")
 
     done = _restarted(world)
@@ -212,9 +212,35 @@ def test_a_restore_killed_after_any_step(world: World, step: str, held: bool) ->
         assert world.states(*JOB_TREE) == ["running"] * 3
     else:
         assert world.states(*JOB_TREE) == ["free"] * 3
-    assert bool(done) == restored
+    assert bool(done) == (journaled and not let_run)  # a member let run: its entry ended
     if not let_run:  # the checkpoint restores again
         assert world.restore(checkpoint_id=record.id).pid == JOB
+
+
+@pytest.mark.parametrize("written", [False, True], ids=["empty", "written"])
+def test_a_restore_killed_after_stdio_leaves_no_empty_output_file(
+    world: World, written: bool,
+) -> None:
+    """The output file ckptd chose is removed at the restart while empty (RemoveOutput); one
+    the tree (or anyone) wrote to is kept."""
+    record = world.dump(JOB)
+    original = world.restore_recipe.steps
+    world.restore_recipe.steps = dying(original, Death("stdio"))
+    with pytest.raises(Died):
+        world.service.restore(ROOT, RestoreRequest(checkpoint_id=record.id))
+    world.restore_recipe.steps = original
+    [(_, facts)] = world.journal.pending()
+    [undo] = facts["undo"]
+    assert undo["kind"] == "remove-output"
+    output = Path(undo["path"])
+    assert output.parent == world.config.output_dir
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(b"x" if written else b"")
+
+    done = _restarted(world)
+
+    assert output.exists() == written
+    assert ("removed (empty)" in done[0]) == (not written)
 
 
 # ---- migrate --------------------------------------------------------------------------------
@@ -301,7 +327,7 @@ def test_a_migration_killed_after_any_step(world: World, step: str) -> None:
     else:  # not touched, or back here from its checkpoint
         assert world.states(*JOB_TREE) == ["running"] * 3
         assert not target.finished
-        assert any("restored here" in line for line in done) == dumped
+        assert any("restored on this node" in line for line in done) == dumped
 
 
 def test_a_migration_rolled_back_in_process_leaves_nothing_journaled(world: World) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptd.core.restore import leaf_name, within
+from ckptd.core.placement import leaf_name, within
 from ckptd.domain import Caller, EventKind, PidState
 from ckptd.domain.model import ROOT
 from ckptd.errors import CgroupUnavailable
