@@ -23,11 +23,15 @@ Invariants:
   start decides from the journal (it would otherwise kill a committed tree the guard resumed);
 - only held processes are signalled: one reaped since, its pid maybe another's, is never
   reached; a process stopped before the dump stays stopped;
-- the verdicts agree with ``recover``: after RESUME the next start finds nothing stopped to
-  resume and no checkpoint listed (never committed, or deleted as recorded); after KILL it
-  finds the processes gone. CUDA state is never touched here: the next start resumes it
-  (the tree then runs with its CUDA calls blocked until then: a guard never leaves a tree
-  stopped for a daemon that may not come back).
+- the verdicts agree with ``recover`` (the table, the dump's step order and its records'
+  ``unless_committed``/``if_committed`` flags say one rule three ways:
+  tests/unit/test_guard.py crashes a dump after each step, its records written as
+  ``run_steps`` writes them, and holds the guard's outcome and recovery's together): after
+  RESUME the next start finds nothing stopped to resume and no checkpoint listed (never
+  committed, or deleted as recorded); after KILL it finds the processes gone. CUDA state is
+  never touched here: the next start resumes it (the tree then runs with its CUDA calls
+  blocked until then: a guard never leaves a tree stopped for a daemon that may not come
+  back).
 """
 
 from __future__ import annotations

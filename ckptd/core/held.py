@@ -107,12 +107,6 @@ class HeldTree:
                 resumed.append(pid)
         return resumed
 
-    def kill(self, wait_s: float, clock: Clock) -> list[int]:
-        """SIGKILL every held process and wait (``wait_s`` in all) until each has exited;
-        returns the pids still not dead then."""
-        self.signal_all(signal.SIGKILL)
-        return self.wait_exit(self.pids, wait_s, clock)
-
     def wait_exit(self, pids: Iterable[int], wait_s: float, clock: Clock) -> list[int]:
         """Wait (``wait_s`` in all) until each held process of ``pids`` has exited; returns
         the pids still not dead then."""

@@ -16,6 +16,7 @@ import pytest
 
 from ckptd.core.guard import TreeWatch, Verdict, verdict
 from ckptd.core.ports import GuardPhase
+from ckptd.core.recipe import record_undo
 from ckptd.domain import DumpRequest, PidState
 from ckptd.domain.model import ROOT
 from ckptd.testing import FakeClock, FakeProcessTable
@@ -220,7 +221,8 @@ def test_guard_then_recovery_agree_after_a_crash_at_every_step(
 ) -> None:
     world, guard = guarded_world(tmp_path)
     ctx = world.dump_recipe.new_context(ROOT, DumpRequest(JOB, leave_running=leave_running))
-    for s in world.dump_recipe.steps:
+    for s in world.dump_recipe.steps:  # as run_steps does: each record before its step
+        record_undo(s, ctx, ctx.undo_log)
         s.do(ctx)
         if s.name == step:
             break
@@ -257,6 +259,7 @@ def test_recovery_deletes_a_committed_checkpoint_whose_tree_the_guard_resumed(
             guard.phase(ctx.checkpoint_id, GuardPhase.UNSURE)
             ctx.record = world.store.commit(world.dump_recipe._record(ctx))
             break
+        record_undo(s, ctx, ctx.undo_log)
         s.do(ctx)
     assert [r.id for r in world.store.list()] == [ctx.checkpoint_id]
     done = guard.watch.daemon_gone()
