@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from ckptd.core.ports import CudaProcessFact
 from ckptd.domain import CudaState, GpuInfo, GpuInventory, GpuUse, PidState
-from ckptd.errors import GpuFailed, GpuUnavailable
+from ckptd.errors import CkptdError, GpuFailed, GpuUnavailable
+from ckptd.testing._cgroups import FakeCgroups
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._processes import FakeProcessTable
 from ckptd.testing._threads import FakeThreadHold
@@ -173,6 +174,14 @@ class FakeGpu:
     The codes of the MIG and IPC refusals are choices of this fake (the driver's are
     unverified). ``cuda_facts`` of a pid that is gone (with ``processes``) is ``unreadable``.
 
+    Device memory lands in the job's memory cgroup (issue 23, 3): the driver copies it into
+    host allocations of the process. With ``cgroups`` (a ``FakeCgroups``), a ``checkpoint``
+    adds the process's device bytes to the usage of every limited cgroup above it
+    (``cgroups.limits``) and a ``restore`` takes them off again; a checkpoint that takes one
+    over its limit OOM-kills the process in the middle of it (with ``processes``: terminated
+    there), records its pid in ``oom_killed`` and raises ``GpuFailed``
+    (``CUDA_ERROR_OPERATING_SYSTEM``, naming the cgroup), its CUDA state lost (FAILED).
+
     Records: ``calls`` (``(method, pid)`` for every call of the checkpointer, in order, also
     those that failed), ``lock_timeouts`` (pid -> ``timeout_ms`` of its last lock),
     ``inventory_calls``, ``visible_calls`` (the pids asked about). With ``events``, each
@@ -191,8 +200,12 @@ class FakeGpu:
         clock: FakeClock | None = None,
         events: list[str] | None = None,
         threads: FakeThreadHold | None = None,
+        cgroups: FakeCgroups | None = None,
     ) -> None:
         self._lock = threading.RLock()
+        self.cgroups = cgroups
+        self.oom_killed: list[int] = []
+        """Pids OOM-killed in a checkpoint by their memory cgroup (class doc)."""
         self.threads = threads
         self.restore_tids: dict[int, int] = {}
         self.gpus: list[GpuInfo] = list(gpus) if gpus is not None else [H100]
@@ -364,9 +377,21 @@ class FakeGpu:
             return True
 
     def state(self, pid: int) -> CudaState:
+        """The pid's state; like ``restore`` and ``unlock``, refused (``while_stopped``) when
+        the pid is STOPPED or held but for a thread other than its restore thread: the
+        driver answers GetState through that thread (seen on an H100, driver 580.159: on a
+        restored, still stopped process the call never answered)."""
         with self._lock:
             self.calls.append(("state", pid))
-            return self._target("state", pid).state
+            proc = self._target("state", pid)
+            if self.processes is not None and self._alive(pid):
+                tid = self.restore_tids.get(pid, pid + RESTORE_TID_OFFSET)
+                held = self.threads.held.get(pid) if self.threads is not None else None
+                if self.processes.status(pid).state is PidState.STOPPED and held != tid:
+                    self.while_stopped.append(("state", pid))
+                    raise self._failed("state", pid, NOT_READY, "the process is stopped: "
+                                       "the driver's restore thread cannot run")
+            return proc.state
 
     def lock(self, pid: int, timeout_ms: int) -> None:
         """RUNNING -> LOCKED (or a failure injected for ``pid``)."""
@@ -399,6 +424,7 @@ class FakeGpu:
                 raise self._failed("checkpoint", pid, NOT_SUPPORTED, "CUDA IPC memory")
             if pid in self.fail_checkpoint:
                 raise self._failed("checkpoint", pid, self.fail_code, "injected")
+            self._charge(proc, sum(proc.memory.values()))
             proc.checkpointed_on = {g.uuid: g.name for g in self.gpus}
             self._move("checkpoint", proc)
 
@@ -425,6 +451,7 @@ class FakeGpu:
             self._check_fits(pid, memory)
             proc.memory = memory
             proc.checkpointed_on = {}
+            self._charge(proc, -sum(memory.values()))
             self._move("restore", proc)
 
     def restore_thread(self, pid: int) -> int:
@@ -481,6 +508,31 @@ class FakeGpu:
     def _launch_job_on_r610(self, pid: int) -> bool:
         head = self.driver_version.split(".", 1)[0]
         return pid in self.launch_jobs and head.isdigit() and int(head) >= 610
+
+    def _charge(self, proc: FakeCudaProcess, size: int) -> None:
+        """Add ``size`` bytes (negative: take them off) to the usage of every limited cgroup
+        above ``proc`` (class doc); over a limit, the process is OOM-killed and this raises."""
+        if self.cgroups is None or not size:
+            return
+        try:
+            where = self.cgroups.cgroup_of(proc.pid)
+        except CkptdError:
+            return  # gone, or outside: nothing of it is charged here
+        limits = self.cgroups.limits
+        above = [c for c in limits if where == c or where.startswith(c.rstrip("/") + "/")]
+        full = [c for c in above if size > 0 and limits[c][1] + size > limits[c][0]]
+        if full:
+            self.oom_killed.append(proc.pid)
+            proc.state = CudaState.FAILED
+            if self.processes is not None:
+                self.processes.terminate(proc.pid)
+            limit, usage = limits[full[0]]
+            raise self._failed("checkpoint", proc.pid, "CUDA_ERROR_OPERATING_SYSTEM",
+                               f"OOM-killed: its cgroup {full[0]} (limit {limit}, usage "
+                               f"{usage}) cannot take {size} bytes of device memory")
+        for c in above:
+            limit, usage = limits[c]
+            limits[c] = (limit, max(0, usage + size))
 
     def _saw_state(self, pid: int, state: PidState) -> None:
         """A watcher of ``processes`` (called inside its lock: reads only, no lock of this

@@ -230,8 +230,8 @@ def make_world(
     )
     files = FakeJobFiles(events=events)
     threads = FakeThreadHold(processes, events=events)
-    fake_gpu = (FakeGpu(processes=processes, clock=clock, events=events, threads=threads)
-                if gpu else None)
+    fake_gpu = (FakeGpu(processes=processes, clock=clock, events=events, threads=threads,
+                        cgroups=cgroups) if gpu else None)
     gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000, facts=fake_gpu,
                          threads=threads)
     node = FakeNodeInspector(events=events)
