@@ -1,4 +1,4 @@
-"""Contract of ``BlobStore``: every implementation behaves the same (see ports.py)."""
+"""Contract of ``BlobStore``: every implementation behaves the same (see core/ports/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Contract of ``Clock``: the system clock and ``FakeClock`` behave the same (see ports.py).
+"""Contract of ``Clock``: the system clock and ``FakeClock`` behave the same (see core/ports/).
 
 Implementations are listed in ``CLOCKS`` (a new one is one line there)."""
 

@@ -1,5 +1,5 @@
 """Contract of ``Criu``: ``CriuSwrk`` over real CRIU and ``FakeCriu`` behave the same on a
-trivial process (a ``sleep``; see ports.py). Real CRIU needs root and a CRIU whose ``check``
+trivial process (a ``sleep``; see core/ports/). Real CRIU needs root and a CRIU whose ``check``
 passes: otherwise its cases are skipped, with the reason.
 
 Implementations are listed in ``CRIUS`` (a new one is one line there); each harness spawns a

@@ -1,4 +1,4 @@
-"""Contract of ``Journal``: every implementation behaves the same (see ports.py)."""
+"""Contract of ``Journal``: every implementation behaves the same (see core/ports/)."""
 
 from __future__ import annotations
 

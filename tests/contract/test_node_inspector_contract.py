@@ -1,5 +1,5 @@
 """Contract of ``NodeInspector``: ``ProcNodeInspector`` and ``FakeNodeInspector`` behave the
-same (see ports.py) on equivalent facts: a regular file, a directory, a process working in
+same (see core/ports/) on equivalent facts: a regular file, a directory, a process working in
 that directory and writing to a file there, a pid that is free.
 
 Implementations are listed in ``INSPECTORS`` (a new one is one line there)."""

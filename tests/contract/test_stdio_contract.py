@@ -1,5 +1,5 @@
 """Contract of ``StdioProvider``: ``LocalStdioProvider`` and ``FakeStdioProvider`` behave the
-same (see ports.py): one descriptor per distinct external key, open inside the context and
+same (see core/ports/): one descriptor per distinct external key, open inside the context and
 closed when it exits, none for stdio the tree owns; ``from_process`` of a gone process raises
 ProcessNotFound.
 

@@ -1,0 +1,117 @@
+"""The ports of ckptd's core: what it needs from the outside world, as Protocols.
+
+Each port has a real adapter under ``ckptd.adapters`` and a fake in ``ckptd.testing``; both
+pass the same contract suite under ``tests/contract``.
+
+The ports are grouped by family, one module each (``node``, ``process``, ``files``, ``criu``,
+``gpu``, ``store``, ``peer``, ``state``); this package re-exports every name, so that
+``from ckptd.core.ports import X`` keeps working.
+"""
+
+from __future__ import annotations
+
+from ckptd.core.ports.criu import (
+    Criu,
+    CriuDumpInProgress,
+    CriuDumpJob,
+    CriuDumpResult,
+    CriuHooks,
+    CriuPlacement,
+    CriuRestoreJob,
+    ForwardingHooks,
+    ImageSource,
+    InheritFd,
+    PageSink,
+)
+from ckptd.core.ports.files import (
+    FileCheck,
+    JobFiles,
+    Precopy,
+    PutBack,
+    StdioProvider,
+    WrittenFile,
+)
+from ckptd.core.ports.gpu import (
+    CudaProcessFact,
+    CudaProcessFacts,
+    GpuCheckpointer,
+    GpuInventoryPort,
+)
+from ckptd.core.ports.node import (
+    Cgroups,
+    Clock,
+    MemoryLimit,
+    NodeInspector,
+)
+from ckptd.core.ports.peer import (
+    CheckpointExport,
+    ExportedImage,
+    FrameKeeper,
+    PageExchange,
+    PageFrame,
+    PeerConnector,
+    PeerLink,
+    PeerSession,
+    PlaceRun,
+)
+from ckptd.core.ports.process import (
+    ProcessHandle,
+    ProcessTable,
+    ThreadHold,
+)
+from ckptd.core.ports.state import (
+    GuardPhase,
+    Journal,
+    PolicyRepo,
+    TreeGuard,
+)
+from ckptd.core.ports.store import (
+    BlobStore,
+    CheckpointStore,
+)
+
+__all__ = [
+    "BlobStore",
+    "Cgroups",
+    "CheckpointExport",
+    "CheckpointStore",
+    "Clock",
+    "Criu",
+    "CriuDumpInProgress",
+    "CriuDumpJob",
+    "CriuDumpResult",
+    "CriuHooks",
+    "CriuPlacement",
+    "CriuRestoreJob",
+    "CudaProcessFact",
+    "CudaProcessFacts",
+    "ExportedImage",
+    "FileCheck",
+    "ForwardingHooks",
+    "FrameKeeper",
+    "GpuCheckpointer",
+    "GpuInventoryPort",
+    "GuardPhase",
+    "ImageSource",
+    "InheritFd",
+    "JobFiles",
+    "Journal",
+    "MemoryLimit",
+    "NodeInspector",
+    "PageExchange",
+    "PageFrame",
+    "PageSink",
+    "PeerConnector",
+    "PeerLink",
+    "PeerSession",
+    "PlaceRun",
+    "PolicyRepo",
+    "Precopy",
+    "ProcessHandle",
+    "ProcessTable",
+    "PutBack",
+    "StdioProvider",
+    "ThreadHold",
+    "TreeGuard",
+    "WrittenFile",
+]

@@ -1,0 +1,150 @@
+"""The ports for what a job reads and writes outside CRIU: files it writes (captured
+and put back), and its stdio on restore."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ckptd.core.ports.criu import InheritFd
+from ckptd.domain import CapturedFile, ProcessFact, StdioFact
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A regular file a process of a tree has open for writing or maps shared-writable."""
+
+    path: str
+    """As the daemon sees it (its mount namespace)."""
+    size: int
+    source: str
+    """Where its content is read from: the writing process's own descriptor or mapping, so a
+    path replaced meanwhile is never read instead."""
+    pid: int
+    append_only: bool = False
+    """Every descriptor of the tree that writes it appends (O_APPEND) and none maps it: what
+    is in it now stays as it is while the tree runs (it can only grow), so it can be copied
+    before the tree is frozen and only its new tail while it is."""
+
+
+@dataclass(frozen=True)
+class Precopy:
+    """The first ``size`` bytes of an append-only file, copied while the tree ran; ``state``
+    is the adapter's (the file's identity, the running hash)."""
+
+    path: str
+    size: int
+    state: object = None
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """A captured file against what is at its path now."""
+
+    differs: bool
+    """Missing, or another size or content: a restore puts it back (keeping this one)."""
+    problem: str = ""
+    """Why it could not be put back ("" when it can)."""
+
+
+@dataclass(frozen=True)
+class PutBack:
+    """One file a restore put back (or is about to): ``aside`` holds the version found there
+    ("" when there was none: the file was ``created``). ``dev``/``ino`` identify the file put
+    back (0 while it is not created yet), so that an undo acts only on that very file;
+    ``temp`` is the temporary a crash may have left beside it (removed by the undo);
+    ``mode`` the permission bits found (put back by the undo; 0 for a created file);
+    ``moved_from``: the file (``dev``/``ino``) was only renamed from that path to ``path``
+    (following a log rotation): the undo renames it back."""
+
+    path: str
+    aside: str
+    created: bool = False
+    dev: int = 0
+    ino: int = 0
+    temp: str = ""
+    mode: int = 0
+    moved_from: str = ""
+
+
+class JobFiles(Protocol):
+    """The files a tree writes: listed and captured at a checkpoint (the tree frozen), put
+    back at a restore. Content operations act with the given owner's file-system rights."""
+
+    def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
+        """Every regular file ``tree`` has open for writing or mapped shared and writable,
+        one per path (deleted files, /proc, /sys and devices left out; /dev/shm kept)."""
+        ...
+
+    def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
+        """Copy what an append-only file holds now to ``dest`` (the tree running); None when
+        gone."""
+        ...
+
+    def capture(
+        self, file: WrittenFile, dest: Path, precopy: Precopy | None = None
+    ) -> CapturedFile | None:
+        """Copy its content to ``dest`` (zero-padded to whole pages); None when gone. With
+        the ``precopy`` made into ``dest``, only what was appended since is copied (all of it
+        when the file is another one now, or shorter)."""
+        ...
+
+    def check(self, captured: CapturedFile, uid: int, gid: int) -> FileCheck: ...
+
+    def put_back(
+        self, captured: CapturedFile, content: Path, aside: str, uid: int, gid: int,
+        before: Callable[[PutBack], None],
+    ) -> PutBack | None:
+        """Make ``captured.path`` hold the first ``captured.size`` bytes of ``content``; a
+        version there that differs is first copied to ``aside`` (complete before it gets
+        that name). None: it already held them. On failure the file is as it was.
+        ``before`` is called with what undoes each effect before that effect can exist (the
+        recipe journals it). Refuses (an ``OSError``) a path with a link on the way, a hard-
+        linked file, a file or directory whose owner (or identity) changed since the dump."""
+        ...
+
+    def prune_asides(
+        self, path: str, keep: int, max_age_s: float, uid: int, gid: int
+    ) -> tuple[str, ...]:
+        """Remove the copies kept aside of ``path`` beyond the ``keep`` newest and those
+        older than ``max_age_s`` (0: no age limit), as the file's owner; the paths removed.
+        Never raises for a missing directory (nothing to remove)."""
+        ...
+
+    def undo(self, done: PutBack, uid: int, gid: int) -> None:
+        """The file exactly as ``put_back`` found it (the copy aside removed), from any point
+        a put-back reached (also after a crash, from the journaled ``PutBack``)."""
+        ...
+
+    def seen_by(self, pid: int) -> JobFiles:
+        """The same port with ``check``/``put_back``/``undo`` acting on paths as process
+        ``pid`` sees them (its root file system: a container's), never escaping that root
+        through a symbolic link. Raises ProcessNotFound when ``pid`` is gone."""
+        ...
+
+
+class StdioProvider(Protocol):
+    """Replacements, at restore, for stdio descriptors whose other end is outside the tree."""
+
+    def replacements(
+        self, stdio: Sequence[StdioFact], output_path: Path, owner: tuple[int, int] = (0, 0),
+        chosen_by_caller: bool = False,
+    ) -> AbstractContextManager[tuple[InheritFd, ...]]:
+        """Descriptors to hand to CRIU; ours are closed when the context exits (the restored
+        tree keeps its own copies). The output file belongs to ``owner`` (uid, gid): a path
+        the caller chose is opened with the owner's file-system identity (never root's for a
+        user's job), one the daemon chose is created by root and given to the owner."""
+        ...
+
+    def from_process(
+        self, stdio: Sequence[StdioFact], pid: int
+    ) -> AbstractContextManager[tuple[InheritFd, ...]]:
+        """Replacements taken from process ``pid`` (the init of the container restored
+        into): each external descriptor 0-2 becomes the same descriptor of ``pid``, reopened
+        (a pipe to its runtime: the tree writes to the container's log); any other external
+        one its stdout when written, /dev/null when read. Ours are closed on exit. Raises
+        ProcessNotFound when ``pid`` or its descriptor is gone."""
+        ...
