@@ -52,10 +52,13 @@ LIMIT_MIB=48
 # The runtime dependencies of ckptd (pyproject.toml `dependencies`) the GPU image lacks, and
 # pyroute2 (tests/integration: netns, TCP, two nodes). Versions: those the .venv tests with.
 # grpcio-health-checking/-reflection 1.85.1 are pure Python and need grpcio >= 1.85.1 and
-# protobuf >= 7.35.1, < 8 at import (their generated code checks both, as ckptd/_gen's does);
-# not installed here (--no-deps): the GPU image's grpcio and protobuf are used. obstore needs typing-extensions on Python < 3.13,
+# protobuf >= 7.35.1, < 8 at import (their generated code checks both, as ckptd/_gen's does).
+# The GPU image's grpcio is 1.84.0 (seen on the H100, 2026-11-26: every import of the
+# generated code refused it), so grpcio and protobuf travel too, at the venv's versions. obstore needs typing-extensions on Python < 3.13,
 # which the image has (torch needs it).
 WHEELS=(
+    grpcio==1.85.3
+    protobuf==7.36.2
     zstandard==0.25.0
     obstore==0.12.1
     pyroute2==0.9.7
@@ -246,8 +249,8 @@ criu/criu     CRIU $CRIU_VERSION with ckptd's patch (rpc_stream), run with the b
               No CRIU plugins: ckptd runs CRIU with CRIU_LIBS_DIR set to an empty directory
               and drives CUDA itself.
 wheels/       $(cd "$OUT/wheels" && ls -- *.whl | tr '\n' ' ')
-              (--no-deps: grpcio >= 1.85.1, protobuf >= 7.35.1 < 8 and typing-extensions come
-              from the machine's image)
+              (--no-deps: typing-extensions comes from the machine's image; grpcio and
+              protobuf travel because the image's grpcio 1.84.0 is older than ckptd/_gen needs)
 lib/ckptd_enter_mntns.so   native/enter-mntns, for jobs in containers (criu_enter_preload)
 
 pages/        the kit for ckptd's native page path: scripts/device-check.sh builds

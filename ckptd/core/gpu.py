@@ -272,20 +272,29 @@ class GpuSteps:
         threads = self._threads
         try:
             if threads is not None:
+                # No state query before the hold: the driver answers GetState (and restore,
+                # unlock) through the process's restore thread, which is stopped with the rest
+                # of the tree here; seen on an H100 (driver 580.159): GetState on a restored,
+                # stopped process never answered. GetRestoreThreadId needs no thread of the
+                # target (CRIU's cuda_plugin.c resume_device asks it of a stopped task too).
+                # Every pid of the session is held; one that is RUNNING after all is left so.
                 for pid in pids:
                     try:
-                        if self._gpu.state(pid) in (CudaState.CHECKPOINTED, CudaState.LOCKED):
-                            threads.hold(pid, self._gpu.restore_thread(pid))
-                            held.append(pid)
+                        threads.hold(pid, self._gpu.restore_thread(pid))
+                        held.append(pid)
                     except Exception as exc:
                         log.error("could not hold the threads of CUDA pid %d: %s", pid, exc)
                         first = first or exc
                         unheld.add(pid)
             if cont is not None:
                 cont()
-            t_restore, t_unlock, failed = self._restore_unlock(
+            t_restore, t_unlock, failed, done = self._restore_unlock(
                 [p for p in pids if p not in unheld], gpu_map)
             first = first or failed
+            # what is back is off the session: a second resume (a rollback after a failed
+            # one, an undo record) neither holds nor asks about a process that runs again
+            session.locked[:] = [p for p in session.locked if p not in done]
+            session.checkpointed[:] = [p for p in session.checkpointed if p not in done]
         finally:
             for pid in held:
                 assert threads is not None
@@ -297,12 +306,13 @@ class GpuSteps:
 
     def _restore_unlock(
         self, pids: Sequence[int], gpu_map: Mapping[str, str] | None
-    ) -> tuple[float, float, BaseException | None]:
-        """Restore and unlock each of ``pids`` as its state needs; the time each took and
-        the first failure (every pid tried)."""
+    ) -> tuple[float, float, BaseException | None, set[int]]:
+        """Restore and unlock each of ``pids`` as its state needs; the time each took, the
+        first failure (every pid tried) and the pids now RUNNING."""
         assert self._gpu is not None
         first: BaseException | None = None
         t_restore = t_unlock = 0.0
+        done: set[int] = set()
         for pid in pids:
             try:
                 t0 = self._clock.monotonic()
@@ -313,10 +323,11 @@ class GpuSteps:
                     self._gpu.unlock(pid)
                 t_restore += t1 - t0
                 t_unlock += self._clock.monotonic() - t1
+                done.add(pid)
             except Exception as exc:
                 log.error("could not resume CUDA in pid %d: %s", pid, exc)
                 first = first or exc
-        return t_restore, t_unlock, first
+        return t_restore, t_unlock, first, done
 
     def _remap_problems(self, facts: GpuFacts, inv: GpuInventory) -> list[str]:
         """Why a restore onto other GPUs cannot be done here, if it cannot: an old record

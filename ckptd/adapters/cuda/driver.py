@@ -327,7 +327,16 @@ class CudaDriverCheckpointer:
                     pid=pid,
                 ) from exc
             return False
-        return backend.restore_tid(pid) is not None
+        try:
+            return backend.restore_tid(pid) is not None
+        except GpuFailed as exc:
+            # The driver says CUDA_ERROR_NOT_INITIALIZED of a process that never initialised
+            # CUDA (seen on an H100, driver 580.159: every CPU-only process, the daemon's own
+            # cuInit done). Read as "no CUDA" only when the process maps no NVIDIA device;
+            # one that does stays a failure to tell (never mistaken for CPU-only).
+            if exc.code != NOT_INITIALIZED or maps_nvidia_devices(pid, self._proc):
+                raise
+            return False
 
     def _call(self, call: str, pid: int) -> Backend:
         """The backend, once ``pid`` is known to be a live process (not a thread)."""
@@ -449,6 +458,10 @@ class CudaDriverCheckpointer:
         if "/" in self._binary_name:
             return self._binary_name if Path(self._binary_name).is_file() else None
         return shutil.which(self._binary_name)
+
+
+NOT_INITIALIZED = "CUDA_ERROR_NOT_INITIALIZED"
+"""The probe's answer for a process that never initialised CUDA (``_uses_cuda``)."""
 
 
 def _foreign(call: str, pid: int | None, exc: Exception) -> CkptdError:

@@ -21,13 +21,14 @@ from .stubs import CUresult, StubCu, fake_proc
 
 PID = 4100
 PEER = 4300  # another CUDA process
+CPU_ONLY = 4400  # maps no /dev/nvidia*
 OLD = "GPU-8d3f6c2a-51b7-4e90-a3d2-6f0c1b9e7a45"
 NEW = "GPU-11111111-2222-3333-4444-555555555555"
 
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Any]:
-    proc = fake_proc(tmp_path / "proc", [PID, PEER], nvidia=(PID, PEER))
+    proc = fake_proc(tmp_path / "proc", [PID, PEER, CPU_ONLY], nvidia=(PID, PEER))
     made: list[CudaDriverCheckpointer] = []
 
     def build(cu: Any, version: str = "13.4.4", **kwargs: Any) -> CudaDriverCheckpointer:
@@ -176,6 +177,22 @@ def test_a_probe_error_is_not_read_as_no_cuda(make: Any) -> None:
     assert f"cannot tell whether pid {PID} uses CUDA" in info.value.message
     cu.fail["cuCheckpointProcessGetRestoreThreadId"] = CUresult.CUDA_ERROR_NOT_FOUND
     assert make(cu).uses_cuda(PID) is False
+
+
+def test_not_initialized_means_no_cuda_only_for_a_process_that_maps_no_nvidia_device(
+        make: Any) -> None:
+    """Seen on an H100 (driver 580.159, 2026-11-26): the probe answers
+    CUDA_ERROR_NOT_INITIALIZED for every process that never initialised CUDA, so every
+    CPU-only dump on a GPU node failed with "cannot tell whether pid N uses CUDA". Such a
+    process maps no /dev/nvidia*; one that does stays a failure to tell."""
+    cu = StubCu(states={PID: 0})
+    cu.fail["cuCheckpointProcessGetRestoreThreadId"] = CUresult.CUDA_ERROR_NOT_INITIALIZED
+    adapter = make(cu)
+    assert adapter.uses_cuda(CPU_ONLY) is False
+    with pytest.raises(GpuFailed) as info:
+        adapter.uses_cuda(PEER)
+    assert info.value.code == "CUDA_ERROR_NOT_INITIALIZED"
+    assert f"cannot tell whether pid {PEER} uses CUDA" in info.value.message
 
 
 def test_a_negative_lock_timeout_is_refused_not_made_infinite(make: Any) -> None:
