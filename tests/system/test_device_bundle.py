@@ -26,8 +26,10 @@ CRIU = Path(os.environ.get("CKPTD_CRIU", "/usr/local/sbin/criu"))
 LIMIT = 48 << 20
 
 # What the GPU machine's image already has (tests/gpu's machine: /opt/torch/.venv, Python 3.12).
+# Not grpcio and protobuf: the image's grpcio is 1.84.0 (seen on the H100, 2026-11-26), older
+# than the generated code (ckptd/_gen, grpc_health) accepts, so both travel in the bundle.
 GPU_IMAGE = {
-    "grpcio", "protobuf", "psutil", "xxhash", "prometheus-client", "cuda-bindings", "cuda-core",
+    "psutil", "xxhash", "prometheus-client", "cuda-bindings", "cuda-core",
     "cuda-pathfinder", "nvidia-ml-py", "numpy", "torch", "pytest", "pytest-timeout",
     "hypothesis", "pyyaml", "packaging", "typing-extensions",
 }
