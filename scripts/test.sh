@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh) and run every check and test tier. What .ci/run calls.
-#   static:      ruff, mypy --strict, generated code up to date
+#   static:      ruff, mypy --strict, import-linter (the layer rule, pyproject.toml),
+#                generated code up to date
 #   unit:        no root, no CRIU (fakes from ckptd.testing), contract suites
 #   integration: root + real CRIU on real processes, through the real daemon and CLI
 #   containers:  root, CRIU, runc/crun/podman (installed here): jobs moved between containers
@@ -37,6 +38,7 @@ fi
 echo "== static checks"
 .venv/bin/ruff check ckptd tests scripts
 .venv/bin/mypy ckptd
+.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache  # the layer rule
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bash scripts/gen-protos.sh "$tmp/_gen" >/dev/null 2>&1
 if ! diff -r -x __pycache__ "$tmp/_gen" ckptd/_gen >/dev/null; then
