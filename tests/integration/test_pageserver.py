@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,8 +22,9 @@ from ckptd.core.store import pagelist
 from ckptd.core.store.index import PageIndex
 from ckptd.core.store.pagehash import ZERO_REF, PageHasher
 from ckptd.core.store.reader import PageSource
-from ckptd.core.store.streaming import StreamedPages
+from ckptd.core.store.streaming import SPILL_NAME, StreamedPages
 from ckptd.errors import CriuFailed
+from ckptd.testing import MemoryBlobStore
 
 from .conftest import criu_path
 from .support import (
@@ -152,6 +154,58 @@ def test_pages_go_into_the_store_as_criu_sends_them(tmp_path: Path, procs: Procs
             assert sum(r != ZERO_REF for r in refs) > 0 or not want.strip(b"\0")
             rebuilt = tmp_path / f"rebuilt-{name}"
             PageSource(blobs, index, hasher, pool, name).write_pages(refs, rebuilt, frozenset())
+            assert rebuilt.read_bytes() == want, name
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stalled_ingest_never_holds_criu_the_pages_spill(tmp_path: Path, procs: Procs) -> None:
+    """Issue 25: a receiver pool of one 1 MiB chunk and a store whose pack writes are held.
+    CRIU's dump still ends (the tree let go) before a single pack is written: what ingest
+    could not take went to the spill file; once writes go on, ``finish`` stores every page
+    exactly as CRIU wrote it, and the spill is gone."""
+    criu = _criu(tmp_path)
+    out = tmp_path / "out"
+    pid = _stopped(procs, _counter(32), out)
+    local, work = _dirs(tmp_path / "local")
+    criu.dump(CriuDumpJob(pid, local, work, leave_running=True), CriuHooks()).finish()
+
+    blobs = MemoryBlobStore()
+    released = threading.Event()
+    blobs.on_put = lambda key: None if not key.startswith("packs/") else released.wait(60)
+    hasher = PageHasher(b"test-secret", os.getuid())
+    index = PageIndex()
+    spill_dir = tmp_path / "staging" / "ck"
+    with ThreadPoolExecutor(2) as pool, ThreadPoolExecutor(1) as writer:
+        sink = StreamedPages(blobs=blobs, index=index, hasher=hasher, executor=pool,
+                             writer=writer, pack_bytes=4 << 20, spill_dir=spill_dir)
+        timer = threading.Timer(45, released.set)  # without a spill CRIU waits until then
+        timer.start()
+        try:
+            images, work2 = _dirs(tmp_path / "ps")
+            server = PageServer(images, sink, chunk=1 << 20, buffers=1,
+                                wire=wire_for(criu.status().version))
+            server.start()
+            job = CriuDumpJob(pid, images, work2, leave_running=True,
+                              page_server_fd=server.criu_end().fileno())
+            dump = criu.dump(job, CriuHooks())
+            server.close_criu_end()
+            server.wait(30)
+            dump.finish()  # CRIU has let the tree go
+            assert not released.is_set(), "CRIU waited for the store"
+            assert not any(k.startswith("packs/") for k in blobs.puts)
+            assert (spill_dir / SPILL_NAME).stat().st_size >= 16 << 20
+            assert server.stats.peak_buffers == 1
+        finally:
+            released.set()
+            timer.cancel()
+        sink.finish()
+        assert not spill_dir.exists()
+        for name, packed in sink.refs.items():
+            want = (local / name).read_bytes()
+            assert sink.sizes[name] == len(want)
+            rebuilt = tmp_path / f"rebuilt-{name}"
+            PageSource(blobs, index, hasher, pool, name).write_pages(
+                pagelist.Refs(packed), rebuilt, frozenset())
             assert rebuilt.read_bytes() == want, name
     os.kill(pid, signal.SIGKILL)
 

@@ -25,9 +25,14 @@ the order the pagemaps are opened), into the images directory; the pages go to a
 
 Memory is bounded: the socket is read into a pool of at most ``buffers`` chunks of ``chunk``
 bytes (allocated as needed, so a small dump takes little), handed to the sink on a second
-thread. While the sink keeps up, CRIU never waits; when it is slower the pool absorbs the
-difference, and once it is full CRIU waits on the socket (back-pressure): at most
-``buffers * chunk`` bytes of pages are held here whatever the dump's size.
+thread. A chunk is filled with the pages of as many consecutive entries of one image as fit
+(images of many small runs, e.g. memory with zero pages between, would otherwise take a
+chunk and a sink call per run); messages are read in bulk through a read buffer
+(``READ_AHEAD``), and only the pages of a large entry straight into their chunk. While the
+sink keeps up, CRIU never waits; when it is slower the pool absorbs the difference, and once
+it is full CRIU waits on the socket (back-pressure): at most ``buffers * chunk`` bytes of
+pages are held here whatever the dump's size (the store's sink spills instead of making
+CRIU wait: ``core.store.streaming``).
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ IMG_COMMON_MAGIC = 0x54564319
 PAGEMAP_MAGIC = 0x56084025
 
 DEFAULT_CHUNK = 4 << 20
+READ_AHEAD = 1 << 20
+"""The receive buffer messages are parsed from (one ``recv`` reads many small entries)."""
 DEFAULT_BUFFERS = 64
 """With DEFAULT_CHUNK, 256 MiB: a dump whose pages fit in it never waits for ingest (CRIU runs
 at its own speed, frozen as briefly as raw); with ``StreamedPages``'s own (at most about
@@ -181,6 +188,13 @@ class PageServer:
         with contextlib.suppress(OSError):  # fewer, larger wake-ups; capped by wmem_max
             self._theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         self._free: queue.Queue[bytearray] = queue.Queue()
+        self._chunk_buf: bytearray | None = None
+        """The chunk being filled: ``_chunk_fill`` bytes, at ``_chunk_at`` in its image."""
+        self._chunk_fill = 0
+        self._chunk_at = 0
+        self._rbuf = bytearray()
+        self._rview = memoryview(self._rbuf)
+        self._rpos = self._rend = 0
         self._allocated = 0
         self._buffers = buffers
         self._work: queue.Queue[object] = queue.Queue()
@@ -231,8 +245,30 @@ class PageServer:
             self._ours.close()
             self._work.put(_END)
 
-    def _recv_exact(self, view: memoryview) -> None:
-        got = 0
+    def _fill(self, need: int) -> None:
+        """At least ``need`` unread bytes in the read buffer (``need`` <= READ_AHEAD)."""
+        while self._rend - self._rpos < need:
+            if self._rpos and self._rpos == self._rend:
+                self._rpos = self._rend = 0
+            elif self._rpos and len(self._rbuf) - self._rpos < need:  # keep it contiguous
+                left = self._rend - self._rpos
+                self._rbuf[:left] = self._rbuf[self._rpos : self._rend]
+                self._rpos, self._rend = 0, left
+            n = self._ours.recv_into(self._rview[self._rend :])
+            if n == 0:
+                raise PageServerError("CRIU closed the page-server socket mid-message"
+                                      if self._rend > self._rpos else
+                                      "CRIU closed the page-server socket without CLOSE")
+            self._rend += n
+
+    def _read_into(self, view: memoryview) -> None:
+        """Fill ``view``: what the read buffer holds first, the rest straight from the
+        socket."""
+        have = min(self._rend - self._rpos, len(view))
+        if have:
+            view[:have] = self._rview[self._rpos : self._rpos + have]
+            self._rpos += have
+        got = have
         while got < len(view):
             n = self._ours.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
             if n == 0:
@@ -241,17 +277,16 @@ class PageServer:
 
     def _serve(self) -> None:
         iov = self._wire.iov
-        header = bytearray(iov.size)
+        self._rbuf = bytearray(READ_AHEAD)
+        self._rview = memoryview(self._rbuf)
+        self._rpos = self._rend = 0
         image: _Image | None = None
         next_pages_id = 1
         try:
             while True:
-                n = self._ours.recv_into(header, iov.size, socket.MSG_WAITALL)
-                if n == 0:
-                    raise PageServerError("CRIU closed the page-server socket without CLOSE")
-                if n != iov.size:
-                    self._recv_exact(memoryview(header)[n:])
-                cmd_word, nr_pages, vaddr, dst_id = iov.unpack(header)
+                self._fill(iov.size)
+                cmd_word, nr_pages, vaddr, dst_id = iov.unpack_from(self._rbuf, self._rpos)
+                self._rpos += iov.size
                 cmd, flags = cmd_word & 0xFFFF, cmd_word >> 16
                 if cmd in (PS_IOV_OPEN, PS_IOV_OPEN2):
                     self._close_image(image)
@@ -288,21 +323,37 @@ class PageServer:
         finally:
             if image is not None:
                 image.close()  # idempotent: a failed session leaves no open file
+            self._chunk_buf = None
 
     def _receive_pages(self, image: _Image, length: int) -> None:
+        """The entry's pages into the image's current chunk (handed to the sink once full,
+        or at the image's end)."""
         while length:
             if self._sink_error is not None:
                 raise PageServerError("the sink failed") from self._sink_error
-            buf = self._buffer()
-            self.stats.peak_buffers = max(self.stats.peak_buffers,
-                                          self._allocated - self._free.qsize())
-            take = min(length, len(buf))
-            self._recv_exact(memoryview(buf)[:take])
-            self._work.put(("pages", image.pages_name, image.size, buf, take))
+            if self._chunk_buf is None:
+                self._chunk_buf = self._buffer()
+                self._chunk_fill = 0
+                self._chunk_at = image.size
+                self.stats.peak_buffers = max(self.stats.peak_buffers,
+                                              self._allocated - self._free.qsize())
+            buf = self._chunk_buf
+            take = min(length, len(buf) - self._chunk_fill)
+            self._read_into(memoryview(buf)[self._chunk_fill : self._chunk_fill + take])
+            self._chunk_fill += take
             image.size += take
             length -= take
             self.stats.pages += take // PAGE_SIZE
             self.stats.bytes_received += take
+            if self._chunk_fill == len(buf):
+                self._hand_off(image)
+
+    def _hand_off(self, image: _Image) -> None:
+        """The current chunk, if any, to the sink."""
+        if self._chunk_buf is not None:
+            self._work.put(("pages", image.pages_name, self._chunk_at, self._chunk_buf,
+                            self._chunk_fill))
+            self._chunk_buf = None
 
     def _buffer(self) -> bytearray:
         """A free chunk: a returned one, else a new one while fewer than ``buffers`` exist,
@@ -317,6 +368,7 @@ class PageServer:
 
     def _close_image(self, image: _Image | None) -> None:
         if image is not None:
+            self._hand_off(image)
             image.close()
             self._work.put(("end", image.pages_name, image.size))
             self.stats.images.append(image.pages_name)

@@ -146,6 +146,7 @@ class ContentStore:
         self._staged: dict[str, Path] = {}
         self._stream_pages = stream_pages
         self._streams: dict[str, StreamedPages] = {}
+        self._spill_roots: dict[str, Path] = {}
         self._kept: dict[str, KeptFrames] = {}
         self._mutex = threading.Lock()
         self.rw = RWLock()
@@ -196,6 +197,7 @@ class ContentStore:
 
     def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
         _check_id(checkpoint_id)
+        spill = self._staging.choose(size_hint)  # where pages CRIU sends too fast may go
         if self._stream_pages:  # the staging holds only what is not pages
             size_hint = min(size_hint, STREAM_STAGING_HINT)
         root = self._staging.choose(size_hint) / checkpoint_id
@@ -210,6 +212,7 @@ class ContentStore:
         self._blobs.put(lease_key(checkpoint_id), json.dumps(lease).encode())
         with self._mutex:
             self._staged[checkpoint_id] = root
+            self._spill_roots[checkpoint_id] = spill
         return images
 
     def page_sink(self, checkpoint_id: str, uid: int) -> PageSink | None:
@@ -218,8 +221,15 @@ class ContentStore:
         if not self._stream_pages:
             return None
         self._staging_root(checkpoint_id)  # begun here
+        # pages arriving faster than they are ingested spill to the staging a whole dump of
+        # the tree's size would get (RAM only when all of it fits there with the policy's
+        # headroom, else the disk), so CRIU never waits for ingest; they are ingested at the
+        # commit, after the tree is let go (docs/adr/0021)
+        with self._mutex:
+            spill = self._spill_roots.get(checkpoint_id, self._staging.disk)
         sink = StreamedPages(blobs=self._blobs, index=self.index, hasher=self.hasher(uid),
-                             executor=self._executor, writer=self._writer, level=self._level)
+                             executor=self._executor, writer=self._writer, level=self._level,
+                             spill_dir=spill / checkpoint_id)
         with self._mutex:
             self._streams[checkpoint_id] = sink
         return sink
@@ -320,6 +330,7 @@ class ContentStore:
         with self._mutex:
             self._staged.pop(record.id, None)
             self._streams.pop(record.id, None)
+            self._spill_roots.pop(record.id, None)
         _remove_soon(root)
         self._blobs.delete(lease_key(record.id))
         return record
@@ -382,12 +393,16 @@ class ContentStore:
         _check_id(checkpoint_id)
         with self._mutex:
             root = self._staged.pop(checkpoint_id, None)
-            self._streams.pop(checkpoint_id, None)  # its packs: unreferenced, for GC
+            streamed = self._streams.pop(checkpoint_id, None)  # its packs: unreferenced, for GC
             kept = self._kept.pop(checkpoint_id, None)
+            spill_root = self._spill_roots.pop(checkpoint_id, self._staging.disk)
+        if streamed is not None:
+            streamed.discard()
         if kept is not None:
             kept.close()
         roots = [root] if root else [p / checkpoint_id for p in self._staging_roots()]
-        for r in roots:
+        spill = spill_root / checkpoint_id  # a spill's directory (``streaming``)
+        for r in [*roots, spill] if spill not in roots else roots:
             shutil.rmtree(r, ignore_errors=True)
         self._blobs.delete(lease_key(checkpoint_id))
 

@@ -345,6 +345,10 @@ class PackBuilder:
             future.exception()
         self._inflight = []
 
+    def compressing(self) -> int:
+        """How many frames are still being compressed (never waits)."""
+        return sum(not future.done() for future in self._inflight)
+
     def throttle(self, max_frames: int) -> None:
         """Wait until at most ``max_frames`` frames are still compressing (bounds the memory
         of a producer faster than compression)."""
