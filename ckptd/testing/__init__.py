@@ -19,6 +19,8 @@ suites (``tests/contract``) as the real adapters.
 - ``FakeJobFiles``: ``JobFiles`` over real files a test declares written by fake pids.
 - ``FakeThreadHold``: ``ThreadHold`` recording which processes' threads are held (and
   which thread of each is left to run); ``FakeGpu`` given it checks them at restore.
+- ``FakeTreeGuard``: ``TreeGuard`` feeding the guard's own ``TreeWatch`` in this process over a
+  ``FakeProcessTable`` and a journal; ``daemon_gone`` is the daemon's death.
 - ``LoopbackPeerConnector``: ``PeerConnector`` reaching ``Receiver`` s in this process.
 
 Most fakes accept ``events``, a list shared between them, to which they append what
@@ -31,6 +33,7 @@ from ckptd.testing._clock import FakeClock
 from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
 from ckptd.testing._files import FakeJobFiles
 from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
+from ckptd.testing._guard import FakeTreeGuard
 from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._node import FakeFile, FakeNodeInspector
 from ckptd.testing._peer import LoopbackPeerConnector, LoopbackPeerLink, LoopbackPeerSession
@@ -57,6 +60,7 @@ __all__ = [
     "FakeProcessTable",
     "FakeStdioProvider",
     "FakeThreadHold",
+    "FakeTreeGuard",
     "KillMode",
     "LoopbackPeerConnector",
     "LoopbackPeerLink",
