@@ -161,6 +161,11 @@ def recipe(tmp_path: Path, job: Counters, seen: Seen, fake: FakeGpu) -> DumpReci
     commit = store.commit
 
     def probing_commit(record: CheckpointRecord) -> CheckpointRecord:
+        # CRIU has detached: each thread wakes in the kernel and stops on the SIGSTOP before
+        # it returns to user space (runnable, "R", until the scheduler gets to it)
+        deadline = time.monotonic() + 5
+        while not job.status("State").startswith("T") and time.monotonic() < deadline:
+            time.sleep(0.01)
         seen.commit_state = job.status("State")
         seen.commit_moving = job.moving()
         seen.at_commit = job.counts()
