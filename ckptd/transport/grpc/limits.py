@@ -36,7 +36,7 @@ import grpc
 
 from ckptd.domain import Caller
 from ckptd.errors import TooManyRequests
-from ckptd.transport.grpc.peercred import caller_from_peer
+from ckptd.transport.grpc.peercred import caller_of
 from ckptd.transport.grpc.status import abort_with
 
 
@@ -187,11 +187,7 @@ class LimitInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                     response_serializer=handler.response_serializer)
 
     def _caller(self, context: grpc.ServicerContext) -> Caller:
-        caller = caller_from_peer(context.peer(), self._peer_dir)
-        if caller is None:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "caller could not be identified")
-        assert caller is not None
-        return caller
+        return caller_of(context, self._peer_dir)
 
     def _slot(self, context: grpc.ServicerContext, long_lived: bool = False
               ) -> contextlib.AbstractContextManager[None]:

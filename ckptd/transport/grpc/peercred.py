@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from ckptd.domain import Caller
 from ckptd.domain.model import CALLER_GONE
 
@@ -66,6 +68,16 @@ def caller_from_peer(peer: str, peer_dir: Path) -> Caller | None:
     if not match:
         return None
     return Caller(uid=int(match[1]), pid=int(match[2]), start_time=int(match[3]))
+
+
+def caller_of(context: grpc.ServicerContext, peer_dir: Path) -> Caller:
+    """The caller of a gRPC call through the relay; the call ends PERMISSION_DENIED when it
+    is not one (a peer that did not come through ``peer_dir``)."""
+    caller = caller_from_peer(context.peer(), peer_dir)
+    if caller is None:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, "caller could not be identified")
+        raise AssertionError("unreachable: abort raises")
+    return caller
 
 
 def _alive(pidfd: int) -> bool:

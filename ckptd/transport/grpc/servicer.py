@@ -35,7 +35,7 @@ from ckptd.transport import validate as v
 from ckptd.transport.grpc import convert
 from ckptd.transport.grpc.group_rpcs import GroupRpcs
 from ckptd.transport.grpc.limits import CallLimits, Limits
-from ckptd.transport.grpc.peercred import caller_from_peer
+from ckptd.transport.grpc.peercred import caller_of
 from ckptd.transport.grpc.status import abort_with
 
 T = TypeVar("T")
@@ -70,11 +70,7 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
     # ---- helpers ----------------------------------------------------------------------------
 
     def _caller(self, context: grpc.ServicerContext) -> Caller:
-        caller = caller_from_peer(context.peer(), self._peer_dir)
-        if caller is None:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "caller could not be identified")
-        assert caller is not None
-        return caller
+        return caller_of(context, self._peer_dir)
 
     def _unary(self, context: grpc.ServicerContext, fn: Callable[[Caller], T]) -> T:
         caller = self._caller(context)
