@@ -70,31 +70,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptd.core import gpumemory, jobfiles
-from ckptd.core.config import CoreConfig
-from ckptd.core.gpu import GpuSession, GpuSteps
+from ckptd.core.gpu import GpuSession
 from ckptd.core.guard import NoGuard
 from ckptd.core.held import HeldTree, map_image_pids
+from ckptd.core.parts import RecipeParts
 from ckptd.core.ports import (
-    Cgroups,
-    CheckpointStore,
-    Clock,
-    Criu,
     CriuDumpInProgress,
     CriuDumpJob,
     CriuDumpResult,
-    CriuHooks,
     CriuPlacement,
     GuardPhase,
-    JobFiles,
-    Journal,
-    NodeInspector,
     Precopy,
-    ProcessTable,
     TreeGuard,
     WrittenFile,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
-from ckptd.core.rollback import Undoer
 from ckptd.core.targets import check_dump_target, check_tcp, container_init
 from ckptd.core.undo import AbortStaging, KillTree, ResumeCuda, ResumeTree, Undo, UndoLog
 from ckptd.domain import (
@@ -173,36 +163,21 @@ class DumpContext:
 class DumpRecipe:
     """Checkpoints one process tree. Thread-safe: callers serialize per pid (PidLocks)."""
 
-    def __init__(
-        self,
-        *,
-        criu: Criu,
-        processes: ProcessTable,
-        store: CheckpointStore,
-        journal: Journal,
-        clock: Clock,
-        config: CoreConfig,
-        gpu: GpuSteps,
-        node: NodeInspector,
-        hooks: CriuHooks | None = None,
-        files: JobFiles | None = None,
-        cgroups: Cgroups | None = None,
-        guard: TreeGuard | None = None,
-    ) -> None:
-        self._cgroups = cgroups
+    def __init__(self, parts: RecipeParts, *, guard: TreeGuard | None = None) -> None:
+        self.parts = parts
+        self._cgroups = parts.cgroups
         self._guard: TreeGuard = guard or NoGuard()
-        self._gpu = gpu
-        self._node = node
-        self._files = files
-        self._criu = criu
-        self._processes = processes
-        self._store = store
-        self._journal = journal
-        self._clock = clock
-        self._config = config
-        self._hooks = hooks or CriuHooks()
-        self.undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
-                             gpu=gpu)
+        self._gpu = parts.gpu
+        self._node = parts.node
+        self._files = parts.files
+        self._criu = parts.criu
+        self._processes = parts.processes
+        self._store = parts.store
+        self._journal = parts.journal
+        self._clock = parts.clock
+        self._config = parts.config
+        self._hooks = parts.hooks
+        self.undoer = parts.undoer()
         self.steps: tuple[Step[DumpContext], ...] = (
             Step("inspect", self._inspect, None, "inspecting the process tree"),
             Step("journal", self._journal_begin, self._journal_end, "recording the operation"),

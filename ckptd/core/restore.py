@@ -77,8 +77,7 @@ from ckptd.core.compat import (
     show_tcp,
     tcp_missing,
 )
-from ckptd.core.config import CoreConfig
-from ckptd.core.gpu import GpuSession, GpuSteps
+from ckptd.core.gpu import GpuSession
 from ckptd.core.held import HeldTree, pid_map
 from ckptd.core.intocontainer import (
     CallerContainer,
@@ -87,25 +86,19 @@ from ckptd.core.intocontainer import (
     memory_problems,
 )
 from ckptd.core.jobfiles import PutBackAll
+from ckptd.core.parts import RecipeParts
 from ckptd.core.placement import CgroupPlacement, TreeCgroup
 from ckptd.core.ports import (
-    Cgroups,
     CheckpointStore,
-    Clock,
-    Criu,
     CriuHooks,
     CriuRestoreJob,
     ForwardingHooks,
     ImageSource,
     InheritFd,
     JobFiles,
-    Journal,
-    NodeInspector,
-    ProcessTable,
     StdioProvider,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
-from ckptd.core.rollback import Undoer
 from ckptd.core.undo import KillTree, RemoveOutput, Undo, UndoLog
 from ckptd.domain import (
     Caller,
@@ -215,37 +208,22 @@ def find_checkpoint(
 class RestoreRecipe:
     """Restores one checkpoint. Thread-safe: callers serialize per pid (PidLocks)."""
 
-    def __init__(
-        self,
-        *,
-        criu: Criu,
-        processes: ProcessTable,
-        store: CheckpointStore,
-        stdio: StdioProvider,
-        clock: Clock,
-        config: CoreConfig,
-        gpu: GpuSteps,
-        node: NodeInspector,
-        hooks: CriuHooks | None = None,
-        files: JobFiles | None = None,
-        cgroups: Cgroups | None = None,
-        journal: Journal | None = None,
-    ) -> None:
-        self._cgroups = cgroups
-        self._placement = CgroupPlacement(cgroups, processes, config)
-        self._gpu = gpu
-        self._node = node
-        self._files = files
-        self._criu = criu
-        self._processes = processes
-        self._store = store
-        self._journal = journal
-        self.undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
-                             gpu=gpu, files=files)
+    def __init__(self, parts: RecipeParts, *, stdio: StdioProvider) -> None:
+        self.parts = parts
+        self._cgroups = parts.cgroups
+        self._placement = CgroupPlacement(parts.cgroups, parts.processes, parts.config)
+        self._gpu = parts.gpu
+        self._node = parts.node
+        self._files = parts.files
+        self._criu = parts.criu
+        self._processes = parts.processes
+        self._store = parts.store
+        self._journal = parts.journal
+        self.undoer = parts.undoer()
         self._stdio = stdio
-        self._clock = clock
-        self._config = config
-        self._hooks = hooks or CriuHooks()
+        self._clock = parts.clock
+        self._config = parts.config
+        self._hooks = parts.hooks
         self.steps: tuple[Step[RestoreContext], ...] = (
             Step("resolve", self._resolve, None, "finding the checkpoint"),
             Step("compat", self._compat, None, "checking that this node fits the checkpoint"),

@@ -26,7 +26,6 @@ from ckptd.core.locks import PidLocks
 from ckptd.core.ports import Cgroups, CheckpointStore, Clock, Journal, ProcessTable
 from ckptd.core.recipe import ProgressSink, no_progress
 from ckptd.core.restore import RestoreRecipe
-from ckptd.core.rollback import Undoer
 from ckptd.core.targets import container_job, container_of_cgroup
 from ckptd.core.undo import BadEntry, Entry, decode_entry
 from ckptd.domain import (
@@ -86,9 +85,7 @@ class CheckpointService:
         self._in_flight: set[str] = set()
         self._in_flight_lock = threading.Condition()
         self._closing = False
-        self._undoer = Undoer(processes=processes, store=store, clock=clock, config=config,
-                              gpu=gpu, restore_here=self._restore_here,
-                              files=restore.job_files)
+        self._undoer = restore.parts.undoer(restore_here=self._restore_here)
 
     # ---- operations -------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from ckptd.core.gpu import GpuSteps
 from ckptd.core.groups import GroupMembers
 from ckptd.core.jobfiles import chunked_images
 from ckptd.core.migrate import MigrateRecipe
+from ckptd.core.parts import RecipeParts
 from ckptd.core.policies import PolicyService
 from ckptd.core.ports import BlobStore, GpuCheckpointer, GpuInventoryPort
 from ckptd.core.receive import Receiver
@@ -194,32 +195,12 @@ def wire(config: DaemonConfig) -> Wired:
         facts=ProcCudaFacts() if config.gpu else None,
         threads=PtraceThreadHold() if config.gpu else None,
     )
-    dump = DumpRecipe(
-        criu=criu,
-        processes=processes,
-        store=store,
-        journal=journal,
-        clock=clock,
-        config=core,
-        gpu=gpu,
-        node=ProcNodeInspector(),
-        files=files,
-        cgroups=cgroups,
-        guard=guard,
+    parts = RecipeParts(
+        criu=criu, processes=processes, store=store, journal=journal, clock=clock, config=core,
+        gpu=gpu, node=ProcNodeInspector(), files=files, cgroups=cgroups,
     )
-    restore = RestoreRecipe(
-        criu=criu,
-        processes=processes,
-        store=store,
-        stdio=LocalStdioProvider(config.open_timeout_s),
-        clock=clock,
-        config=core,
-        gpu=gpu,
-        node=ProcNodeInspector(),
-        files=files,
-        cgroups=cgroups,
-        journal=journal,
-    )
+    dump = DumpRecipe(parts, guard=guard)
+    restore = RestoreRecipe(parts, stdio=LocalStdioProvider(config.open_timeout_s))
     service = CheckpointService(
         dump=dump,
         restore=restore,

@@ -18,13 +18,14 @@ Cgroups (``world.cgroups``): every process of the table in ``DAEMON_CGROUP``; th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
 from ckptd.core.guard import TreeWatch, Verdict
+from ckptd.core.parts import RecipeParts
 from ckptd.core.ports import CriuHooks, GuardPhase
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.service import CheckpointService
@@ -235,15 +236,13 @@ def make_world(
     gpu_steps = GpuSteps(fake_gpu, fake_gpu, clock, lock_timeout_ms=1000, facts=fake_gpu,
                          threads=threads)
     node = FakeNodeInspector(events=events)
-    dump_recipe = DumpRecipe(
+    parts = RecipeParts(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,
-        config=config, hooks=hooks, gpu=gpu_steps, node=node, files=files, cgroups=cgroups,
+        config=config, hooks=hooks, gpu=gpu_steps, node=node, files=files,
+        cgroups=cgroups if place_cgroups else None,
     )
-    restore_recipe = RestoreRecipe(
-        criu=criu, processes=processes, store=store, stdio=stdio, clock=clock, config=config,
-        hooks=hooks, gpu=gpu_steps, node=node, files=files,
-        cgroups=cgroups if place_cgroups else None, journal=journal,
-    )
+    dump_recipe = DumpRecipe(replace(parts, cgroups=cgroups))
+    restore_recipe = RestoreRecipe(parts, stdio=stdio)
     world = World(
         tmp=tmp, events=events, clock=clock, processes=processes, criu=criu, store=store,
         journal=journal, stdio=stdio, hooks=hooks, config=config, dump_recipe=dump_recipe,
