@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.conftest import criu_path
-from tests.integration.netns import TwoNodes, in_netns
+from tests.integration.netns import TwoNodes, in_netns, netns_path
 from tests.integration.support import REPO, VENV_BIN, Daemon
+from tests.jobshapes.shapes import kill_tree
 
 SLURM_DEPLOY = REPO / "deploy" / "slurm"
 NODES = ("node1", "node2")
@@ -126,6 +127,7 @@ class SlurmCluster:
         self.nodes = TwoNodes()
         self.daemons: dict[str, Daemon] = {}
         self._procs: list[subprocess.Popen[Any]] = []
+        self._starting = False
         self._munge_socket = root / "munge-run" / "munge.socket"
         self.netns = {"node1": self.nodes.a.name, "node2": self.nodes.b.name}
         self.env = {**os.environ, "SLURM_CONF": str(self.conf),
@@ -136,6 +138,7 @@ class SlurmCluster:
     def start(self) -> SlurmCluster:
         """Everything up, nodes idle; on failure what was started is stopped and the error
         says which part failed (with its log's tail)."""
+        self._starting = True
         try:
             self.nodes.__enter__()
             for d in ("log", "ctld", "munge-run", "munge-key", "spool/node1", "spool/node2",
@@ -152,6 +155,7 @@ class SlurmCluster:
         except BaseException:
             self.close()
             raise
+        self._starting = False
         return self
 
     def _start_munge(self) -> None:
@@ -219,6 +223,24 @@ class SlurmCluster:
         proc.args = name
         self._procs.append(proc)
         return proc
+
+    def fail_node(self, node: str) -> list[int]:
+        """The node fails: SIGKILL at once to its slurmd, every slurmstepd in its network
+        namespace (the jobs' steps) with their descendants, and its ckptd with its children.
+        Returns the pids killed, all gone."""
+        ns_inode = os.stat(netns_path(self.netns[node])).st_ino
+        roots = [self.proc(f"slurmd-{node}").pid, self.daemons[node].pid]
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+            with contextlib.suppress(OSError):
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                if comm == "slurmstepd" and os.stat(f"/proc/{pid}/ns/net").st_ino == ns_inode:
+                    roots.append(pid)
+        killed: list[int] = []
+        for root in roots:
+            killed += kill_tree(root)
+        self.proc(f"slurmd-{node}").wait(timeout=10)
+        self.daemons[node].proc.wait(timeout=10)
+        return killed
 
     def proc(self, name: str) -> subprocess.Popen[Any]:
         """The running process started as ``name`` (``slurmd-node1``, ...)."""
@@ -292,9 +314,8 @@ class SlurmCluster:
     def _wait(self, predicate: Any, timeout: float, what: str, log: Path) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():
-            dead = [p.args for p in self._procs
-                    if p.poll() is not None and p.args != "munged-stopped"]
-            if time.monotonic() > deadline or (dead and what.startswith(("munged", "nodes"))):
+            dead = [p.args for p in self._procs if p.poll() is not None]
+            if time.monotonic() > deadline or (dead and self._starting):
                 raise AssertionError(f"no {what} within {timeout:g}s (exited: {dead}); "
                                      f"{log}:\n{tail(log)}")
             time.sleep(0.2)

@@ -5,13 +5,16 @@ with real PyTorch CPU training jobs checked bit for bit against uninterrupted ru
 Needs what the job-shape tier needs (root, a working CRIU, PyTorch in .venv) plus the Slurm
 and munge binaries; skipped, with the reason, without them. Every test is ``slow``. A failing
 test's report ends with the tail of every log of its cluster (slurmctld, both slurmd, munged,
-both ckptd); the directory itself (pytest's tmp_path) is kept.
+both ckptd), and the cluster's directory is copied to /tmp/ckptd-slurm-logs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +31,9 @@ from tests.slurm.cluster import SlurmCluster, missing_binaries  # noqa: E402
 __all__ = ["cluster", "procs", "references"]
 
 HERE = Path(__file__).resolve().parent
+KEPT_LOGS = Path("/tmp/ckptd-slurm-logs")
+"""Where a failed test's cluster directory (logs, job outputs; no store) is copied: pytest's
+own tmp_path of it goes after a few more sessions."""
 
 
 @functools.cache
@@ -61,8 +67,12 @@ def pytest_runtest_makereport(
     report: pytest.TestReport = yield
     cluster = getattr(item, "slurm_cluster", None)
     if report.failed and isinstance(cluster, SlurmCluster):
-        report.sections.append(("slurm cluster logs", f"kept in {cluster.root}\n"
-                                + cluster.logs()))
+        kept = KEPT_LOGS / f"{item.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+        with contextlib.suppress(OSError):
+            shutil.copytree(cluster.root.parent, kept, ignore=shutil.ignore_patterns(
+                "store", "*.sock", "*.socket", "munge-key", "references"),
+                ignore_dangling_symlinks=True)
+        report.sections.append(("slurm cluster logs", f"kept in {kept}\n" + cluster.logs()))
     return report
 
 

@@ -4,12 +4,13 @@ training that finished bit for bit like an uninterrupted run (issue 26, point 2)
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.jobshapes.shapes import References
-from tests.slurm.cluster import SlurmCluster
+from tests.slurm.cluster import NODES, SlurmCluster
 from tests.slurm.jobs import STEPS, TrainingJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -34,3 +35,49 @@ def test_preemption_checkpoints_within_grace_time_requeues_and_restores(
     assert int(done["Restarts"]) >= 1, done
     job.check(want, b"preempted: checkpointing", b"restoring ck-", b"restored as pid",
               b"ended")
+
+
+def test_time_limit_signal_before_the_limit_checkpoints_requeues_and_restores(
+    cluster: SlurmCluster, references: References, tmp_path: Path
+) -> None:
+    """``--time=1 --signal=B:TERM@45``: SIGTERM to the batch shell some 15 s into the run
+    (Slurm checks limits periodically: it may come earlier), mid-training; train.sbatch has
+    ckptd checkpoint the training and requeues the job (``scontrol requeue``); the next run
+    restores it and finishes before its own signal."""
+    want = references.get("dataloader", STEPS)
+    job = TrainingJob(cluster, tmp_path / "submit", pace=0.6)
+    job.submit_job("--time=1", "--signal=B:TERM@45")
+    done = cluster.wait_job(job.id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+                            timeout=200)
+    assert done["JobState"] == "COMPLETED", f"{done}\n{job.script_text().decode()}"
+    assert int(done["Restarts"]) >= 1, done
+    job.check(want, b"SIGTERM: checkpointing", b"requeueing (restart 1)", b"restoring ck-",
+              b"restored as pid", b"ended")
+
+
+def test_node_failure_requeues_onto_the_other_node_restored_from_the_shared_store(
+    cluster: SlurmCluster, references: References, tmp_path: Path
+) -> None:
+    """With periodic checkpoints (``CKPTD_EVERY=10s``: train.sbatch's ``ckptctl run
+    --every``), the training's node fails (its slurmd, the job's steps and its ckptd
+    SIGKILLed): Slurm marks the node DOWN after SlurmdTimeout and requeues the job onto the
+    other node, whose ckptd restores the latest periodic checkpoint from the shared store."""
+    want = references.get("dataloader", STEPS)
+    job = TrainingJob(cluster, tmp_path / "submit", pace=0.6)
+    job.submit_job("--time=5", "--export=ALL,CKPTD_EVERY=10s")
+    node = job.wait_steps(3)
+    other = next(n for n in NODES if n != node)
+    daemon = cluster.daemons[node]
+    # The policy's first checkpoint is taken at once, before the job has opened its files (a
+    # restore of it would append to them again): wait for the second, 10 s later.
+    deadline = time.monotonic() + 40
+    while len(daemon.ctl("list", "--name", f"train-{job.id}").out or []) < 2:
+        assert time.monotonic() < deadline, f"no 2 periodic checkpoints in 40s\n{daemon.log()}"
+        time.sleep(0.5)
+    cluster.fail_node(node)
+    cluster.wait_nodes("down", [node], timeout=60)
+    done = cluster.wait_job(job.id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+                            timeout=150)
+    assert done["JobState"] == "COMPLETED", f"{done}\n{job.script_text().decode()}"
+    assert done["NodeList"] == other, done
+    job.check(want, b"restoring ck-", b"restored as pid", b"ended")
