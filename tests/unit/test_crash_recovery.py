@@ -12,18 +12,14 @@ interrupted after its dump has the tree restored here, unless the target may run
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 from signal import SIGKILL
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from ckptd.core.dump import DumpContext
 from ckptd.core.migrate import MigrateRecipe
-from ckptd.core.recipe import Step
 from ckptd.domain import (
     CheckpointRecord,
     CompatReport,
@@ -34,42 +30,8 @@ from ckptd.domain import (
 )
 from ckptd.domain.model import ROOT
 
+from .crashes import Death, Died, dying, step_names
 from .world import JOB, JOB_TREE, World, guarded_world, make_world
-
-Ctx = TypeVar("Ctx")
-
-
-class Died(BaseException):
-    """The daemon's process ends here."""
-
-
-@dataclass
-class Death:
-    after: str
-    dead: bool = False
-
-
-def dying(steps: tuple[Step[Ctx], ...], death: Death) -> tuple[Step[Ctx], ...]:
-    """``steps``, the process dying right after ``death.after``; no undo runs once dead."""
-
-    def wrap(step: Step[Ctx]) -> Step[Ctx]:
-        def do(ctx: Ctx) -> None:
-            step.do(ctx)
-            if step.name == death.after:
-                death.dead = True
-                if isinstance(ctx, DumpContext):
-                    ctx.criu = None  # its `finally` must not tell CRIU anything either
-                raise Died(step.name)
-
-        undo = step.undo
-
-        def undo_alive(ctx: Ctx) -> None:
-            if undo is not None and not death.dead:
-                undo(ctx)
-
-        return replace(step, do=do, undo=undo_alive)
-
-    return tuple(wrap(s) for s in steps)
 
 
 @pytest.fixture
@@ -84,14 +46,7 @@ def _restarted(world: World) -> list[str]:
     return done
 
 
-def _step_names() -> tuple[list[str], list[str]]:
-    """The recipes' steps as they are (a step added later is covered without a change)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        w = make_world(Path(tmp))
-        return [s.name for s in w.dump_recipe.steps], [s.name for s in w.restore_recipe.steps]
-
-
-DUMP_STEPS, RESTORE_STEPS = _step_names()
+DUMP_STEPS, RESTORE_STEPS = step_names()
 
 
 # ---- dump ---------------------------------------------------------------------------------

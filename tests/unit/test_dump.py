@@ -36,18 +36,10 @@ from .world import (
     OTHER_JOB,
     USER,
     World,
+    assert_nothing_happened,
 )
 
 SIGKILL, SIGCONT = int(signal.SIGKILL), int(signal.SIGCONT)
-
-
-def assert_nothing_happened(w: World) -> None:
-    """A refused dump touches nothing: no CRIU, no journal, no store, no signal."""
-    assert w.criu.dump_jobs == []
-    assert w.journal.history == []
-    assert w.store.calls == []
-    assert w.processes.signals == []
-    assert w.store.list() == []
 
 
 def assert_rolled_back(w: World, exc: CkptdError) -> None:

@@ -21,8 +21,10 @@ from ckptd.domain import CheckpointRecord, CudaState, PidState
 from ckptd.errors import CkptdError, GpuFailed, StoreError
 from ckptd.testing import FakeGpu, FakeThreadHold
 
-from .test_crash_recovery import DUMP_STEPS, Death, Died, dying
+from .crashes import Death, Died, dying, step_names
 from .world import JOB, JOB_TREE, World, guarded_world, make_world
+
+DUMP_STEPS = step_names()[0]
 
 GIB = 1 << 30
 CUDA = (1000, 1002)  # 1001, between them, is a CPU-only child

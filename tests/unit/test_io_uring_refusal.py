@@ -8,8 +8,7 @@ import pytest
 from ckptd.domain.model import ROOT
 from ckptd.errors import PermissionDenied, TargetRefused
 
-from .test_dump import assert_nothing_happened
-from .world import JOB, JOB_TREE, OTHER, OTHER_JOB, USER, World
+from .world import JOB, JOB_TREE, OTHER, OTHER_JOB, USER, World, assert_nothing_happened
 
 WAY_OUT = (
     "launch it through `ckptctl run` (which keeps io_uring away from jobs), or turn the "

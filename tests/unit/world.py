@@ -305,3 +305,12 @@ def guarded_world(tmp_path: Path, *, gpu: bool = False) -> tuple[World, InProces
 
     world.dump_recipe._guard = Port()
     return world, guard
+
+
+def assert_nothing_happened(w: World) -> None:
+    """A refused dump touches nothing: no CRIU, no journal, no store, no signal."""
+    assert w.criu.dump_jobs == []
+    assert w.journal.history == []
+    assert w.store.calls == []
+    assert w.processes.signals == []
+    assert w.store.list() == []
