@@ -376,6 +376,30 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler, subparser=sub)
         return sub
 
+    _add_dump(command)
+    _add_migrate(command)
+    jobs.add_commands(command, _add_global_options)
+    run.add_command(command)
+    _add_restore(command)
+    _add_checkpoint_commands(command)
+    _add_gc(command)
+    completion = commands.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a shell completion script. Bash: "
+        f'eval "$({PROG} completion bash)", or save it to '
+        f"/etc/bash_completion.d/{PROG}.",
+    )
+    completion.add_argument("shell", choices=["bash"])
+    completion.set_defaults(handler=None, subparser=completion)
+    return parser
+
+
+Command = Callable[[str, Handler, str], argparse.ArgumentParser]
+"""``build_parser``'s ``command(name, handler, help)``: a subcommand with the global options."""
+
+
+def _add_dump(command: Command) -> None:
     dump = command("dump", cmd_dump, "checkpoint a process tree")
     dump.add_argument(
         "pid", nargs="?", type=types.pid,
@@ -417,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --name: then keep only the N newest checkpoints of that name",
     )
 
+
+def _add_migrate(command: Command) -> None:
     migrate = command(
         "migrate", cmd_migrate,
         "move a running process tree to another node's ckptd (checkpoint here, send what it "
@@ -442,9 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="migrate despite compatibility warnings (never despite blocking differences)",
     )
 
-    jobs.add_commands(command, _add_global_options)
-    run.add_command(command)
 
+def _add_restore(command: Command) -> None:
     restore = command("restore", cmd_restore, "restore a checkpoint")
     restore.add_argument(
         "target",
@@ -479,6 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"'{PROG} check-restore'); blocking differences are never overridden",
     )
 
+
+def _add_checkpoint_commands(command: Command) -> None:
+    """list, show, check-restore, delete, asides, check, verify."""
     list_ = command("list", cmd_list, "list checkpoints")
     list_.add_argument("--pid", metavar="PID", type=types.pid, help="only this pid's")
     list_.add_argument("--name", metavar="NAME", type=types.name,
@@ -512,6 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("id", nargs="?", metavar="CHECKPOINT-ID", type=types.checkpoint_id,
                         help="default: everything")
 
+
+def _add_gc(command: Command) -> None:
     gc = command(
         "gc",
         cmd_gc,
@@ -526,17 +556,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--name", metavar="NAME", type=types.name,
                     help="apply --keep-last to this name only")
-
-    completion = commands.add_parser(
-        "completion",
-        help="print a shell completion script",
-        description="Print a shell completion script. Bash: "
-        f'eval "$({PROG} completion bash)", or save it to '
-        f"/etc/bash_completion.d/{PROG}.",
-    )
-    completion.add_argument("shell", choices=["bash"])
-    completion.set_defaults(handler=None, subparser=completion)
-    return parser
 
 
 # --------------------------------------------------------------------------------------------
