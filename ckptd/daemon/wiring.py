@@ -131,12 +131,19 @@ def manifest_keys(config: DaemonConfig, blobs: BlobStore) -> tuple[ManifestKeys,
     return keys, created
 
 
-def wire(config: DaemonConfig) -> Wired:
+def _state_dirs(config: DaemonConfig) -> Path:
+    """The state directory with its subdirectories (0700; output 0755: jobs write there)."""
     state = config.state_dir
     for sub in ("journal", "work", "output", "criu-plugins", "staging"):
         (state / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
     (state / "output").chmod(0o755)
-    core = CoreConfig(
+    return state
+
+
+def core_config(config: DaemonConfig) -> CoreConfig:
+    """What the core needs of the daemon's settings."""
+    state = config.state_dir
+    return CoreConfig(
         node=config.node or socket.gethostname(),
         daemon_pid=os.getpid(),
         work_dir=state / "work",
@@ -151,19 +158,14 @@ def wire(config: DaemonConfig) -> Wired:
         jobs_cgroup=config.jobs_cgroup,
         stream_restore=config.stream_restore,
     )
+
+
+def _open_store(config: DaemonConfig, clock: SystemClock,
+                node: str) -> tuple[ContentStore, LocalBlobStore | ObjectBlobStore, bool]:
+    """The content store over the configured blob store, with this node's manifest keys;
+    whether the key file was created now."""
+    state = config.state_dir
     chunked = chunked_images(is_pages_image)
-    files = ProcJobFiles()
-    clock = SystemClock()
-    processes = ProcFsTable()
-    cgroups = CgroupFs.find(config.cgroup_fs)
-    if cgroups is None:
-        log.warning("no cgroup v2 hierarchy found: restored trees go where CRIU puts them")
-    criu = CriuSwrk(
-        config.resolved_criu(),
-        plugin_dir=state / "criu-plugins",
-        log_level=config.criu_log_level,
-        enter_preload=config.resolved_enter_preload(),
-    )
     blobs = open_blob_store(
         config.store,
         endpoint=config.store_endpoint or None,
@@ -182,12 +184,31 @@ def wire(config: DaemonConfig) -> Wired:
         clock=clock,
         is_pages_file=chunked,
         keys=keys,
-        node=core.node,
+        node=node,
         workers=config.compress_workers or (os.cpu_count() or 2),
         level=config.compress_level,
         gc_grace_s=config.gc_grace_s,
         stream_pages=config.stream_pages,
     )
+    return store, blobs, keys_created
+
+
+def wire(config: DaemonConfig) -> Wired:
+    state = _state_dirs(config)
+    core = core_config(config)
+    files = ProcJobFiles()
+    clock = SystemClock()
+    processes = ProcFsTable()
+    cgroups = CgroupFs.find(config.cgroup_fs)
+    if cgroups is None:
+        log.warning("no cgroup v2 hierarchy found: restored trees go where CRIU puts them")
+    criu = CriuSwrk(
+        config.resolved_criu(),
+        plugin_dir=state / "criu-plugins",
+        log_level=config.criu_log_level,
+        enter_preload=config.resolved_enter_preload(),
+    )
+    store, blobs, keys_created = _open_store(config, clock, core.node)
     journal = FileJournal(state / "journal")
     guard = PidfdTreeGuard(state, state / "journal")
     gpu = GpuSteps(
