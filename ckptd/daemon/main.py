@@ -188,29 +188,10 @@ class Daemon:
         log.info("peer listener (mutual TLS) on %s, port %d", cfg.peer_listen, port)
         return server
 
-    def run(self) -> int:
+    def _start_up(self, wired: Wired) -> None:
+        """Before serving: a killed daemon's operations recovered, the guard started, what
+        ended trees and crashes left removed; CRIU and the GPUs said in the log."""
         cfg = self.config
-        try:
-            lock_fd = self._lock_state_dir()
-        except StateDirUnusable as exc:
-            print(f"ckptd: {exc}", file=sys.stderr)
-            return 2
-        if lock_fd is None:
-            print(
-                f"ckptd: another ckptd is running with state dir {cfg.state_dir}; stop it first",
-                file=sys.stderr,
-            )
-            return 1
-        if not wait_for_guards(cfg.state_dir, GUARD_WAIT_S):
-            log.error("the guard of the previous daemon still runs after %.0fs; recovering "
-                      "anyway", GUARD_WAIT_S)
-        try:
-            wired = wire(cfg)
-        except ValueError as exc:  # a manifest key file refused
-            print(f"ckptd: {exc}", file=sys.stderr)
-            os.close(lock_fd)
-            return 2
-        _check_store(cfg, wired.store)
         for line in wired.service.recover():
             log.warning("recovered: %s", line)
         wired.guard.start()
@@ -227,17 +208,11 @@ class Daemon:
             log.error("CRIU unusable, dumps will be refused: %s", criu.message)
         log.info("GPU: %s", gpu_summary(wired.gpu))
 
-        private = _private_dir(cfg)
-        peers = private / "peers"
-        cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        for d in (private, peers):
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(d, 0o700)
-            for stale in d.glob("*"):
-                if stale.is_socket():
-                    stale.unlink()
-        inner = private / "grpc.sock"
-
+    def _serve_callers(self, wired: Wired, inner: Path, peers: Path,
+                       ) -> tuple[grpc.Server, health.HealthServicer]:
+        """The gRPC server of the Checkpointer service (and health, reflection) on the
+        relay's inner socket, with the per-caller limits; started."""
+        cfg = self.config
         limits = CallLimits(Limits(per_uid=cfg.max_calls_per_uid,
                                    operations_per_uid=cfg.max_operations_per_uid,
                                    shared=cfg.max_user_calls,
@@ -263,6 +238,60 @@ class Daemon:
         )
         server.add_insecure_port(f"unix:{inner}")
         server.start()
+        return server, health_servicer
+
+    def _shut_down(self, wired: Wired, health_servicer: health.HealthServicer,
+                   background: Background, proxy: PeerCredProxy,
+                   peer_server: grpc.Server | None, server: grpc.Server) -> None:
+        """Stop accepting, let calls and operations finish (bounded: ``shutdown_grace_s``,
+        then ``operations_wait_s``), never cutting a dump half-way."""
+        cfg = self.config
+        log.info("stopping: waiting up to %.0fs for running operations", cfg.shutdown_grace_s)
+        sdnotify.notify("STOPPING=1")
+        health_servicer.enter_graceful_shutdown()
+        wired.service.close()
+        background.stop()
+        proxy.stop()
+        if peer_server is not None:
+            peer_server.stop(cfg.shutdown_grace_s)
+        server.stop(cfg.shutdown_grace_s).wait()
+        # An RPC cut by the grace period does not stop its operation: let it finish, so that
+        # no tree is left stopped or CUDA-checkpointed by a daemon that went away.
+        if not wired.receiver.wait_commits(cfg.shutdown_grace_s):
+            log.error("stopping with a migrated checkpoint still being committed (its staging "
+                      "is dropped at the next start; the sender keeps the checkpoint)")
+        # as long again plus a driver call's bound: never cut inside a CUDA call (issue 23)
+        if left := wired.service.wait_idle(operations_wait_s(cfg)):
+            log.error("stopping with operations still running: %s (the next start recovers "
+                      "them from the journal)", ", ".join(left))
+
+    def run(self) -> int:
+        cfg = self.config
+        try:
+            lock_fd = self._lock_state_dir()
+        except StateDirUnusable as exc:
+            print(f"ckptd: {exc}", file=sys.stderr)
+            return 2
+        if lock_fd is None:
+            print(
+                f"ckptd: another ckptd is running with state dir {cfg.state_dir}; stop it first",
+                file=sys.stderr,
+            )
+            return 1
+        if not wait_for_guards(cfg.state_dir, GUARD_WAIT_S):
+            log.error("the guard of the previous daemon still runs after %.0fs; recovering "
+                      "anyway", GUARD_WAIT_S)
+        try:
+            wired = wire(cfg)
+        except ValueError as exc:  # a manifest key file refused
+            print(f"ckptd: {exc}", file=sys.stderr)
+            os.close(lock_fd)
+            return 2
+        _check_store(cfg, wired.store)
+        self._start_up(wired)
+
+        inner, peers = _socket_dirs(cfg)
+        server, health_servicer = self._serve_callers(wired, inner, peers)
         _raise_fd_limit(3 * (cfg.max_connections + cfg.max_connections_per_uid) + 1024)
         proxy = PeerCredProxy(cfg.socket, inner, peers, cfg.socket_mode, _group_id(cfg),
                               ConnectionLimits(per_uid=cfg.max_connections_per_uid,
@@ -292,24 +321,7 @@ class Daemon:
         while not self._stop.wait(1.0):
             pass
 
-        log.info("stopping: waiting up to %.0fs for running operations", cfg.shutdown_grace_s)
-        sdnotify.notify("STOPPING=1")
-        health_servicer.enter_graceful_shutdown()
-        wired.service.close()
-        background.stop()
-        proxy.stop()
-        if peer_server is not None:
-            peer_server.stop(cfg.shutdown_grace_s)
-        server.stop(cfg.shutdown_grace_s).wait()
-        # An RPC cut by the grace period does not stop its operation: let it finish, so that
-        # no tree is left stopped or CUDA-checkpointed by a daemon that went away.
-        if not wired.receiver.wait_commits(cfg.shutdown_grace_s):
-            log.error("stopping with a migrated checkpoint still being committed (its staging "
-                      "is dropped at the next start; the sender keeps the checkpoint)")
-        # as long again plus a driver call's bound: never cut inside a CUDA call (issue 23)
-        if left := wired.service.wait_idle(operations_wait_s(cfg)):
-            log.error("stopping with operations still running: %s (the next start recovers "
-                      "them from the journal)", ", ".join(left))
+        self._shut_down(wired, health_servicer, background, proxy, peer_server, server)
         with contextlib.suppress(FileNotFoundError):
             inner.unlink()
         os.close(lock_fd)
@@ -323,6 +335,22 @@ GUARD_WAIT_S = 30.0
 
 SUN_PATH_MAX = 107
 """Longest Unix socket path the kernel takes (sun_path is 108 bytes with the NUL)."""
+
+
+def _socket_dirs(cfg: DaemonConfig) -> tuple[Path, Path]:
+    """The relay's inner socket path and the per-caller socket directory, their directories
+    made (0700) and emptied of stale sockets."""
+    private = _private_dir(cfg)
+    peers = private / "peers"
+    cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for d in (private, peers):
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(d, 0o700)
+        for stale in d.glob("*"):
+            if stale.is_socket():
+                stale.unlink()
+    inner = private / "grpc.sock"
+    return inner, peers
 
 
 def _private_dir(cfg: DaemonConfig) -> Path:
