@@ -81,3 +81,29 @@ def test_node_failure_requeues_onto_the_other_node_restored_from_the_shared_stor
     assert done["JobState"] == "COMPLETED", f"{done}\n{job.script_text().decode()}"
     assert done["NodeList"] == other, done
     job.check(want, b"restoring ck-", b"restored as pid", b"ended")
+
+
+def test_maintenance_drain_in_slurm_and_ckptd_resumes_the_job_on_the_other_node(
+    cluster: SlurmCluster, references: References, tmp_path: Path
+) -> None:
+    """Maintenance of the training's node: ``scontrol update nodename=N state=drain`` (no new
+    job there), then ``ckptctl drain`` on N, which checkpoints and stops every protected job;
+    train.sbatch sees its training stopped by ckptd (``ckptctl run`` exits 143), requeues the
+    job, and Slurm starts it on the other node, where it is restored and finishes."""
+    want = references.get("dataloader", STEPS)
+    job = TrainingJob(cluster, tmp_path / "submit", pace=0.5)
+    job.submit_job("--time=5")
+    node = job.wait_steps(5)
+    other = next(n for n in NODES if n != node)
+    cluster.run(["scontrol", "update", f"nodename={node}", "state=drain",
+                 "reason=maintenance"])
+    drained = cluster.daemons[node].ctl("drain")
+    assert drained.rc == 0 and [p["name"] for p in drained.out["drained"]] == \
+        [f"train-{job.id}"], drained
+    done = cluster.wait_job(job.id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+                            timeout=150)
+    assert done["JobState"] == "COMPLETED", f"{done}\n{job.script_text().decode()}"
+    assert done["NodeList"] == other, done
+    assert cluster.node_states()[node] == "drained", cluster.node_states()
+    job.check(want, b"checkpointed and stopped by ckptd (drain)", b"restoring ck-",
+              b"restored as pid", b"ended")
