@@ -36,7 +36,7 @@ from ckptd.core.store.compact import COMPACT_BELOW, compact_lease_key
 from ckptd.core.store.condemned import Condemned, load_condemned
 from ckptd.core.store.export import FrameExport
 from ckptd.core.store.index import PageIndex, pack_key
-from ckptd.core.store.ingest import ingest
+from ckptd.core.store.ingest import IngestResult, ingest
 from ckptd.core.store.integrity import (
     Adoption,
     ManifestCensus,
@@ -267,63 +267,10 @@ class ContentStore:
                 if kept.seed == hasher.seed:
                     kept_packs = kept.write_packs(self._blobs, self.index)
                 kept.close()
-            for attempt in range(3):
-                if streamed is not None and attempt:  # its pages were not kept: cannot redo
-                    raise StoreError(
-                        f"packs vanished or were condemned during the dump of {record.id}",
-                        checkpoint_id=record.id, hint="dump again",
-                    )
-                result = ingest(
-                    root / "images",
-                    blobs=self._blobs,
-                    index=self.index,
-                    hasher=hasher,
-                    is_pages_file=self._is_pages_file,
-                    base_for=self._bases_from(record.parent_id, record.uid),
-                    executor=self._executor,
-                    writer=self._writer,
-                    level=self._level,
-                    condemned_blobs=frozenset(condemned.blobs),
-                    streamed=streamed,
-                )
-                result.written_packs |= kept_packs.written
-                packs, stored = self._packs_and_footprint(result.pages, result.blobs)
-                gone = {p for p in packs if not self._blobs.exists(pack_key(p))}
-                # another node's GC may have condemned what this dump reuses since it began:
-                # what is due now (and was not just stored again) is stored again
-                condemned = self.refresh_condemned()
-                now = self._clock.time()
-                due = (condemned.due_packs(now) & set(packs)) - result.written_packs
-                due_blobs = (condemned.due_blobs(now) & result.blobs) - result.written_blobs
-                if not gone and not due and not due_blobs:
-                    break
-                self.index.drop_packs(gone)  # another node's GC: store those pages again
-            else:
-                raise StoreError(
-                    f"packs vanished or were condemned during commit of {record.id}",
-                    checkpoint_id=record.id,
-                )
+            result, packs, stored = self._ingest(record, root / "images", hasher, streamed,
+                                                 kept_packs, condemned)
             self._blobs.flush()
-            record = replace(
-                record,
-                bytes=stored,
-                bytes_logical=result.bytes_logical,
-                bytes_new=result.bytes_new + kept_packs.bytes_new,
-                duration_s=self._clock.time() - record.created,  # until durable
-            )
-            manifest = Manifest(
-                record=record,
-                uid=record.uid,
-                files=tuple(result.files),
-                packs=tuple(packs),
-                blobs=tuple(sorted(result.blobs)),
-            )
-            data = manifest.to_bytes(self._keys, self.store_id)
-            record = replace(record, bytes_new=record.bytes_new + len(data))
-            manifest = replace(manifest, record=record)
-            data = manifest.to_bytes(self._keys, self.store_id)
-            if not self._blobs.put(manifest_key(record.id), data, if_absent=True):
-                raise StoreError(f"checkpoint {record.id} exists already", checkpoint_id=record.id)
+            record, manifest = self._write_manifest(record, result, packs, stored, kept_packs)
             self._blobs.flush()
         with self._mutex:
             self._manifests[record.id] = manifest
@@ -334,6 +281,79 @@ class ContentStore:
         _remove_soon(root)
         self._blobs.delete(lease_key(record.id))
         return record
+
+    def _ingest(
+        self, record: CheckpointRecord, images: Path, hasher: PageHasher,
+        streamed: StreamedPages | None, kept_packs: KeptPacks, condemned: Condemned,
+    ) -> tuple[IngestResult, list[str], int]:
+        """The staged images into packs and blobs (pages already stored reused); again, up
+        to three times, while another node's GC removed or condemned what they reuse (a
+        streamed dump cannot be redone: refused). The result, its packs and its footprint."""
+        for attempt in range(3):
+            if streamed is not None and attempt:  # its pages were not kept: cannot redo
+                raise StoreError(
+                    f"packs vanished or were condemned during the dump of {record.id}",
+                    checkpoint_id=record.id, hint="dump again",
+                )
+            result = ingest(
+                images,
+                blobs=self._blobs,
+                index=self.index,
+                hasher=hasher,
+                is_pages_file=self._is_pages_file,
+                base_for=self._bases_from(record.parent_id, record.uid),
+                executor=self._executor,
+                writer=self._writer,
+                level=self._level,
+                condemned_blobs=frozenset(condemned.blobs),
+                streamed=streamed,
+            )
+            result.written_packs |= kept_packs.written
+            packs, stored = self._packs_and_footprint(result.pages, result.blobs)
+            gone = {p for p in packs if not self._blobs.exists(pack_key(p))}
+            # another node's GC may have condemned what this dump reuses since it began:
+            # what is due now (and was not just stored again) is stored again
+            condemned = self.refresh_condemned()
+            now = self._clock.time()
+            due = (condemned.due_packs(now) & set(packs)) - result.written_packs
+            due_blobs = (condemned.due_blobs(now) & result.blobs) - result.written_blobs
+            if not gone and not due and not due_blobs:
+                break
+            self.index.drop_packs(gone)  # another node's GC: store those pages again
+        else:
+            raise StoreError(
+                f"packs vanished or were condemned during commit of {record.id}",
+                checkpoint_id=record.id,
+            )
+        return result, packs, stored
+
+    def _write_manifest(
+        self, record: CheckpointRecord, result: IngestResult, packs: list[str], stored: int,
+        kept_packs: KeptPacks,
+    ) -> tuple[CheckpointRecord, Manifest]:
+        """The signed manifest written, if absent (the checkpoint becomes visible): the
+        record with its sizes (the manifest's own bytes counted as new)."""
+        record = replace(
+            record,
+            bytes=stored,
+            bytes_logical=result.bytes_logical,
+            bytes_new=result.bytes_new + kept_packs.bytes_new,
+            duration_s=self._clock.time() - record.created,  # until durable
+        )
+        manifest = Manifest(
+            record=record,
+            uid=record.uid,
+            files=tuple(result.files),
+            packs=tuple(packs),
+            blobs=tuple(sorted(result.blobs)),
+        )
+        data = manifest.to_bytes(self._keys, self.store_id)
+        record = replace(record, bytes_new=record.bytes_new + len(data))
+        manifest = replace(manifest, record=record)
+        data = manifest.to_bytes(self._keys, self.store_id)
+        if not self._blobs.put(manifest_key(record.id), data, if_absent=True):
+            raise StoreError(f"checkpoint {record.id} exists already", checkpoint_id=record.id)
+        return record, manifest
 
     def _packs_and_footprint(
         self, pages: Sequence[bytes | bytearray], blobs: set[str]
@@ -495,19 +515,13 @@ class ContentStore:
     @contextlib.contextmanager
     def checkout(self, checkpoint_id: str) -> Iterator[Path]:
         manifest = self.manifest(checkpoint_id, fresh=True)
-        size = sum(f.size for f in manifest.files)
-        root = self._staging.choose(size) / f"restore-{checkpoint_id}-{secrets.token_hex(3)}"
-        images = root / "images"
-        images.mkdir(parents=True, mode=0o700)
-        try:
+        with self._restore_dir(checkpoint_id, sum(f.size for f in manifest.files)) as images:
             with self.rw.shared():
                 reader = self.reader(checkpoint_id)
                 reader.check_packs()  # magic, footer, trailer: before anything is written
                 for entry in manifest.files:
                     reader.materialize(entry, images / entry.name)
             yield images
-        finally:
-            _remove_soon(root)  # off the restore's critical path
 
     @contextlib.contextmanager
     def checkout_streamed(self, checkpoint_id: str) -> Iterator[tuple[Path, ImageSource]]:
@@ -517,19 +531,26 @@ class ContentStore:
         ``checkout``. GC waits until the context ends: the
         packs are read while CRIU restores."""
         manifest = self.manifest(checkpoint_id, fresh=True)
-        size = sum(f.size for f in manifest.record.files)
+        with (self._restore_dir(checkpoint_id, sum(f.size for f in manifest.record.files))
+              as images, self.rw.shared()):
+            reader = self.reader(checkpoint_id)
+            reader.check_packs()  # magic, footer, trailer: before CRIU reads anything
+            source = CheckpointImages(reader, manifest)
+            try:
+                yield images, source
+            finally:
+                source.close()
+
+    @contextlib.contextmanager
+    def _restore_dir(self, checkpoint_id: str, size: int) -> Iterator[Path]:
+        """An empty ``images`` directory for a restore of ``checkpoint_id``, in the staging
+        area with room for ``size`` bytes; removed when the context ends (off the restore's
+        critical path)."""
         root = self._staging.choose(size) / f"restore-{checkpoint_id}-{secrets.token_hex(3)}"
         images = root / "images"
         images.mkdir(parents=True, mode=0o700)
         try:
-            with self.rw.shared():
-                reader = self.reader(checkpoint_id)
-                reader.check_packs()  # magic, footer, trailer: before CRIU reads anything
-                source = CheckpointImages(reader, manifest)
-                try:
-                    yield images, source
-                finally:
-                    source.close()
+            yield images
         finally:
             _remove_soon(root)
 
