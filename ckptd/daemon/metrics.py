@@ -16,14 +16,23 @@ Invariants:
   ``ckptd_events_total{kind}``; outcome counters count each terminal event once;
 - ``store_size`` is called only at scrape time (``render`` or an HTTP scrape), never from
   ``on_event``; when it fails, the two store gauges are left out of that scrape, and the rest
-  is still served.
+  is still served;
+- label values stay bounded: ``ckptd_failures_total{operation, reason}`` takes the error's
+  class name (letters, digits and ``_`` only, at most 64, else ``unknown``), and
+  ``ckptd_job_last_checkpoint_timestamp_seconds{name}`` keeps the ``MAX_JOB_NAMES`` names
+  checkpointed most recently (the oldest name's series is removed for a new one).
+
+Prometheus adds ``instance`` and ``job`` (the scrape target's) to every series: no metric
+here has a label of those names (a job is ``name``, as in ``ckptctl list``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -52,6 +61,20 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, math.inf,
 )
 """Histogram buckets for durations from 10 ms to 30 min (and beyond, in +Inf)."""
+
+MAX_JOB_NAMES = 1000
+"""Names with a ``ckptd_job_last_checkpoint_timestamp_seconds`` series at most."""
+
+FAILED_OPERATION = {EventKind.CHECKPOINT_FAILED: "checkpoint",
+                    EventKind.RESTORE_FAILED: "restore", EventKind.MIGRATE_FAILED: "migration"}
+_REASON = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def failure_reason(fields: Mapping[str, Any]) -> str:
+    """The ``reason`` label of a failure: its ``error`` field (the exception's class name)
+    when it is a plain identifier of at most 64 characters, else ``unknown``."""
+    error = fields.get("error")
+    return error if isinstance(error, str) and _REASON.fullmatch(error) else "unknown"
 
 
 def _number(fields: Mapping[str, Any], key: str, *, non_negative: bool = True) -> float | None:
@@ -218,6 +241,18 @@ class Metrics:
         self.gc_bytes_freed = Counter(
             "ckptd_gc_bytes_freed", "Bytes freed by garbage collection.", registry=r
         )
+        self.failures = Counter(
+            "ckptd_failures",
+            "Checkpoints, restores and migrations that failed, by operation and reason (the "
+            "error's class, e.g. JobGone, CriuFailed).", ["operation", "reason"], registry=r,
+        )
+        self.last_checkpoint = Gauge(
+            "ckptd_job_last_checkpoint_timestamp_seconds",
+            "When the newest committed checkpoint of each named job was taken (Unix time); "
+            f"the {MAX_JOB_NAMES} names checkpointed most recently.", ["name"], registry=r,
+        )
+        self._job_names: OrderedDict[str, None] = OrderedDict()
+        self._job_names_lock = threading.Lock()
         # every known label value is exported from the start (as 0), so rate() works at once
         for kind in EventKind:
             self.events.labels(kind=kind.value)
@@ -253,6 +288,8 @@ class Metrics:
             self._add(self.bytes_stored, fields, "bytes")
             if (ratio := _number(fields, "dedup_ratio")) is not None:
                 self.dedup_ratio.set(ratio)
+            if isinstance(event.name, str) and event.name:
+                self._checkpointed(event.name, event.time)
         elif kind == EventKind.CHECKPOINT_FAILED:
             self.checkpoints.labels(outcome="failed").inc()
         elif kind == EventKind.RESTORE_DONE:
@@ -273,6 +310,22 @@ class Metrics:
             self.spot_notices.inc()
         elif kind == EventKind.GC_DONE:
             self._add(self.gc_bytes_freed, fields, "bytes_freed")
+
+        if kind in FAILED_OPERATION:
+            self.failures.labels(operation=FAILED_OPERATION[kind],
+                                 reason=failure_reason(fields)).inc()
+
+    def _checkpointed(self, name: str, when: float) -> None:
+        if isinstance(when, bool) or not isinstance(when, int | float) or \
+                not math.isfinite(when):
+            return
+        with self._job_names_lock:
+            self._job_names[name] = None
+            self._job_names.move_to_end(name)
+            self.last_checkpoint.labels(name=name).set(float(when))
+            while len(self._job_names) > MAX_JOB_NAMES:
+                oldest, _ = self._job_names.popitem(last=False)
+                self.last_checkpoint.remove(oldest)
 
     @staticmethod
     def _observe(histogram: Histogram, fields: Mapping[str, Any], key: str) -> None:

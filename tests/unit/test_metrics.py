@@ -249,3 +249,44 @@ def test_serve_http_then_stop() -> None:
 def test_serve_rejects_a_bad_address() -> None:
     with pytest.raises(ValueError):
         Metrics().serve("nonsense")
+
+
+def test_failures_by_operation_and_reason_bounded() -> None:
+    m = Metrics()
+    m.on_event(event(EventKind.CHECKPOINT_FAILED, error="CriuFailed"))
+    m.on_event(event(EventKind.CHECKPOINT_FAILED, error="CriuFailed"))
+    m.on_event(event(EventKind.RESTORE_FAILED, error="JobGone"))
+    m.on_event(event(EventKind.MIGRATE_FAILED))
+    m.on_event(event(EventKind.RESTORE_FAILED, error="not an identifier: /etc/x"))
+    m.on_event(event(EventKind.RESTORE_FAILED, error="E" * 65))
+    s = samples(m)
+    failures = {labels: v for (name, labels), v in s.items() if name == "ckptd_failures_total"}
+    assert failures == {
+        (("operation", "checkpoint"), ("reason", "CriuFailed")): 2,
+        (("operation", "restore"), ("reason", "JobGone")): 1,
+        (("operation", "migration"), ("reason", "unknown")): 1,
+        (("operation", "restore"), ("reason", "unknown")): 2,
+    }
+    assert value(m, "ckptd_checkpoints_total", outcome="failed") == 2
+
+
+def test_last_checkpoint_time_per_job_name_keeps_the_most_recent_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ckptd.daemon.metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "MAX_JOB_NAMES", 2)
+    m = Metrics()
+
+    def committed(name: str, when: float) -> None:
+        m.on_event(Event(seq=1, time=when, kind=EventKind.CHECKPOINT_COMMITTED, pid=1,
+                         name=name, fields=COMMITTED))
+
+    committed("a", 100.0)
+    committed("", 150.0)                      # unnamed: no series
+    committed("b", 200.0)
+    committed("a", 300.0)                     # a is now the most recent
+    committed("c", 400.0)                     # b, the oldest, goes
+    series = {labels: v for (name, labels), v in samples(m).items()
+              if name == "ckptd_job_last_checkpoint_timestamp_seconds"}
+    assert series == {(("name", "a"),): 300.0, (("name", "c"),): 400.0}
