@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ckptd.core.ports import BlobStore, Clock
@@ -76,98 +77,133 @@ def collect_garbage(
     for checkpoint_id in delete_first:
         store.delete(checkpoint_id)
     with store.rw.exclusive():
-        keep_after = _keep_after(blobs, clock, lease_ttl_s)
         compaction = Compaction()
         if compact_below > 0:
-            refused: set[str] = set()
-            listed = {r.id for r in store.list()}
-            for key, _mtime in blobs.list(MANIFEST_PREFIX):
-                if key[len(MANIFEST_PREFIX) :] not in listed:
-                    with contextlib.suppress(BlobNotFound):
-                        refused.update(names_unverified(blobs.get(key))[0])
-            compaction = compact(store, blobs, clock, listed=sorted(listed),
-                                 pinned_elsewhere=refused, keep_after=keep_after,
-                                 below=compact_below)
-        live_packs: set[str] = set()
-        live_blobs: set[str] = set()
-        listed = {r.id for r in store.list()}
-        named: dict[str, builtins.list[str]] = {}  # checkpoint -> the packs it names
-        for key, _mtime in blobs.list(MANIFEST_PREFIX):
-            cid = key[len(MANIFEST_PREFIX) :]
-            if cid in listed:
-                manifest = store.manifest(cid)
-                named[cid] = list(manifest.packs)
-                live_packs.update(manifest.packs)
-                live_blobs.update(manifest.blobs)
-                continue
-            # refused (unauthenticated, another node's key, edited): whatever it names is
-            # kept, so a node given the wrong key, or a manifest not adopted yet, never makes
-            # another node's data garbage (keeping too much costs space only)
-            with contextlib.suppress(BlobNotFound):
-                packs, named_blobs = names_unverified(blobs.get(key))
-                live_packs.update(packs)
-                live_blobs.update(named_blobs)
+            compaction = _compact(store, blobs, clock, lease_ttl_s, compact_below)
+        live = _mark(store, blobs)
         now = clock.time()
         keep_after = _keep_after(blobs, clock, lease_ttl_s)
         condemned = load_condemned(blobs)
-        due_packs = condemned.due_packs(now)
-        due_blobs = condemned.due_blobs(now)
-
-        packs_deleted = blobs_deleted = freed = kept = kept_bytes = condemned_bytes = 0
-        sizes: dict[str, int] = {}
-        gone_packs: set[str] = set()
-        pending_packs: set[str] = set()  # candidates not deleted this time
-        pending_blobs: set[str] = set()
-        for key, mtime in list(blobs.list(PACK_PREFIX)):
-            pack_id = key.rsplit("/", 1)[-1]
-            size = sizes[pack_id] = blobs.size(key)
-            if pack_id in live_packs or (keep_after is not None and mtime >= keep_after):
-                kept += 1
-                kept_bytes += size
-                continue
-            if grace_s > 0 and pack_id not in due_packs:
-                pending_packs.add(pack_id)
-                kept += 1
-                kept_bytes += size
-                condemned_bytes += size
-                continue
-            blobs.delete(key)
-            gone_packs.add(pack_id)
-            packs_deleted += 1
-            freed += size
-        for key, mtime in list(blobs.list(BLOB_PREFIX)):
-            blob_hash = key.rsplit("/", 1)[-1]
-            if blob_hash in live_blobs:
-                continue
-            if keep_after is not None and mtime >= keep_after:
-                continue
-            if grace_s > 0 and blob_hash not in due_blobs:
-                pending_blobs.add(blob_hash)
-                continue
-            freed += blobs.size(key)
-            blobs.delete(key)
-            blobs_deleted += 1
+        swept = _Swept()
+        swept.packs(blobs, live, keep_after, grace_s, condemned.due_packs(now))
+        swept.blobs(blobs, live, keep_after, grace_s, condemned.due_blobs(now))
         blobs.flush()
-        store.index.drop_packs(gone_packs)
-        _update_condemned(blobs, condemned.lists, pending_packs, pending_blobs, now, grace_s)
+        store.index.drop_packs(swept.gone_packs)
+        _update_condemned(blobs, condemned.lists, swept.pending_packs, swept.pending_blobs,
+                          now, grace_s)
         for key in condemned.damaged:  # it condemned nothing; its objects are condemned anew
             blobs.delete(key)
         blobs.flush()
         store.refresh_condemned()
     return GcReport(
         deleted_checkpoints=delete_first,
-        packs_deleted=packs_deleted,
-        blobs_deleted=blobs_deleted,
-        bytes_freed=freed,
-        packs_kept=kept,
-        bytes_kept=kept_bytes,
+        packs_deleted=swept.packs_deleted,
+        blobs_deleted=swept.blobs_deleted,
+        bytes_freed=swept.freed,
+        packs_kept=swept.kept,
+        bytes_kept=swept.kept_bytes,
         packs_rewritten=compaction.packs_rewritten,
         bytes_rewritten=compaction.bytes_rewritten,
         packs_written=compaction.packs_written,
         bytes_written=compaction.bytes_written,
-        bytes_condemned=condemned_bytes,
-        pinned=_pinned(named, sizes),
+        bytes_condemned=swept.condemned_bytes,
+        pinned=_pinned(live.named, swept.sizes),
     )
+
+
+def _compact(store: MaintainedStore, blobs: BlobStore, clock: Clock, lease_ttl_s: float,
+             below: float) -> Compaction:
+    """``compact`` over the listed checkpoints; what a refused manifest names stays put."""
+    refused: set[str] = set()
+    listed = {r.id for r in store.list()}
+    for key, _mtime in blobs.list(MANIFEST_PREFIX):
+        if key[len(MANIFEST_PREFIX) :] not in listed:
+            with contextlib.suppress(BlobNotFound):
+                refused.update(names_unverified(blobs.get(key))[0])
+    return compact(store, blobs, clock, listed=sorted(listed), pinned_elsewhere=refused,
+                   keep_after=_keep_after(blobs, clock, lease_ttl_s), below=below)
+
+
+@dataclass
+class _Live:
+    """What some manifest names (mark)."""
+
+    packs: set[str] = field(default_factory=set)
+    blobs: set[str] = field(default_factory=set)
+    named: dict[str, builtins.list[str]] = field(default_factory=dict)
+    """Listed checkpoint -> the packs it names."""
+
+
+def _mark(store: MaintainedStore, blobs: BlobStore) -> _Live:
+    live = _Live()
+    listed = {r.id for r in store.list()}
+    for key, _mtime in blobs.list(MANIFEST_PREFIX):
+        cid = key[len(MANIFEST_PREFIX) :]
+        if cid in listed:
+            manifest = store.manifest(cid)
+            live.named[cid] = list(manifest.packs)
+            live.packs.update(manifest.packs)
+            live.blobs.update(manifest.blobs)
+            continue
+        # refused (unauthenticated, another node's key, edited): whatever it names is
+        # kept, so a node given the wrong key, or a manifest not adopted yet, never makes
+        # another node's data garbage (keeping too much costs space only)
+        with contextlib.suppress(BlobNotFound):
+            packs, named_blobs = names_unverified(blobs.get(key))
+            live.packs.update(packs)
+            live.blobs.update(named_blobs)
+    return live
+
+
+@dataclass
+class _Swept:
+    """What the sweep deleted, kept, and left condemned (candidates not deleted this time)."""
+
+    packs_deleted: int = 0
+    blobs_deleted: int = 0
+    freed: int = 0
+    kept: int = 0
+    kept_bytes: int = 0
+    condemned_bytes: int = 0
+    sizes: dict[str, int] = field(default_factory=dict)
+    gone_packs: set[str] = field(default_factory=set)
+    pending_packs: set[str] = field(default_factory=set)
+    pending_blobs: set[str] = field(default_factory=set)
+
+    def packs(self, blobs: BlobStore, live: _Live, keep_after: float | None, grace_s: float,
+              due: set[str]) -> None:
+        for key, mtime in list(blobs.list(PACK_PREFIX)):
+            pack_id = key.rsplit("/", 1)[-1]
+            size = self.sizes[pack_id] = blobs.size(key)
+            if pack_id in live.packs or (keep_after is not None and mtime >= keep_after):
+                self.kept += 1
+                self.kept_bytes += size
+                continue
+            if grace_s > 0 and pack_id not in due:
+                self.pending_packs.add(pack_id)
+                self.kept += 1
+                self.kept_bytes += size
+                self.condemned_bytes += size
+                continue
+            blobs.delete(key)
+            self.gone_packs.add(pack_id)
+            self.packs_deleted += 1
+            self.freed += size
+
+    def blobs(self, blobs: BlobStore, live: _Live, keep_after: float | None, grace_s: float,
+              due: set[str]) -> None:
+        for key, mtime in list(blobs.list(BLOB_PREFIX)):
+            blob_hash = key.rsplit("/", 1)[-1]
+            if blob_hash in live.blobs:
+                continue
+            if keep_after is not None and mtime >= keep_after:
+                continue
+            if grace_s > 0 and blob_hash not in due:
+                self.pending_blobs.add(blob_hash)
+                continue
+            self.freed += blobs.size(key)
+            blobs.delete(key)
+            self.blobs_deleted += 1
 
 
 def _keep_after(blobs: BlobStore, clock: Clock, lease_ttl_s: float) -> float | None:
