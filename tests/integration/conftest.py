@@ -15,9 +15,9 @@ Fixtures:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,17 +27,17 @@ import pytest
 
 from ckptd.daemon.config import DEFAULT_CRIU_PATHS
 
-from .support import WORKLOADS_BIN, WORKLOADS_DIR, CtlResult, Daemon, Procs
+from .support import (
+    WORKLOADS_BIN,
+    WORKLOADS_DIR,
+    CtlResult,
+    Daemon,
+    Procs,
+    criu_path,
+    running_daemon,
+)
 
 HERE = Path(__file__).resolve().parent
-
-
-def criu_path() -> str | None:
-    """The CRIU the tier uses: $CKPTD_TEST_CRIU, else the daemon's default search."""
-    for cand in (os.environ.get("CKPTD_TEST_CRIU", ""), *DEFAULT_CRIU_PATHS):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return shutil.which("criu")
 
 
 @functools.cache
@@ -95,47 +95,24 @@ def workloads() -> Path:
     return WORKLOADS_BIN
 
 
-def _criu_flag(extra: tuple[str, ...]) -> list[str]:
-    """``--criu PATH`` of the CRIU the tier was checked with, unless the test names one."""
-    path = criu_path()
-    return [] if path is None or "--criu" in extra else ["--criu", path]
-
-
-def _stop(daemon: Daemon) -> None:
-    rc = daemon.stop()
-    assert rc == 0, f"ckptd exited {rc} after SIGTERM; its log:\n{daemon.log()[-4000:]}"
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, workloads: Path) -> Iterator[Daemon]:
     del workloads
-    d = Daemon(tmp_path_factory.mktemp("ckptd"), *_criu_flag(()))
-    try:
+    with running_daemon(tmp_path_factory.mktemp("ckptd")) as d:
         yield d
-    finally:
-        _stop(d)
 
 
 @pytest.fixture
 def start_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Daemon]]:
     """``start_daemon(*flags, config=None, socket_dir=None) -> Daemon``; stopped (SIGTERM,
     exit 0 asserted) at the end of the test."""
-    started: list[Daemon] = []
+    with contextlib.ExitStack() as started:
 
-    def start(*extra: str, **kwargs: Any) -> Daemon:
-        d = Daemon(tmp_path_factory.mktemp("ckptd-extra"), *_criu_flag(extra), *extra, **kwargs)
-        started.append(d)
-        return d
+        def start(*extra: str, **kwargs: Any) -> Daemon:
+            return started.enter_context(
+                running_daemon(tmp_path_factory.mktemp("ckptd-extra"), *extra, **kwargs))
 
-    try:
         yield start
-    finally:
-        failures = []
-        for d in started:
-            rc = d.stop()
-            if rc != 0:
-                failures.append(f"ckptd {d.root} exited {rc}:\n{d.log()[-4000:]}")
-        assert not failures, "\n".join(failures)
 
 
 @pytest.fixture

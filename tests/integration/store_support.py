@@ -27,6 +27,7 @@ from .support import (
     assert_same_lines,
     proc_state,
     step_of,
+    stop_cleanly,
 )
 
 FAST_STAGING = Path("/dev/shm/ckptd")
@@ -167,8 +168,7 @@ class Daemons:
 
     @staticmethod
     def stop(d: Daemon) -> None:
-        rc = d.stop()
-        assert rc == 0, f"ckptd exited {rc} after SIGTERM; its log:\n{d.log()[-4000:]}"
+        stop_cleanly(d)
 
     def close(self) -> None:
         for d in self._all:

@@ -22,9 +22,11 @@ import tempfile
 import termios
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from ckptd.daemon.config import DEFAULT_CRIU_PATHS
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -646,3 +648,30 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def criu_path() -> str | None:
+    """The CRIU the tier uses: $CKPTD_TEST_CRIU, else the daemon's default search."""
+    for cand in (os.environ.get("CKPTD_TEST_CRIU", ""), *DEFAULT_CRIU_PATHS):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return shutil.which("criu")
+
+
+def stop_cleanly(daemon: Daemon) -> None:
+    """SIGTERM ``daemon``; it must exit 0 (its log's tail in the failure otherwise)."""
+    rc = daemon.stop()
+    assert rc == 0, f"ckptd exited {rc} after SIGTERM; its log:\n{daemon.log()[-4000:]}"
+
+
+@contextlib.contextmanager
+def running_daemon(root: Path, *flags: str, **kwargs: Any) -> Iterator[Daemon]:
+    """The one way the tier starts a daemon: in ``root``, on the tier's CRIU unless ``flags``
+    name one (``kwargs``: ``Daemon``'s, e.g. ``config``), stopped cleanly at the end."""
+    path = criu_path()
+    criu = [] if path is None or "--criu" in flags else ["--criu", path]
+    d = Daemon(root, *criu, *flags, **kwargs)
+    try:
+        yield d
+    finally:
+        stop_cleanly(d)

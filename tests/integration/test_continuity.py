@@ -8,68 +8,19 @@ plus lines after the restore must equal the reference exactly.
 
 from __future__ import annotations
 
-import signal
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from .flows import dump_and_restore_via_pipe
 from .support import (
     Daemon,
-    LineReader,
     Procs,
-    assert_continuity,
-    assert_ok,
     children,
-    reference,
-    wait_for_done,
-    with_interval,
     workload,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def dump_and_restore_via_pipe(
-    daemon: Daemon,
-    procs: Procs,
-    tmp_path: Path,
-    cmd: list[str],
-    *,
-    interval_ms: int = 30,
-    k: int = 5,
-    ref_cmd: list[str] | None = None,
-    after_restore: Any = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The continuity check with stdout on a pipe; returns (dump JSON, restore JSON)."""
-    ref = reference(with_interval(ref_cmd or cmd, 0))
-    with open(tmp_path / "stderr", "wb") as err:
-        proc = procs.popen(
-            with_interval(cmd, interval_ms), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=err,
-        )
-    assert proc.stdout is not None
-    reader = LineReader(proc.stdout.fileno())
-    reader.read_lines(k)
-
-    ck = assert_ok(daemon.ctl("dump", proc.pid), "dump")
-    assert ck["pid"] == proc.pid
-    assert ck["id"].startswith("ck-")
-    assert [c["id"] for c in daemon.checkpoints_of(proc.pid)] == [ck["id"]]
-    pre = reader.read_to_eof()
-    assert proc.wait(timeout=10) == -signal.SIGKILL, "the dump did not kill the workload"
-
-    res = assert_ok(daemon.ctl("restore", ck["id"]), "restore")
-    procs.add(res["pid"])
-    assert res["id"] == ck["id"]
-    assert res["pid"] == proc.pid, "CRIU restores the tree with its original pids"
-    assert res["output_path"], "stdout was a pipe: the restore must report its output file"
-    if after_restore is not None:
-        after_restore(res["pid"])
-    post = wait_for_done(Path(res["output_path"]), timeout=60)
-    assert_continuity(pre, post, ref)
-    return ck, res
 
 
 def test_counter_single_thread_with_memory(

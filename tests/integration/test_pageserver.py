@@ -26,7 +26,9 @@ from ckptd.core.store.streaming import SPILL_NAME, StreamedPages
 from ckptd.errors import CriuFailed
 from ckptd.testing import MemoryBlobStore
 
-from .conftest import criu_path
+from .flows import criu_swrk as _criu
+from .flows import dump_and_restore_via_pipe
+from .flows import image_dirs as _dirs
 from .support import (
     Daemon,
     Procs,
@@ -40,22 +42,8 @@ from .support import (
     with_interval,
     workload,
 )
-from .test_continuity import dump_and_restore_via_pipe
 
 pytestmark = pytest.mark.integration
-
-
-def _criu(tmp_path: Path) -> CriuSwrk:
-    path = criu_path()
-    assert path is not None
-    return CriuSwrk(path, plugin_dir=tmp_path / "plugins")
-
-
-def _dirs(root: Path) -> tuple[Path, Path]:
-    images, work = root / "images", root / "work"
-    images.mkdir(parents=True)
-    work.mkdir()
-    return images, work
 
 
 def _dump_to_server(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import criu_path
+from .flows import Job as _Job
 from .store_support import kill_pid, largest_pack, store_files
 from .support import (
     Daemon,
@@ -26,11 +26,11 @@ from .support import (
     assert_continues_from_dump_point,
     assert_ok,
     reference,
+    running_daemon,
     wait_for_done,
     with_interval,
     workload,
 )
-from .test_store_incremental import Job as _Job
 
 pytestmark = pytest.mark.integration
 
@@ -45,17 +45,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, workloads: Path) -> Iterato
     """conftest's ``daemon``, with ``gc_grace_s`` 0: ``gc`` deletes at once what compaction
     left unreferenced (two-phase GC itself: tests/unit/store)."""
     del workloads
-    criu = criu_path()
-    d = Daemon(
-        tmp_path_factory.mktemp("ckptd"),
-        *(["--criu", criu] if criu else []),
-        config={"gc_grace_s": 0.0},
-    )
-    try:
+    with running_daemon(tmp_path_factory.mktemp("ckptd"), config={"gc_grace_s": 0.0}) as d:
         yield d
-    finally:
-        rc = d.stop()
-        assert rc == 0, f"ckptd exited {rc} after SIGTERM; its log:\n{d.log()[-4000:]}"
 
 
 class Job(_Job):

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from .flows import dump_killing
 from .store_support import (
     Daemons,
     flip_byte,
@@ -42,7 +43,6 @@ from .support import (
     CKPTD,
     CtlResult,
     Daemon,
-    LineReader,
     Procs,
     assert_ok,
     assert_one_line_error,
@@ -70,22 +70,6 @@ def daemons(tmp_path: Path) -> Iterator[Daemons]:
         yield ds
     finally:
         ds.close()
-
-
-def dump_killing(d: Daemon, procs: Procs, cmd: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """Run ``cmd`` (stdout on a pipe), dump it after 3 lines (which kills it); returns the
-    checkpoint and the lines printed before the dump."""
-    proc = procs.popen(
-        with_interval(cmd, INTERVAL), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert proc.stdout is not None
-    reader = LineReader(proc.stdout.fileno())
-    reader.read_lines(3, timeout=30)
-    ck = assert_ok(d.ctl("dump", proc.pid), "dump")
-    pre = reader.read_to_eof()
-    proc.wait(timeout=10)
-    return ck, pre
 
 
 def assert_verify_names(res: CtlResult, victim: str, obj: str, bystander: str) -> None:

@@ -9,26 +9,22 @@ with ``--interval-ms 0`` is the reference for both restores).
 
 from __future__ import annotations
 
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import criu_path
+from .flows import Job
 from .store_support import kill_pid, manifest_refs, store_files
 from .support import (
     Daemon,
-    LineReader,
     Procs,
     assert_continues_from_dump_point,
     assert_ok,
-    assert_running,
     reference,
+    running_daemon,
     wait_for_done,
-    wait_state,
     with_interval,
     workload,
 )
@@ -41,49 +37,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, workloads: Path) -> Iterato
     """conftest's ``daemon``, with ``gc_grace_s`` 0: ``gc`` deletes unreferenced data at once
     (what it deletes is checked here; two-phase GC itself in tests/unit/store)."""
     del workloads
-    criu = criu_path()
-    d = Daemon(
-        tmp_path_factory.mktemp("ckptd"),
-        *(["--criu", criu] if criu else []),
-        config={"gc_grace_s": 0.0},
-    )
-    try:
+    with running_daemon(tmp_path_factory.mktemp("ckptd"), config={"gc_grace_s": 0.0}) as d:
         yield d
-    finally:
-        rc = d.stop()
-        assert rc == 0, f"ckptd exited {rc} after SIGTERM; its log:\n{d.log()[-4000:]}"
 
 
 MIB = 64
 STEPS = 40
 INTERVAL = 50
-
-
-class Job:
-    """A workload with stdout on a pipe we read (restores get an output file instead)."""
-
-    def __init__(self, procs: Procs, cmd: list[str]) -> None:
-        self.proc = procs.popen(
-            with_interval(cmd, INTERVAL), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        assert self.proc.stdout is not None
-        self.reader = LineReader(self.proc.stdout.fileno())
-        self.pid = self.proc.pid
-
-    def dump_leave_running(self, d: Daemon, *args: object) -> tuple[dict[str, Any], int, int]:
-        """(checkpoint, lines printed before the dump, lines printed when it had returned)."""
-        low = len(self.reader.drain())
-        ck = assert_ok(d.ctl("dump", self.pid, "--leave-running", *args), "dump --leave-running")
-        high = len(self.reader.drain())
-        assert ck["leave_running"] is True
-        assert_running(self.pid, "after a --leave-running dump")
-        return ck, low, high
-
-    def kill(self) -> None:
-        self.proc.kill()
-        assert self.proc.wait(timeout=10) == -signal.SIGKILL
-        wait_state(self.pid, [None])
 
 
 def restore_and_check(

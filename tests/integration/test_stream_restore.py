@@ -26,6 +26,9 @@ from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob
 from ckptd.core.store.restream import DirectoryImages
 
 from .conftest import criu_path
+from .flows import criu_swrk as _criu
+from .flows import dump_and_restore_via_pipe, dump_killing
+from .flows import image_dirs as _dirs
 from .store_support import flip_byte, largest_pack
 from .support import (
     Daemon,
@@ -42,9 +45,6 @@ from .support import (
     with_interval,
     workload,
 )
-from .test_continuity import dump_and_restore_via_pipe
-from .test_pageserver import _criu, _dirs
-from .test_store_corruption import dump_killing
 
 pytestmark = pytest.mark.integration
 

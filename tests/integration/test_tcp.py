@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from .flows import TCP_PAIR as PAIR
+from .flows import criu_tables as _criu_tables
 from .support import (
     Daemon,
     Procs,
@@ -27,7 +29,6 @@ from .support import (
 
 pytestmark = pytest.mark.integration
 
-PAIR = Path(__file__).parent / "jobs" / "tcp_pair.py"
 STEPS = 25
 
 
@@ -43,16 +44,6 @@ def _start(procs: Procs, out: Path, *extra: str, interval_ms: int = 100) -> int:
 
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
-
-
-def _criu_tables() -> list[str]:
-    """CRIU's nftables tables (its network locks) on this node."""
-    from pyroute2.netlink.nfnetlink.nftsocket import NFPROTO_INET
-    from pyroute2.nftables.main import NFTables
-
-    with NFTables(nfgen_family=NFPROTO_INET) as nft:
-        names = [t.get_attr("NFTA_TABLE_NAME") for t in nft.get_tables()]
-    return [n for n in names if n and n.startswith("CRIU")]
 
 
 def test_a_tree_talking_tcp_to_itself_is_checkpointed_and_continues_exactly(

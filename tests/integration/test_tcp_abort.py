@@ -14,8 +14,9 @@ from ckptd.adapters.criu import CriuSwrk
 from ckptd.core.ports import CriuDumpJob, CriuHooks
 
 from .conftest import criu_path
+from .flows import TCP_PAIR as PAIR
+from .flows import criu_tables as _criu_tables
 from .support import Procs, proc_state, wait_until
-from .test_tcp import PAIR, _criu_tables
 
 pytestmark = pytest.mark.integration
 
