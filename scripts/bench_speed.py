@@ -398,13 +398,14 @@ def report(results: dict[tuple[int, str], dict[str, Row]]) -> None:
                   f"{mb(o.extra['restore_staging'])} |")
     print("\n| size | kind | dump / (dump+sync) (<=1.0) | dump / raw (<=1.5, goal 1.0) "
           "| frozen / raw (<=1.0) | stored / zstd -1 (<=1.0) | restore / raw (<=1.0) "
-          "| incr / full (<=0.3) | incr bytes / changed (<=1.2) |")
-    print("|---" * 9 + "|")
+          "| incr / full (<=0.3) | incr bytes / changed (<=1.2) | incr / raw dump (<=1.1) |")
+    print("|---" * 10 + "|")
     for (mib, kind), r in results.items():
         raw_, g = r["raw"], r["grpc"]
         inc = r.get("incr")
         incr = (f"{inc.dump_s / inc.extra['full_s']:.2f} | "
-                f"{inc.stored / inc.extra['changed_bytes']:.2f}") if inc else "- | -"
+                f"{inc.stored / inc.extra['changed_bytes']:.2f} | "
+                f"{inc.dump_s / raw_.dump_s:.2f}x ({inc.dump_s:.2f} s)") if inc else "- | - | -"
         print(f"| {mib} MiB | {kind} | {g.dump_s / raw_.extra['sync_s']:.2f}x | "
               f"{g.dump_s / raw_.dump_s:.2f}x | {g.frozen_s / max(raw_.frozen_s, 1e-9):.2f}x | "
               f"{g.stored / raw_.extra['zstd_bytes']:.2f}x | "
