@@ -53,7 +53,8 @@ Invariants:
   ``GpuFailed`` code ``INTERNAL`` — each with the original as ``__cause__``.
 
 ``uses_cuda`` is False for a process without a CUDA context (the probe's "no context"
-errors only: any other error is raised), and when no backend works and the process has no
+errors, and CUDA_ERROR_NOT_INITIALIZED: a process that never initialised CUDA itself, a
+forked child of a CUDA process included; any other error is raised), and when no backend works and the process has no
 ``/dev/nvidia*`` mapped (no driver, nothing to checkpoint). A process that does map NVIDIA
 devices while no backend works raises ``GpuUnavailable``: it cannot be checkpointed and
 must not be mistaken for a CPU-only one.
@@ -331,11 +332,17 @@ class CudaDriverCheckpointer:
             return backend.restore_tid(pid) is not None
         except GpuFailed as exc:
             # The driver says CUDA_ERROR_NOT_INITIALIZED of a process that never initialised
-            # CUDA (seen on an H100, driver 580.159: every CPU-only process, the daemon's own
-            # cuInit done). Read as "no CUDA" only when the process maps no NVIDIA device;
-            # one that does stays a failure to tell (never mistaken for CPU-only).
-            if exc.code != NOT_INITIALIZED or maps_nvidia_devices(pid, self._proc):
+            # CUDA itself (seen on an H100, driver 580.159, the daemon's own cuInit done):
+            # every CPU-only process, and a child forked from a CUDA process (a DataLoader
+            # worker), which inherits its parent's /dev/nvidia* mappings but has no context
+            # of its own — CUDA does not survive fork. Nothing of it is the driver's to
+            # checkpoint; CRIU's cuda_plugin reads any failure of --get-restore-tid so too.
+            if exc.code != NOT_INITIALIZED:
                 raise
+            if maps_nvidia_devices(pid, self._proc):
+                log.info("pid %d maps NVIDIA devices but has no CUDA context of its own "
+                         "(driver: CUDA_ERROR_NOT_INITIALIZED; a child forked from a CUDA "
+                         "process?): dumped as a CPU process", pid)
             return False
 
     def _call(self, call: str, pid: int) -> Backend:
