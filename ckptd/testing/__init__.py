@@ -21,6 +21,8 @@ suites (``tests/contract``) as the real adapters.
   which thread of each is left to run); ``FakeGpu`` given it checks them at restore.
 - ``FakeTreeGuard``: ``TreeGuard`` feeding the guard's own ``TreeWatch`` in this process over a
   ``FakeProcessTable`` and a journal; ``daemon_gone`` is the daemon's death.
+- ``MemoryPageExchange``: ``PageExchange`` (a migration's pages, in a target's hash space) over
+  checkpoints added whole, in memory.
 - ``LoopbackPeerConnector``: ``PeerConnector`` reaching ``Receiver`` s in this process.
 
 Most fakes accept ``events``, a list shared between them, to which they append what
@@ -36,6 +38,7 @@ from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
 from ckptd.testing._guard import FakeTreeGuard
 from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._node import FakeFile, FakeNodeInspector
+from ckptd.testing._pages import MemoryPageExchange
 from ckptd.testing._peer import LoopbackPeerConnector, LoopbackPeerLink, LoopbackPeerSession
 from ckptd.testing._policies import MemoryPolicyRepo
 from ckptd.testing._processes import FakeHandle, FakeProcess, FakeProcessTable, KillMode
@@ -67,6 +70,7 @@ __all__ = [
     "LoopbackPeerSession",
     "MemoryBlobStore",
     "MemoryJournal",
+    "MemoryPageExchange",
     "MemoryPolicyRepo",
     "MemoryStore",
 ]

@@ -73,8 +73,9 @@ class FrameKeeper(Protocol):
 
 
 class PageExchange(Protocol):
-    """The page-level side of a store that a migration needs (both ends); the content store
-    (``ckptd.core.store.ContentStore``) is the one implementation, tested on real backends.
+    """The page-level side of a store that a migration needs (both ends): the content store
+    (``ckptd.core.store.ContentStore``) and ``ckptd.testing.MemoryPageExchange`` pass the same
+    contract suite (tests/contract/test_page_exchange_contract.py).
 
     A page reference is the store's keyed hash of a page for one uid (``ZERO_REF`` for a page
     of zeros). Two daemons compare pages in the *target's* hash space: the target tells its
