@@ -10,7 +10,7 @@
 # --dry-run (no GPU): CPU jobs and a fake GPU in the daemon, GPU-only steps skipped.
 set -uo pipefail
 
-usage() { echo "usage: $0 OUTDIR [--dry-run] [--criu PATH] [--budget-s S] [--sizes-gib 1,8,32]" >&2; exit 2; }
+usage() { echo "usage: $0 OUTDIR [--dry-run] [--criu PATH] [--budget-s S] [--sizes-gib 1,8]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage ;; esac
 OUTDIR=$1; shift

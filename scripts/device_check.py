@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The checks of ckptd on a GPU machine (issue 22): run by ``scripts/device-check.sh``.
 
-``device_check.py OUTDIR [--dry-run] [--criu PATH] [--budget-s S] [--sizes-gib 1,8,32]``
+``device_check.py OUTDIR [--dry-run] [--criu PATH] [--budget-s S] [--sizes-gib 1,8]``
 
 Each check runs a job of ``native/gpu`` once uninterrupted (the reference, same seed) and
 once through a checkpoint, and compares the output bit for bit: stop-mode dump and restore,
@@ -777,9 +777,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: CPU jobs and a fake GPU in the daemon")
     parser.add_argument("--criu", default="", help="CRIU binary (default: the bundle's)")
-    parser.add_argument("--budget-s", type=float, default=330.0,
+    parser.add_argument("--budget-s", type=float, default=420.0,
                         help="the whole run's time limit (s)")
-    parser.add_argument("--sizes-gib", default="1,8,32",
+    parser.add_argument("--sizes-gib", default="1,8",
                         help="device memory sizes of the figures (GiB, comma-separated)")
     parser.add_argument("--infer-mib", type=int, default=0,
                         help="weights of the inference job (default 8192, 64 in a dry run)")

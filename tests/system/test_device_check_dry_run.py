@@ -44,7 +44,8 @@ def test_device_check_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     started = time.monotonic()
     proc = subprocess.run(
-        [str(SCRIPT), str(out), "--dry-run", "--criu", criu, "--work", str(tmp_path / "work")],
+        [str(SCRIPT), str(out), "--dry-run", "--criu", criu, "--work", str(tmp_path / "work"),
+         "--sizes-gib", "1,8,32"],
         capture_output=True, text=True, timeout=180, check=False, cwd=ROOT,
         env={**os.environ, "PYTHON": str(ROOT / ".venv" / "bin" / "python")},
     )
@@ -63,4 +64,6 @@ def test_device_check_dry_run(tmp_path: Path) -> None:
     assert all(f"| {name} | pass |" in md for name in CHECKS)
     last = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1]
     assert "13 checks, 0 failed" in last, last  # the table comes last
-    assert took < 90, f"the dry run took {took:.0f}s"
+    # a guard on the suite's length, not a performance figure: ~70 s on an idle 2-core VM,
+    # 111 s seen while other test runs shared the 2 cores
+    assert took < 150, f"the dry run took {took:.0f}s"
