@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from ckptd.core.ports import ProcessTable
+from ckptd.core.ports import ProcessLookup
 from ckptd.domain import Caller, PidState
 from ckptd.domain.model import CALLER_GONE
 from ckptd.errors import PreconditionFailed
@@ -35,7 +35,7 @@ def caller_gone(caller: Caller, before: str) -> PreconditionFailed:
 
 
 @contextlib.contextmanager
-def caller_process(processes: ProcessTable, caller: Caller, before: str) -> Iterator[int]:
+def caller_process(processes: ProcessLookup, caller: Caller, before: str) -> Iterator[int]:
     """The caller's pid (> 0), pinned for the block: the process at that pid is the one that
     called (its start time is the one recorded, when recorded), alive on entry and still
     alive when the block ends; PreconditionFailed otherwise, raised before the block runs or

@@ -19,9 +19,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ckptd.core.ports import CheckpointStore
+from ckptd.core.ports import CheckpointCatalog, GroupRecords
 from ckptd.core.recipe import ProgressSink, no_progress
 from ckptd.domain import (
     Caller,
@@ -61,9 +61,13 @@ class _Member:
     error: BaseException | None = None
 
 
+class GroupStore(CheckpointCatalog, GroupRecords, Protocol):
+    """What group checkpoints need of the store: its checkpoints and its group records."""
+
+
 class GroupMembers:
     def __init__(
-        self, dump: Dumper, store: CheckpointStore, restore: Restorer | None = None
+        self, dump: Dumper, store: GroupStore, restore: Restorer | None = None
     ) -> None:
         self._dump = dump
         self._restore = restore

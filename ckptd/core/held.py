@@ -20,7 +20,7 @@ import signal
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ckptd.core.ports import Clock, ProcessHandle, ProcessTable
+from ckptd.core.ports import Clock, ProcessHandle, ProcessLookup
 from ckptd.domain import PidState, ProcessFact
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class HeldTree:
 
     Not thread-safe (one operation owns it); ``close`` releases every handle (idempotent)."""
 
-    def __init__(self, processes: ProcessTable) -> None:
+    def __init__(self, processes: ProcessLookup) -> None:
         self._processes = processes
         self._handles: dict[int, ProcessHandle] = {}
 
@@ -70,7 +70,7 @@ class HeldTree:
         return [[pid, h.start_time] for pid, h in self._handles.items()]
 
     @classmethod
-    def from_members(cls, processes: ProcessTable, members: Sequence[Any]) -> HeldTree:
+    def from_members(cls, processes: ProcessLookup, members: Sequence[Any]) -> HeldTree:
         """Reopen what ``members`` recorded; a pid now held by another process is skipped."""
         held = cls(processes)
         for entry in members:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ckptd.core.callers import caller_process
 from ckptd.core.config import CoreConfig
 from ckptd.core.intocontainer import CallerContainer
-from ckptd.core.ports import Cgroups, ProcessTable
+from ckptd.core.ports import Cgroups, ProcessLookup
 from ckptd.domain import Caller, CheckpointRecord
 from ckptd.errors import CgroupUnavailable, ProcessNotFound
 
@@ -49,7 +49,7 @@ class CgroupPlacement:
     """The three placement calls of a restore (module docstring). Thread-safe: no state of
     its own beyond its ports."""
 
-    def __init__(self, cgroups: Cgroups | None, processes: ProcessTable,
+    def __init__(self, cgroups: Cgroups | None, processes: ProcessLookup,
                  config: CoreConfig) -> None:
         self._cgroups = cgroups
         self._processes = processes

@@ -31,11 +31,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import zstandard
 
 from ckptd.core.compat import refuse_unless_compatible
-from ckptd.core.ports import CheckpointStore, Clock, FrameKeeper, PageExchange, PageFrame
+from ckptd.core.ports import (
+    CheckpointCatalog,
+    CheckpointStaging,
+    Clock,
+    FrameKeeper,
+    PageExchange,
+    PageFrame,
+)
 from ckptd.core.store import pagepath
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_REF, PageHasher
 from ckptd.domain import (
@@ -90,13 +98,17 @@ class _Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+class ReceivingStore(CheckpointStaging, CheckpointCatalog, Protocol):
+    """What a migration's target needs of its store: stage, commit or abort, read."""
+
+
 class Receiver:
     """Sessions of checkpoints coming from other daemons. Thread-safe."""
 
     def __init__(
         self,
         *,
-        store: CheckpointStore,
+        store: ReceivingStore,
         pages: PageExchange,
         check: Checker,
         restore: Restorer,

@@ -23,7 +23,7 @@ from pathlib import Path
 from ckptd.core.config import CoreConfig
 from ckptd.core.gpu import GpuSession, GpuSteps
 from ckptd.core.held import HeldTree
-from ckptd.core.ports import CheckpointStore, Clock, JobFiles, ProcessTable, PutBack
+from ckptd.core.ports import CheckpointStore, Clock, JobFiles, ProcessLookup, PutBack
 from ckptd.core.undo import (
     AbortStaging,
     Entry,
@@ -98,7 +98,7 @@ class Undoer:
     def __init__(
         self,
         *,
-        processes: ProcessTable,
+        processes: ProcessLookup,
         store: CheckpointStore,
         clock: Clock,
         config: CoreConfig,

@@ -55,8 +55,11 @@ from ckptd.core.ports.peer import (
     PlaceRun,
 )
 from ckptd.core.ports.process import (
+    PidNamespaces,
     ProcessHandle,
+    ProcessLookup,
     ProcessTable,
+    ProcessTrees,
     ThreadHold,
 )
 from ckptd.core.ports.state import (
@@ -67,13 +70,21 @@ from ckptd.core.ports.state import (
 )
 from ckptd.core.ports.store import (
     BlobStore,
+    CheckpointCatalog,
+    CheckpointCheckouts,
+    CheckpointStaging,
     CheckpointStore,
+    GroupRecords,
+    StoreMaintenance,
 )
 
 __all__ = [
     "BlobStore",
     "Cgroups",
+    "CheckpointCatalog",
+    "CheckpointCheckouts",
     "CheckpointExport",
+    "CheckpointStaging",
     "CheckpointStore",
     "Clock",
     "Criu",
@@ -91,6 +102,7 @@ __all__ = [
     "FrameKeeper",
     "GpuCheckpointer",
     "GpuInventoryPort",
+    "GroupRecords",
     "GuardPhase",
     "ImageSource",
     "InheritFd",
@@ -104,13 +116,17 @@ __all__ = [
     "PeerConnector",
     "PeerLink",
     "PeerSession",
+    "PidNamespaces",
     "PlaceRun",
     "PolicyRepo",
     "Precopy",
     "ProcessHandle",
+    "ProcessLookup",
     "ProcessTable",
+    "ProcessTrees",
     "PutBack",
     "StdioProvider",
+    "StoreMaintenance",
     "ThreadHold",
     "TreeGuard",
     "WrittenFile",

@@ -38,12 +38,23 @@ class ProcessHandle(Protocol):
     def close(self) -> None: ...
 
 
-class ProcessTable(Protocol):
-    """Read-only view of the host's processes; signals only through ``ProcessHandle`` s."""
+class ProcessLookup(Protocol):
+    """What occupies a pid, and a handle on the process found there (what holding
+    and signalling a tree needs)."""
 
     def status(self, pid: int) -> PidStatus:
         """What occupies ``pid`` now (``PidState.FREE`` when nothing)."""
         ...
+
+    def open(self, pid: int, start_time: int = 0) -> ProcessHandle | None:
+        """A handle on the process at ``pid`` now; None when the pid is free or (with
+        ``start_time`` not 0) holds a process that started at another time."""
+        ...
+
+
+class ProcessTrees(Protocol):
+    """A process tree as a dump inspects it: its members, ancestors, stdio, TCP
+    connections, io_uring users."""
 
     def tree(self, pid: int) -> tuple[ProcessFact, ...]:
         """``pid`` and all its descendants, root first, each with its start time and its
@@ -59,10 +70,21 @@ class ProcessTable(Protocol):
         """Descriptors 0-2 of every process of ``tree``, with external ones marked."""
         ...
 
-    def open(self, pid: int, start_time: int = 0) -> ProcessHandle | None:
-        """A handle on the process at ``pid`` now; None when the pid is free or (with
-        ``start_time`` not 0) holds a process that started at another time."""
+    def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
+        """Every connected TCP socket a process of ``tree`` holds (listening ones are not
+        connections), with its addresses as seen in that process's network namespace."""
         ...
+
+    def io_uring_holders(self, tree: Sequence[ProcessFact]) -> tuple[int, ...]:
+        """The pids of ``tree``, in its order, whose processes hold an io_uring instance (a
+        descriptor on one, or a mapping of its rings), which CRIU cannot checkpoint. A process
+        gone meanwhile holds none."""
+        ...
+
+
+class PidNamespaces(Protocol):
+    """Namespaces and pids seen from them (jobs in containers, trees that are the
+    init of their own pid namespace)."""
 
     def foreign_namespaces(self, pid: int) -> frozenset[str]:
         """The namespaces (``pid``, ``mnt``, ``net``, ``ipc``, ``uts``, ``user``, ``cgroup``,
@@ -100,16 +122,11 @@ class ProcessTable(Protocol):
         pid): its command name, or "" when that pid (process or thread id) is free there."""
         ...
 
-    def tcp_connections(self, tree: Sequence[ProcessFact]) -> tuple[TcpConnection, ...]:
-        """Every connected TCP socket a process of ``tree`` holds (listening ones are not
-        connections), with its addresses as seen in that process's network namespace."""
-        ...
 
-    def io_uring_holders(self, tree: Sequence[ProcessFact]) -> tuple[int, ...]:
-        """The pids of ``tree``, in its order, whose processes hold an io_uring instance (a
-        descriptor on one, or a mapping of its rings), which CRIU cannot checkpoint. A process
-        gone meanwhile holds none."""
-        ...
+class ProcessTable(ProcessLookup, ProcessTrees, PidNamespaces, Protocol):
+    """Read-only view of the host's processes; signals only through ``ProcessHandle`` s. Its
+    families, each as small as the callers that take only it (``HeldTree``, ``Undoer``,
+    ``caller_process``, ``CgroupPlacement``: ``ProcessLookup``)."""
 
 
 class ThreadHold(Protocol):

@@ -15,34 +15,10 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 
-class CheckpointStore(Protocol):
-    """Where checkpoints live.
-
-    Invariants: ``list``/``get`` see a checkpoint only after ``commit`` returned, and then
-    everything it needs is durable; ``abort`` and a crash before ``commit`` leave nothing
-    visible; ``checkout`` yields a complete CRIU image directory or raises.
-    """
+class CheckpointCatalog(Protocol):
+    """The committed checkpoints: listed, read, deleted."""
 
     location: str
-
-    def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
-        """A fresh empty directory for CRIU's images of ``checkpoint_id`` (about
-        ``size_hint`` bytes of them, 0 if unknown)."""
-        ...
-
-    def commit(self, record: CheckpointRecord) -> CheckpointRecord:
-        """Make ``record`` (and the images in its directory) durable and visible; returns the
-        record with its sizes filled in."""
-        ...
-
-    def page_sink(self, checkpoint_id: str, uid: int) -> PageSink | None:
-        """Where CRIU may send the pages of a begun ``checkpoint_id`` (owned by ``uid``) as it
-        dumps, instead of writing pages images into its directory; None: write them there."""
-        ...
-
-    def abort(self, checkpoint_id: str) -> None:
-        """Forget an uncommitted checkpoint. Idempotent."""
-        ...
 
     def list(self) -> list[CheckpointRecord]:
         """Committed checkpoints, oldest first."""
@@ -51,6 +27,33 @@ class CheckpointStore(Protocol):
     def get(self, checkpoint_id: str) -> CheckpointRecord: ...
 
     def delete(self, checkpoint_id: str) -> None: ...
+
+
+class CheckpointStaging(Protocol):
+    """A checkpoint being written: staged, then committed (visible) or aborted."""
+
+    def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
+        """A fresh empty directory for CRIU's images of ``checkpoint_id`` (about
+        ``size_hint`` bytes of them, 0 if unknown)."""
+        ...
+
+    def page_sink(self, checkpoint_id: str, uid: int) -> PageSink | None:
+        """Where CRIU may send the pages of a begun ``checkpoint_id`` (owned by ``uid``) as it
+        dumps, instead of writing pages images into its directory; None: write them there."""
+        ...
+
+    def commit(self, record: CheckpointRecord) -> CheckpointRecord:
+        """Make ``record`` (and the images in its directory) durable and visible; returns the
+        record with its sizes filled in."""
+        ...
+
+    def abort(self, checkpoint_id: str) -> None:
+        """Forget an uncommitted checkpoint. Idempotent."""
+        ...
+
+
+class CheckpointCheckouts(Protocol):
+    """A committed checkpoint's images for CRIU to restore from."""
 
     def checkout(self, checkpoint_id: str) -> AbstractContextManager[Path]:
         """A CRIU image directory for restoring ``checkpoint_id``, valid inside the context."""
@@ -65,9 +68,22 @@ class CheckpointStore(Protocol):
         kept from GC meanwhile)."""
         ...
 
+
+class StoreMaintenance(Protocol):
+    """Reading everything back, and collecting what no checkpoint needs."""
+
     def verify(self, checkpoint_id: str = "") -> VerifyReport:
         """Read back one checkpoint (or everything) and name every damaged object."""
         ...
+
+    def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
+        """Delete ``delete_first``, then every object no checkpoint needs (a dump in
+        progress keeps what it wrote)."""
+        ...
+
+
+class GroupRecords(Protocol):
+    """The records of group checkpoints (written once every member is committed)."""
 
     def put_group(self, group: GroupRecord) -> None:
         """Make a group checkpoint visible (after every member's checkpoint is committed);
@@ -76,10 +92,15 @@ class CheckpointStore(Protocol):
 
     def list_groups(self) -> builtins.list[GroupRecord]: ...
 
-    def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
-        """Delete ``delete_first``, then every object no checkpoint needs (a dump in
-        progress keeps what it wrote)."""
-        ...
+
+class CheckpointStore(CheckpointCatalog, CheckpointStaging, CheckpointCheckouts,
+                      StoreMaintenance, GroupRecords, Protocol):
+    """Where checkpoints live (its families: catalog, staging, checkouts, maintenance, groups).
+
+    Invariants: ``list``/``get`` see a checkpoint only after ``commit`` returned, and then
+    everything it needs is durable; ``abort`` and a crash before ``commit`` leave nothing
+    visible; ``checkout`` yields a complete CRIU image directory or raises.
+    """
 
 
 class BlobStore(Protocol):
