@@ -777,7 +777,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: CPU jobs and a fake GPU in the daemon")
     parser.add_argument("--criu", default="", help="CRIU binary (default: the bundle's)")
-    parser.add_argument("--budget-s", type=float, default=420.0,
+    parser.add_argument("--budget-s", type=float, default=360.0,
                         help="the whole run's time limit (s)")
     parser.add_argument("--sizes-gib", default="1,8",
                         help="device memory sizes of the figures (GiB, comma-separated)")
