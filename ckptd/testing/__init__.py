@@ -9,6 +9,7 @@ suites (``tests/contract``) as the real adapters.
 - ``FakeCgroups``: ``Cgroups`` over a dict pid -> cgroup (processes inherit their parent's).
 - ``FakeProcessTable`` / ``FakeProcess`` / ``FakeHandle``: ``ProcessTable`` over a dict of fake
   processes, and ``ProcessHandle`` s bound to one fake process each.
+- ``RecordingHooks``: ``CriuHooks`` recording each notification's name, refusing one on demand.
 - ``FakeCriu``: ``Criu`` acting on a ``FakeProcessTable``, writing fake images.
 - ``MemoryStore``: ``CheckpointStore`` with records in memory, images in a real directory.
 - ``MemoryBlobStore``: ``BlobStore`` in memory (for ``ContentStore``), with crash simulation and
@@ -36,6 +37,7 @@ from ckptd.testing._criu import DUMP_HOOKS, RESTORE_HOOKS, FakeCriu
 from ckptd.testing._files import FakeJobFiles
 from ckptd.testing._gpu import H100, FakeCudaProcess, FakeGpu
 from ckptd.testing._guard import FakeTreeGuard
+from ckptd.testing._hooks import RecordingHooks
 from ckptd.testing._journal import MemoryJournal
 from ckptd.testing._node import FakeFile, FakeNodeInspector
 from ckptd.testing._pages import MemoryPageExchange
@@ -73,4 +75,5 @@ __all__ = [
     "MemoryPageExchange",
     "MemoryPolicyRepo",
     "MemoryStore",
+    "RecordingHooks",
 ]

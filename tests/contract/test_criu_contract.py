@@ -24,7 +24,7 @@ from ckptd.adapters.criu import CriuSwrk
 from ckptd.core.ports import Criu, CriuDumpJob, CriuHooks, CriuRestoreJob
 from ckptd.domain import PidState
 from ckptd.errors import CriuFailed
-from ckptd.testing import FakeCriu, FakeProcessTable
+from ckptd.testing import FakeCriu, FakeProcessTable, RecordingHooks
 
 
 @dataclass
@@ -137,30 +137,8 @@ def _becomes(h: CriuHarness, pid: int, want: str, timeout: float = 10.0) -> str:
     return got
 
 
-class Recorder(CriuHooks):
-    def __init__(self, fail_on: str = "") -> None:
-        self.seen: list[str] = []
-        self.fail_on = fail_on
-
-    def _note(self, name: str) -> None:
-        self.seen.append(name)
-        if name == self.fail_on:
-            raise RuntimeError(f"hook {name} refuses")
-
-    def pre_dump(self, pid: int) -> None:
-        self._note("pre_dump")
-
-    def post_dump(self, pid: int) -> None:
-        self._note("post_dump")
-
-    def pre_restore(self, pid: int) -> None:
-        self._note("pre_restore")
-
-    def post_restore(self, pid: int) -> None:
-        self._note("post_restore")
-
-    def post_resume(self, pid: int) -> None:
-        self._note("post_resume")
+LIFECYCLE = ("pre_dump", "post_dump", "pre_restore", "post_restore", "post_resume")
+"""The notifications these tests check the order of."""
 
 
 def test_status_says_ok_with_a_version(h: CriuHarness) -> None:
@@ -173,9 +151,9 @@ def test_a_dump_holds_the_tree_stopped_at_post_dump_and_leave_running_resumes_it
 ) -> None:
     pid = h.spawn()
     images, work = _dirs(tmp_path)
-    hooks = Recorder()
+    hooks = RecordingHooks()
     held = h.criu.dump(CriuDumpJob(pid, images, work, leave_running=True), hooks)
-    assert hooks.seen == ["pre_dump", "post_dump"]
+    assert hooks.only(*LIFECYCLE) == ["pre_dump", "post_dump"]
     assert held.pids == (pid,)
     assert h.state(pid) == "stopped"
     result = held.finish()
@@ -211,7 +189,8 @@ def test_a_failing_hook_aborts_the_dump_and_the_process_runs_on(
     pid = h.spawn()
     images, work = _dirs(tmp_path)
     with pytest.raises(CriuFailed, match="hook post_dump refuses") as info:
-        h.criu.dump(CriuDumpJob(pid, images, work, leave_running=False), Recorder("post_dump"))
+        h.criu.dump(CriuDumpJob(pid, images, work, leave_running=False),
+                    RecordingHooks("post_dump"))
     assert isinstance(info.value.__cause__, RuntimeError) or "refuses" in str(info.value)
     assert _becomes(h, pid, "running") == "running"
 
@@ -224,11 +203,11 @@ def test_a_dumped_process_is_killed_then_restored_at_its_pid(
     h.criu.dump(CriuDumpJob(pid, images, work, leave_running=False), CriuHooks()).finish()
     assert _becomes(h, pid, "gone") == "gone"
     h.reap(pid)
-    hooks = Recorder()
+    hooks = RecordingHooks()
     restored = h.criu.restore(CriuRestoreJob(images, work), hooks)
     h.cleanup(restored)
     assert restored == pid
-    assert hooks.seen == ["pre_restore", "post_restore", "post_resume"]
+    assert hooks.only(*LIFECYCLE) == ["pre_restore", "post_restore", "post_resume"]
     assert _becomes(h, restored, "running") == "running"
 
 

@@ -13,46 +13,18 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from ckptd.adapters.criu import CriuSwrk
 from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob
 from ckptd.errors import CriuFailed
+from ckptd.testing import RecordingHooks
 
-from .conftest import criu_path
+from .flows import criu_swrk as _criu
 from .support import Daemon, Procs, assert_running, wait_until
 
 pytestmark = pytest.mark.integration
 
 
-class Recorder(CriuHooks):
-    def __init__(self, fail_on: str = "") -> None:
-        self.seen: list[str] = []
-        self.fail_on = fail_on
-
-    def _note(self, name: str) -> None:
-        self.seen.append(name)
-        if name == self.fail_on:
-            raise RuntimeError(f"hook {name} refuses")
-
-    def pre_dump(self, pid: int) -> None:
-        self._note("pre-dump")
-
-    def post_dump(self, pid: int) -> None:
-        self._note("post-dump")
-
-    def pre_restore(self, pid: int) -> None:
-        self._note("pre-restore")
-
-    def post_restore(self, pid: int) -> None:
-        self._note("post-restore")
-
-    def post_resume(self, pid: int) -> None:
-        self._note("post-resume")
-
-
-def _criu(tmp_path: Path) -> CriuSwrk:
-    path = criu_path()
-    assert path is not None
-    return CriuSwrk(path, plugin_dir=tmp_path / "plugins")
+LIFECYCLE = ("pre_dump", "post_dump", "pre_restore", "post_restore", "post_resume")
+"""The notifications these tests check the order of."""
 
 
 def _sleeper(procs: Procs) -> int:
@@ -70,9 +42,9 @@ def test_hooks_see_dump_and_restore_notifications_in_order(tmp_path: Path, procs
     images, work = tmp_path / "img", tmp_path / "work"
     images.mkdir()
     work.mkdir()
-    hooks = Recorder()
+    hooks = RecordingHooks()
     held = criu.dump(CriuDumpJob(pid, images, work, leave_running=False), hooks)
-    assert hooks.seen == ["pre-dump", "post-dump"]
+    assert hooks.only(*LIFECYCLE) == ["pre_dump", "post_dump"]
     assert held.pids == (pid,)
     assert _state(pid) in ("t", "T")  # CRIU holds it at post-dump
     result = held.finish()
@@ -82,11 +54,11 @@ def test_hooks_see_dump_and_restore_notifications_in_order(tmp_path: Path, procs
                or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z",
                10, "the dumped process to be killed")
     procs.cleanup()  # reap the zombie so its pid is free
-    hooks = Recorder()
+    hooks = RecordingHooks()
     restored = criu.restore(CriuRestoreJob(images, tmp_path / "work"), hooks)
     procs.add(restored)
     assert restored == pid
-    assert hooks.seen == ["pre-restore", "post-restore", "post-resume"]
+    assert hooks.only(*LIFECYCLE) == ["pre_restore", "post_restore", "post_resume"]
     assert_running(restored, "restored sleep")
 
 
@@ -119,8 +91,8 @@ def test_a_failing_hook_aborts_the_dump_and_the_process_runs_on(
     images.mkdir()
     work.mkdir()
     with pytest.raises(CriuFailed) as info:
-        criu.dump(CriuDumpJob(pid, images, work, leave_running=False), Recorder("post-dump"))
-    assert "hook post-dump refuses" in str(info.value)
+        criu.dump(CriuDumpJob(pid, images, work, leave_running=False), RecordingHooks("post_dump"))
+    assert "hook post_dump refuses" in str(info.value)
     assert info.value.log_tail  # the end of CRIU's log travels with the error
     time.sleep(0.2)
     assert_running(pid, "the target after an aborted dump")
