@@ -462,6 +462,61 @@ def identity_remap(ctx: Context, res: Result) -> None:
     res.note += f"; CUcheckpointRestoreArgs with {pairs} identity pair(s) for pid {pid}"
 
 
+def memory_cgroup_refusal(ctx: Context, res: Result) -> None:
+    """Issue 23, point 3: the driver copies device memory into the job's own memory, charged
+    to its memory cgroup. A job whose cgroup cannot take its device memory on top of what it
+    holds is refused before anything is locked or frozen, with needed / free / limit in one
+    line, and runs on; then, with room, the same job is checkpointed."""
+    from ckptd.adapters.procfs.cgroups import cgroup2_mounts
+
+    mounts = [m for r, m in cgroup2_mounts(Path("/proc/self/mountinfo").read_text()) if r == "/"]
+    root = mounts[0] if mounts else Path("/sys/fs/cgroup")
+    controllers = root / "cgroup.controllers"
+    if not controllers.exists() or "memory" not in controllers.read_text().split():
+        raise Skipped(f"no memory controller in the cgroup2 hierarchy ({root})")
+    if "memory" not in (root / "cgroup.subtree_control").read_text().split():
+        (root / "cgroup.subtree_control").write_text("+memory")
+    cg = root / f"ckptd-device-check-{os.getpid()}"
+    cg.mkdir(exist_ok=True)
+    job = None
+    try:
+        mib = 256
+        cmd = ctx.fill_cmd(DRY_STEPS if ctx.dry_run else TRAIN_STEPS, TRAIN_MS, mib)
+        job = Job(ctx, "fill_cg", cmd, ctx.env(mib * MIB))
+        (cg / "cgroup.procs").write_text(str(job.pid))
+        job.wait_steps(3)
+        current = int((cg / "memory.current").read_text())
+        (cg / "memory.max").write_text(str(current + 64 * MIB))  # device memory: 256 MiB
+        before = step_lines(job.out)
+        daemon = ctx.need_daemon()
+        proc = subprocess.run(daemon.ctl_argv("dump", job.pid, "--leave-running"),
+                              capture_output=True, text=True, timeout=120, check=False)
+        said = (proc.stdout + proc.stderr).strip()
+        if proc.returncode == 0:
+            raise AssertionError(f"the dump was not refused: {said[-300:]}")
+        if "memory" not in said or "cgroup" not in said:
+            raise AssertionError(f"refused, but not for the cgroup: {said[-400:]}")
+        job.wait_steps(before + 2, timeout=30)  # never frozen: it runs on
+        if ctx.dry_run is False and cuda_state(ctx, job.pid) != "RUNNING":
+            raise AssertionError("the refused job is not RUNNING in CUDA")
+        res.note = f"refused, ran on: {said.splitlines()[-1][:160]}"
+        (cg / "memory.max").write_text("max")
+        ck = daemon.ctl("dump", job.pid, "--leave-running", timeout=300)
+        record_gpu(res, ck)
+        res.note += "; with room: checkpointed"
+    finally:
+        if job is not None:
+            ctx.end_job(job)
+        with contextlib.suppress(OSError):
+            (cg / "memory.max").write_text("max")
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def cuda_state(ctx: Context, pid: int) -> str:
     """The driver's state of ``pid`` (RUNNING...), or 'n/a (dry run)'."""
     if ctx.dry_run:
@@ -817,6 +872,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              120, stop_mode("loader"), False),
             ("identity_remap", "fill: restore with CUcheckpointRestoreArgs, identity map",
              120, identity_remap, False),
+            ("memory_cgroup_refusal", "fill in a memory cgroup without room: refused, runs on",
+             90, memory_cgroup_refusal, False),
             ("daemon_killed_after_lock", "SIGKILL ckptd after the lock, restart: job runs on",
              150, daemon_killed_after("lock"), False),
             ("daemon_killed_after_checkpoint", "SIGKILL ckptd after the device checkpoint",
