@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "device-check.sh"
 CHECKS = [
     "setup", "train_stop", "train_leave_running_kill", "fill_raw_cuda", "dataloader_workers",
-    "identity_remap", "memory_cgroup_refusal", "daemon_killed_after_lock", "daemon_killed_after_checkpoint",
+    "identity_remap", "memory_cgroup_refusal", "daemon_killed_after_lock",
+    "daemon_killed_after_checkpoint",
     "figures_1gib", "figures_8gib", "figures_32gib", "infer_second_checkpoint", "tests_gpu",
 ]
 
