@@ -54,10 +54,10 @@ Invariants:
 
 ``uses_cuda`` is False for a process without a CUDA context (the probe's "no context"
 errors, and CUDA_ERROR_NOT_INITIALIZED: a process that never initialised CUDA itself, a
-forked child of a CUDA process included; any other error is raised), and when no backend works and the process has no
-``/dev/nvidia*`` mapped (no driver, nothing to checkpoint). A process that does map NVIDIA
-devices while no backend works raises ``GpuUnavailable``: it cannot be checkpointed and
-must not be mistaken for a CPU-only one.
+forked child of a CUDA process included; any other error is raised), and when no backend
+works and the process has no ``/dev/nvidia*`` mapped (no driver, nothing to checkpoint). A
+process that does map NVIDIA devices while no backend works raises ``GpuUnavailable``: it
+cannot be checkpointed and must not be mistaken for a CPU-only one.
 """
 
 from __future__ import annotations
