@@ -180,6 +180,10 @@ def test_leave_stopped_leaves_it_stopped(h: CriuHarness, tmp_path: Path) -> None
     held = h.criu.dump(CriuDumpJob(pid, images, work, leave_running=False, leave_stopped=True),
                        CriuHooks())
     held.finish()
+    # CRIU sends SIGSTOP, then detaches: until the kernel delivers the stop the process can
+    # read "R" for a moment (seen about 1 run in 2 on a busy machine); then it stays stopped
+    assert _becomes(h, pid, "stopped") == "stopped"
+    time.sleep(0.3)
     assert h.state(pid) == "stopped"
 
 
