@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_ID_RE = re.compile(r"^ck-[0-9]{8}T[0-9]{6}-[0-9a-f]{6}$")
+# re-exported: the form lives in ckptd.textforms, which the CLI imports without the domain
+from ckptd.textforms import is_checkpoint_id as is_checkpoint_id  # noqa: PLC0414
 
 
 def new_checkpoint_id(now: float) -> str:
@@ -18,10 +19,6 @@ def new_checkpoint_id(now: float) -> str:
     (so a CLI argument is unambiguously a pid or an id)."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
     return f"ck-{stamp}-{secrets.token_hex(3)}"
-
-
-def is_checkpoint_id(text: str) -> bool:
-    return bool(_ID_RE.fullmatch(text))
 
 
 CALLER_GONE = -1

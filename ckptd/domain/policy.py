@@ -3,26 +3,13 @@ checkpoint before termination), and what it remembers of doing it."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def valid_name(name: str) -> bool:
-    return bool(_NAME.match(name))
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``2h``, ``1d``, ``500ms`` -> seconds; ValueError otherwise."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise ValueError(f"invalid duration {text!r}: use e.g. 30s, 15m, 2h")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+# re-exported: the forms live in ckptd.textforms, which the CLI imports without the domain
+from ckptd.textforms import parse_duration as parse_duration  # noqa: PLC0414
+from ckptd.textforms import valid_name as valid_name  # noqa: PLC0414
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,9 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 
-from ckptd.domain.model import is_checkpoint_id
-from ckptd.domain.policy import parse_duration as _parse_duration
-from ckptd.domain.policy import valid_name
 from ckptd.errors import BadRequest
+from ckptd.textforms import is_checkpoint_id, valid_name
+from ckptd.textforms import parse_duration as _parse_duration
 
 SHOWN = 40
 """At most this many characters of a bad value appear in a message."""

@@ -7,14 +7,10 @@ import argparse
 import datetime as _dt
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from google.protobuf.json_format import MessageToDict
-
-from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
-from ckptd.transport import validate
 from ckptd.transport.cli import args as types
-from ckptd.transport.cli import convert, render
+from ckptd.transport.cli import lazy, render
 from ckptd.transport.cli.output import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -25,6 +21,15 @@ from ckptd.transport.cli.output import (
     print_json,
     stream_result,
 )
+
+if TYPE_CHECKING:  # imported on first use (lazy.py): building the parser needs none of them
+    from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+    from ckptd.transport import validate
+    from ckptd.transport.cli import convert
+else:
+    pb = lazy.module("ckptd._gen.ckptd.v1.ckptd_pb2")
+    validate = lazy.module("ckptd.transport.validate")
+    convert = lazy.module("ckptd.transport.cli.convert")
 
 Command = Callable[[str, Callable[[Any, argparse.Namespace], int], str], argparse.ArgumentParser]
 
@@ -171,11 +176,18 @@ def cmd_resume(ctx: Any, args: argparse.Namespace) -> int:
     return EXIT_FAILURE if response.errors else EXIT_OK
 
 
+def _message_to_dict(message: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    result: dict[str, Any] = MessageToDict(message)
+    return result
+
+
 def event_to_dict(e: pb.Event) -> dict[str, Any]:
     return {
         "seq": e.seq, "time": e.time, "kind": e.kind, "pid": e.pid,
         "checkpoint_id": e.checkpoint_id, "name": e.name, "message": e.message,
-        "fields": MessageToDict(e.fields),
+        "fields": _message_to_dict(e.fields),
     }
 
 

@@ -26,15 +26,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
-import grpc
-
-from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
-from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc
 from ckptd.errors import BadRequest
 from ckptd.transport.cli import args as types
-from ckptd.transport.cli import asides, convert, jobs, render, run
+from ckptd.transport.cli import jobs, lazy, render, run
 from ckptd.transport.cli.completion import bash_completion
 from ckptd.transport.cli.output import (
     EXIT_BROKEN_PIPE,
@@ -52,21 +48,34 @@ from ckptd.transport.cli.output import one_line as _one_line
 from ckptd.transport.cli.output import out as _out
 from ckptd.transport.cli.output import print_json as _print_json
 from ckptd.transport.cli.output import stream_result as _stream_result
-from ckptd.transport.grpc.status import ERROR_KIND_KEY
+
+if TYPE_CHECKING:  # imported on first use (lazy.py): --help and usage errors need none of them
+    import grpc
+
+    from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+    from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc
+    from ckptd.transport.cli import asides, convert
+else:
+    grpc = lazy.module("grpc")
+    pb = lazy.module("ckptd._gen.ckptd.v1.ckptd_pb2")
+    ckptd_pb2_grpc = lazy.module("ckptd._gen.ckptd.v1.ckptd_pb2_grpc")
+    asides = lazy.module("ckptd.transport.cli.asides")
+    convert = lazy.module("ckptd.transport.cli.convert")
 
 DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
 SOCKET_ENV = "CKPTD_SOCKET"
 DEFAULT_TIMEOUT_S = 30.0
 
-_EXIT_BY_CODE: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: EXIT_USAGE,
-    grpc.StatusCode.NOT_FOUND: EXIT_USAGE,
-    grpc.StatusCode.PERMISSION_DENIED: EXIT_USAGE,
-    grpc.StatusCode.FAILED_PRECONDITION: EXIT_USAGE,
-    grpc.StatusCode.UNAVAILABLE: EXIT_UNAVAILABLE,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: EXIT_BUSY,
-    grpc.StatusCode.ABORTED: EXIT_BUSY,
+_EXIT_BY_CODE: dict[str, int] = {
+    "INVALID_ARGUMENT": EXIT_USAGE,
+    "NOT_FOUND": EXIT_USAGE,
+    "PERMISSION_DENIED": EXIT_USAGE,
+    "FAILED_PRECONDITION": EXIT_USAGE,
+    "UNAVAILABLE": EXIT_UNAVAILABLE,
+    "RESOURCE_EXHAUSTED": EXIT_BUSY,
+    "ABORTED": EXIT_BUSY,
 }
+"""Exit codes by gRPC status name (``grpc.StatusCode.X.name``; grpc is imported on use)."""
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -628,11 +637,13 @@ def _went_away(args: argparse.Namespace | None, details: str) -> str:
 
 def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
                args: argparse.Namespace | None = None, late: bool = False) -> int:
+    from ckptd.transport.grpc.status import ERROR_KIND_KEY
+
     code_fn = getattr(err, "code", None)
     details_fn = getattr(err, "details", None)
     code = code_fn() if callable(code_fn) else None
     details = _one_line(str(details_fn() or "")) if callable(details_fn) else ""
-    exit_code = _EXIT_BY_CODE.get(code, EXIT_FAILURE) if code is not None else EXIT_FAILURE
+    exit_code = _EXIT_BY_CODE.get(code.name, EXIT_FAILURE) if code is not None else EXIT_FAILURE
     meta_fn = getattr(err, "trailing_metadata", None)
     metadata = (meta_fn() or ()) if callable(meta_fn) else ()
     from_daemon = any(key == ERROR_KIND_KEY for key, _ in metadata)

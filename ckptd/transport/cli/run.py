@@ -39,13 +39,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.transport.cli import args as types
-from ckptd.transport.cli import no_io_uring
+from ckptd.transport.cli import lazy, no_io_uring
 from ckptd.transport.cli.jobs import Command
 from ckptd.transport.cli.output import (
     EXIT_UNAVAILABLE,
@@ -56,6 +53,14 @@ from ckptd.transport.cli.output import (
     one_line,
     stream_result,
 )
+
+if TYPE_CHECKING:  # imported on first use (lazy.py): building the parser needs neither
+    import grpc
+
+    from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+else:
+    grpc = lazy.module("grpc")
+    pb = lazy.module("ckptd._gen.ckptd.v1.ckptd_pb2")
 
 EXIT_TERMINATED = 143
 PASSED_ON = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -304,7 +309,7 @@ def _checkpoint_then_stop(
     try:
         response = ctx.client.Drain(pb.DrainRequest(names=[name]), timeout=args.grace)
     except grpc.RpcError as exc:
-        if exc.code() not in _STILL_GOING:
+        if exc.code().name not in _STILL_GOING:
             err(f"checkpoint of {name} before termination failed: {exc.details()}; "
                 "stopping it")
             response = None
@@ -333,8 +338,8 @@ def _checkpoint_then_stop(
     return _status(job.wait())
 
 
-_STILL_GOING = {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
-                grpc.StatusCode.CANCELLED}
+_STILL_GOING = frozenset({"DEADLINE_EXCEEDED", "ABORTED", "CANCELLED"})
+"""gRPC status names (``grpc.StatusCode.X.name``) after which the daemon may still be dumping."""
 LATE_S = 900.0
 """How long run waits, past --grace, for a checkpoint the daemon may still be taking."""
 
