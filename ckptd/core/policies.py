@@ -120,7 +120,9 @@ class PolicyService:
                 old = self._find(caller, policy.name)
             if old is not None:
                 self._check_owner(caller, old)
-                same_job = policy.pid in (0, old.pid)
+                # the same process: a restored job gets its old pid back, but a new start time
+                same_job = policy.pid == 0 or (policy.pid == old.pid and (
+                    status is None or not old.started or status.start_time == old.started))
                 policy = replace(
                     policy, last_fired=old.last_fired, last_checkpoint_id=old.last_checkpoint_id,
                     last_error=old.last_error,

@@ -282,3 +282,20 @@ def test_job_names_are_per_owner() -> None:
     assert p.get(OTHER, "train").drained_checkpoint_id == "ck-1"
     restarted = Node(node.repo)  # persisted by owner and name
     assert [(x.uid, x.name) for x in restarted.policies.list(ROOT)] == [(2000, "train")]
+
+
+def test_a_restored_job_under_its_old_pid_is_a_new_job_for_its_policy() -> None:
+    """CRIU gives a restored job its old pid back: setting the policy again for it (as
+    deploy/slurm/train.sbatch does after `ckptctl restore`) must not keep the drain of the
+    process before it — only a new start time tells them apart (seen on a real Slurm
+    cluster, issue 26: the requeued job took the old drain for a new one)."""
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, on_term=True))
+    n.policies.drain(ROOT)
+    assert n.policies.get(USER, "train").drained_checkpoint_id == "ck-1"
+    n.processes.remove(500)
+    n.processes.add_process(500, 1, comm="train", uid=1000)     # restored: a new start time
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=60, on_term=True))
+    assert n.policies.get(USER, "train").drained_checkpoint_id == ""
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=120, on_term=True))
+    assert n.policies.get(USER, "train").every_s == 120, "the same process: updated in place"
