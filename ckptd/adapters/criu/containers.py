@@ -42,6 +42,7 @@ from pathlib import Path
 
 from ckptd._gen.criu import pstree_pb2
 from ckptd.adapters.criu.images import IMG_COMMON_MAGIC, PSTREE_MAGIC
+from ckptd.adapters.criu.logs import first_error_line
 
 ENTERED = ("pid", "net", "ipc", "uts", "cgroup", "mnt")
 """The namespaces CRIU enters; user and time are the node's in rootful containers (checked)."""
@@ -285,14 +286,7 @@ class CriuResult:
 
     def first_error(self) -> str:
         """CRIU's first error line that is not the harmless RLIMIT_NOFILE one, or ''."""
-        try:
-            lines = self.log.read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        for line in [*lines, *self.stderr.splitlines()]:
-            if "Error" in line and "RLIMIT_NOFILE" not in line and "tun:" not in line:
-                return line.strip()
-        return ""
+        return first_error_line(self.log, self.stderr)
 
 
 @contextmanager

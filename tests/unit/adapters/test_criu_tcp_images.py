@@ -15,7 +15,7 @@ from ckptd.adapters.criu.images import (
     IMG_COMMON_MAGIC,
     read_tcp_connections,
 )
-from ckptd.adapters.criu.swrk import _images_hold_connections
+from ckptd.adapters.criu.variants import images_hold_connections
 from ckptd.core.ports import CriuRestoreJob, ImageSource
 
 
@@ -107,12 +107,12 @@ def test_a_restore_of_images_holding_a_connection_is_told_so_from_a_directory_or
     for tcp_established because its images hold one, streamed or not."""
     image = _image(_file(4, _isk(2, 7, LO4, 35180, LO4, 34317)))
     job = CriuRestoreJob(images_dir=tmp_path, work_dir=tmp_path)
-    assert not _images_hold_connections(job)
+    assert not images_hold_connections(job)
     (tmp_path / "files.img").write_bytes(image)
-    assert _images_hold_connections(job)
+    assert images_hold_connections(job)
     streamed = replace(job, images_dir=tmp_path / "none",
                        images=cast(ImageSource, _Source({"files.img": image})))
-    assert _images_hold_connections(streamed)
+    assert images_hold_connections(streamed)
     listening = _image(_file(4, _isk(2, 10, LO4, 8080, (0,), 0)))
-    assert not _images_hold_connections(
+    assert not images_hold_connections(
         replace(streamed, images=cast(ImageSource, _Source({"files.img": listening}))))
