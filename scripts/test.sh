@@ -36,8 +36,8 @@ fi
     || echo "cuda-bindings versions not all installed: their contract test will skip" >&2
 
 echo "== static checks"
-.venv/bin/ruff check ckptd tests scripts
-.venv/bin/mypy ckptd
+.venv/bin/ruff check ckptd bench tests scripts
+.venv/bin/mypy ckptd bench
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache  # the layer rule
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bash scripts/gen-protos.sh "$tmp/_gen" >/dev/null 2>&1

@@ -1,0 +1,7 @@
+"""``python -m bench SUBCOMMAND [options]``."""
+
+import sys
+
+from bench.cli import main
+
+sys.exit(main())
