@@ -3,7 +3,7 @@
 A removed, container B started with the same ``ckptctl run``, which restores J into B.
 
 The daemon sees that J is a job of a container (core/targets.py ``container_init``) and runs
-CRIU inside A (adapters/criu/swrk.py, ``CriuDumpJob.container``); B's ``ckptctl run`` finds
+CRIU inside A (adapters/criu/variants.py, ``CriuDumpJob.container``); B's ``ckptctl run`` finds
 the newest checkpoint of J and asks for it INTO its container (core/intocontainer.py): the
 job's pids free there, the files it maps unchanged in B's root, then CRIU run inside B; the
 job is B's init's child, in B's namespaces, cgroups and root, writing to B's stdout.
