@@ -513,7 +513,7 @@ def errors_page() -> str:
     rows = []
     for cls in _error_classes():
         code = status.code_for(cls("x"))
-        exit_code = by_code.get(code, cli_output.EXIT_FAILURE)
+        exit_code = by_code.get(code.name, cli_output.EXIT_FAILURE)  # keyed by status name
         doc = inspect.getdoc(cls) if cls.__doc__ else ""
         hint = f" Hint: “{_text(cls.default_hint)}”." if cls.default_hint else ""
         rows.append([f"`{cls.__name__}`", f"`{code.name}`", str(exit_code),
