@@ -21,7 +21,8 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -165,20 +166,20 @@ class LocalBlobStore:
                 self._dirty_dirs.add(path.parent)
 
     def flush(self) -> None:
+        """Every file put since the last flush, and every directory an entry was added to or
+        removed from, fsynced before this returns (a failure raises; what was taken for this
+        flush is not retried by the next one, whose caller fails too: nothing is listed).
+
+        The fsyncs run side by side (:data:`FLUSH_THREADS`): a small checkpoint puts a dozen
+        objects in a dozen directories, and one at a time their fsyncs cost each a journal
+        commit (~1 ms on a virtio disk, issue 25's small job); issued together the file
+        system commits them in one or two. Files first, then directories, as before."""
         with self._lock:
             files, self._unsynced = self._unsynced, set()
             dirs, self._dirty_dirs = self._dirty_dirs, set()
         try:
-            for path in files:
-                with contextlib.suppress(FileNotFoundError):
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-            for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-                if d.is_dir() and d.is_relative_to(self.root):
-                    fsync_dir(d)
+            _fsync_all(list(files), _fsync_file)
+            _fsync_all([d for d in dirs if d.is_relative_to(self.root)], _fsync_dir_if_any)
         except OSError as exc:
             raise StoreError(f"cannot make the store durable: {exc}") from exc
 
@@ -192,6 +193,44 @@ class LocalBlobStore:
                         (Path(dirpath) / name).unlink()
                         count += 1
         return count
+
+
+FLUSH_THREADS = 16
+"""fsyncs issued at once by :meth:`LocalBlobStore.flush` (they wait on the disk, not a CPU)."""
+_flush_pool: list[ThreadPoolExecutor] = []
+"""The one pool of fsync threads, made on first use (a daemon that never flushes has none)."""
+_flush_pool_lock = threading.Lock()
+
+
+def _fsync_file(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):  # deleted since (GC, a removed lease)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_dir_if_any(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # removed since
+        fsync_dir(path)
+
+
+def _fsync_all(paths: list[Path], fsync: Callable[[Path], None]) -> None:
+    """``fsync`` of every path, side by side; returns once all are done, raises the first
+    failure (after all have ended)."""
+    if len(paths) <= 1:
+        for path in paths:
+            fsync(path)
+        return
+    with _flush_pool_lock:
+        if not _flush_pool:
+            _flush_pool.append(ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="fsync"))
+        pool = _flush_pool[0]
+    futures = [pool.submit(fsync, path) for path in paths]
+    wait(futures)
+    for future in futures:
+        future.result()
 
 
 def _write_all(fd: int, parts: Sequence[Buffer]) -> None:

@@ -23,10 +23,10 @@ import argparse
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, NamedTuple, NoReturn, Protocol, TypeVar, cast
 
 from ckptd.errors import BadRequest
 from ckptd.transport.cli import args as types
@@ -147,8 +147,7 @@ def _stub(channel: grpc.Channel) -> CheckpointerClient:
     return cast(CheckpointerClient, ckptd_pb2_grpc.CheckpointerStub(channel))  # type: ignore[no-untyped-call]
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
     socket: str
     json: bool
     timeout: float | None
@@ -728,6 +727,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
+def program() -> NoReturn:
+    """The ``ckptctl`` program (console script, ``python -m ckptd.transport.cli``): :func:`main`,
+    then its output flushed and the process ended at once.
+
+    The interpreter's teardown after a command — gRPC's shutdown and ~300 modules' — took
+    ~20 ms of a ~0.15 s small ``ckptctl dump`` (issue 25); nothing in it matters to a client
+    whose channel is closed and output flushed. Where a thread other than the main one and
+    daemon threads still runs (it would be waited for), or the flush fails, the ordinary exit
+    is taken instead."""
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)
+    except (OSError, ValueError):
+        sys.exit(code)
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):
+        sys.exit(code)
+    os._exit(code)
+
+
 def _silence_stdout() -> None:
     """After EPIPE on stdout, point it at /dev/null so that the interpreter's final flush
     does not print another error."""
@@ -739,4 +762,4 @@ def _silence_stdout() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

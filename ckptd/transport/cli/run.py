@@ -42,7 +42,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ckptd.transport.cli import args as types
-from ckptd.transport.cli import lazy, no_io_uring
+from ckptd.transport.cli import lazy
 from ckptd.transport.cli.jobs import Command
 from ckptd.transport.cli.output import (
     EXIT_UNAVAILABLE,
@@ -54,13 +54,15 @@ from ckptd.transport.cli.output import (
     stream_result,
 )
 
-if TYPE_CHECKING:  # imported on first use (lazy.py): building the parser needs neither
+if TYPE_CHECKING:  # imported on first use (lazy.py): building the parser needs none
     import grpc
 
     from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
+    from ckptd.transport.cli import no_io_uring
 else:
     grpc = lazy.module("grpc")
     pb = lazy.module("ckptd._gen.ckptd.v1.ckptd_pb2")
+    no_io_uring = lazy.module("ckptd.transport.cli.no_io_uring")
 
 EXIT_TERMINATED = 143
 PASSED_ON = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,

@@ -71,3 +71,25 @@ def test_a_lazy_module_imports_on_first_use_and_fails_there() -> None:
         _ = missing.anything
     json_ = lazy.module("json")
     assert json_.dumps([1]) == "[1]"
+
+
+def test_the_program_exits_at_once_with_all_its_output() -> None:
+    """``program()`` ends the process without the interpreter's teardown: the output is whole
+    (flushed first), the exit code main()'s."""
+    import io
+    from contextlib import redirect_stdout
+
+    from ckptd.transport.cli.main import main
+
+    expected = io.StringIO()
+    with redirect_stdout(expected):
+        assert main(["completion", "bash"]) == 0
+    proc = subprocess.run([sys.executable, "-m", "ckptd.transport.cli", "completion", "bash"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    assert proc.stdout == expected.getvalue()
+    assert len(proc.stdout) > 1000
+    usage = subprocess.run([sys.executable, "-m", "ckptd.transport.cli", "dump", "x"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert usage.returncode == 2
+    assert "invalid" in usage.stderr
