@@ -19,10 +19,12 @@ Configured as issue 26 asks: two partitions, ``low`` (PriorityTier 1, ``PreemptM
 ``GraceTime``) and ``high`` (PriorityTier 10), ``PreemptType=preempt/partition_prio``,
 ``JobRequeue=1``; short timers (``SlurmdTimeout``, ``KillWait``, ``cred_expire``: a requeued
 job waits ``cred_expire`` seconds before it may start again, 120 by default) so that a flow
-takes seconds. ``proctrack/linuxproc``: these hosts mount cgroup v1 controllers (two slurmd on
-one host could not share a v1 hierarchy cleanly), so Slurm tracks a job's processes by
-descent from slurmstepd; a tree ckptd restored is not one of them (as with cgroups on this
-host, ADR 0010). Every client command runs in namespace ``a`` with ``SLURM_CONF`` set.
+takes seconds, and the main scheduling loop every 2 s (``sched_interval``, 60 by default: a
+requeued job whose begin time has passed waits for it). ``proctrack/linuxproc``: these hosts
+mount cgroup v1 controllers (two slurmd on one host could not share a v1 hierarchy cleanly),
+so Slurm tracks a job's processes by descent from slurmstepd; a tree ckptd restored is not
+one of them (as with cgroups on this host, ADR 0010). Every client command runs in namespace
+``a`` with ``SLURM_CONF`` set.
 
 ``close()`` stops everything it started, also after a failure half way; the directory (logs:
 ``log/``) stays for the test's report.
@@ -82,6 +84,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
