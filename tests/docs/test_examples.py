@@ -27,7 +27,7 @@ import pytest
 from tests.docs.markdown import REPO, Block, blocks
 
 DOCS = REPO / "docs"
-OTHERS = ("guides/slurm.md", "performance/speed.md", "gpu-hardware.md", "design/gpu-*.md")
+OTHERS = ("performance/speed.md", "design/gpu-*.md")
 
 
 def _pages() -> list[Path]:
