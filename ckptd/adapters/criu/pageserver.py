@@ -67,11 +67,12 @@ PAGEMAP_MAGIC = 0x56084025
 DEFAULT_CHUNK = 4 << 20
 READ_AHEAD = 1 << 20
 """The receive buffer messages are parsed from (one ``recv`` reads many small entries)."""
-DEFAULT_BUFFERS = 64
-"""With DEFAULT_CHUNK, 256 MiB: a dump whose pages fit in it never waits for ingest (CRIU runs
-at its own speed, frozen as briefly as raw); with ``StreamedPages``'s own (at most about
-164 MiB: 9 frames of 4 MiB, two packs of up to 64 MiB of pages) it stays under the 512 MiB a
-dump may take (measured: docs/design/streaming.md)."""
+DEFAULT_BUFFERS = 16
+"""With DEFAULT_CHUNK, 64 MiB. The sink never makes CRIU wait for ingest (the store's spills
+what it cannot take at once, ADR 0021), so the pool only absorbs the jitter of handing chunks
+over and of the spill's writes; it was 256 MiB while ingest itself paced CRIU, and with
+``StreamedPages``'s own (at most about 164 MiB) and the page index it took a 4 GiB dump over
+the 512 MiB a dump may take (issue 25: docs/performance/speed.md)."""
 
 
 class PageServerError(Exception):
