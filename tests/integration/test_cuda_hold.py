@@ -26,6 +26,7 @@ from ckptd.adapters.storage import FileJournal
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
+from ckptd.core.parts import RecipeParts
 from ckptd.core.ports import CriuHooks
 from ckptd.domain import CheckpointRecord, CudaState, DumpRequest
 from ckptd.domain.model import ROOT
@@ -183,12 +184,12 @@ def recipe(tmp_path: Path, job: Counters, seen: Seen, fake: FakeGpu) -> DumpReci
     clock = SystemClock()
     config = CoreConfig(node="test-node", daemon_pid=os.getpid(), work_dir=tmp_path / "work",
                         output_dir=tmp_path / "out")
-    return DumpRecipe(
+    return DumpRecipe(RecipeParts(
         criu=CriuSwrk(path, plugin_dir=tmp_path / "plugins"), processes=ProcFsTable(),
         store=store, journal=FileJournal(tmp_path / "journal"), clock=clock, config=config,
         gpu=GpuSteps(fake, fake, clock, 10_000, threads=PtraceThreadHold()),
         node=ProcNodeInspector(), hooks=Probe(job, seen),
-    )
+    ))
 
 
 def fake_gpu(job: Counters) -> FakeGpu:
