@@ -6,6 +6,7 @@ predicts CRIU's "bad size" refusal before anything is touched."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -97,8 +98,16 @@ def test_without_captured_content_check_restore_predicts_the_size_refusal(
     report = check.out
     # CRIU's own rule: the exact size of a file written without O_APPEND (stdout opened
     # with `>`, the state file); a log opened with O_APPEND may have grown
+    # The state file cycles through 7 sizes: when the crash falls a multiple of 7 steps after
+    # the checkpoint (seen once on a loaded machine) it has its checkpointed size again and
+    # CRIU takes it; what the dump recorded of it decides.
+    state = str(job_dir / "state.bin")
+    recorded = next(int(m.group(1)) for s in ck["files_skipped"]
+                    if s.startswith(state + " ") and (m := re.search(r"\((\d+) B > ", s)))
+    want = [str(job_dir / "out.txt")] + ([state] if len(at_crash["state.bin"]) != recorded
+                                         else [])
     blocked = sorted(b.split()[1] for b in report["blocking"])
-    assert blocked == sorted(str(job_dir / n) for n in ("out.txt", "state.bin")), report
+    assert blocked == sorted(want), report
     assert all("needs exactly" in b for b in report["blocking"]), report
     res = daemon.ctl("restore", ck["id"])
     assert_one_line_error(res, res.rc, "does not fit this node", "needs exactly")
