@@ -12,7 +12,8 @@ The wire, as CRIU 4.2.1 speaks it (``criu/img-streamer.c``, ``criu/protobuf.c``;
 - CRIU closes the connection when it opens no more images.
 
 Invariants: every image is written by a thread of its own (a pipe write waits until CRIU reads;
-``close`` ends the waits),
+``close`` ends the waits); verified bytes are spliced into the pipe, not copied, and stay
+referenced until CRIU has read them (``pipefeed.py``),
 from ``ImageSource.chunks`` (verified bytes only, a few frames held per image: the memory is
 bounded by the open images, not their size). A source failure is recorded (``error``) *before*
 the pipe is closed short: CRIU then meets an early EOF and fails, and whatever reaches a hook
@@ -28,7 +29,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import select
 import socket
 import struct
 import threading
@@ -37,6 +37,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from ckptd._gen.criu import img_streamer_pb2
+from ckptd.adapters.criu.pipefeed import PipeFeeder, Stopped
 from ckptd.core.ports import CriuHooks, ImageSource
 from ckptd.errors import CkptdError, CorruptCheckpoint
 
@@ -119,22 +120,6 @@ def receive_fd(sock: socket.socket) -> int:
     return fds[0]
 
 
-class _Stopped(Exception):
-    """``close`` asked a writer to give up (CRIU is gone, or will read no more)."""
-
-
-def write_all(fd: int, data: memoryview, stopping: threading.Event) -> None:
-    """Write ``data`` to the non-blocking pipe ``fd``, waiting while it is full; _Stopped
-    once ``stopping`` is set (a writer never outlives ``close`` by more than a poll)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    while data:
-        try:
-            data = data[os.write(fd, data):]
-        except BlockingIOError:
-            if stopping.is_set():
-                raise _Stopped() from None
-            poller.poll(200)
 
 
 class ImageStreamer:
@@ -244,11 +229,13 @@ class ImageStreamer:
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, self._pipe_size)
             os.set_blocking(fd, False)
+            feeder = PipeFeeder(fd, self._stopping)  # verified bytes spliced, not copied
             for chunk in self.source.chunks(name):
-                write_all(fd, chunk, self._stopping)
+                feeder.feed(chunk)
+            feeder.finish()
         except BrokenPipeError:
             log.debug("image streamer: CRIU closed %s before its end", name)
-        except _Stopped:
+        except Stopped:
             log.warning("image streamer: %s abandoned unread (CRIU has ended)", name)
         except CkptdError as exc:
             self._fail(exc)
