@@ -138,6 +138,8 @@ class ImageStreamer:
         self._conn: socket.socket | None = None
         self._writers: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._retained: list[memoryview] = []
+        """Chunks a failed writer had spliced into a pipe CRIU may still read: let go at close."""
         self.served: list[str] = []
         """Every image CRIU asked for that exists, in the order asked."""
         self.missing: list[str] = []
@@ -180,6 +182,8 @@ class ImageStreamer:
             if writer.is_alive():
                 log.warning("image streamer: %s still writing after %.0fs", writer.name,
                             timeout)
+        with self._lock:
+            self._retained.clear()  # CRIU has exited: no pipe refers to them any more
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
@@ -225,6 +229,7 @@ class ImageStreamer:
     def _write_image(self, name: str, fd: int) -> None:
         """Write image ``name`` into the pipe ``fd``; on a source failure record it, then
         close the pipe short (CRIU meets an early EOF)."""
+        feeder: PipeFeeder | None = None
         try:
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, self._pipe_size)
@@ -248,6 +253,9 @@ class ImageStreamer:
             self._fail(error)
             log.exception("image streamer: %s", name)
         finally:
+            if feeder is not None:  # what the pipe may still hold: kept until CRIU has exited
+                with self._lock:
+                    self._retained.extend(feeder.unreleased())
             os.close(fd)
 
 

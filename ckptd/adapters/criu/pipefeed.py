@@ -12,8 +12,13 @@ Invariants (what makes that safe):
   (the store's verified frames and blobs, the shared zero buffer); anything else (a reused
   ``bytearray``) is written with ``write``, copied as before;
 - a spliced chunk stays referenced (so its ``bytes`` are neither freed nor reused) until CRIU
-  has read past its end: ``sent - FIONREAD(pipe)`` bytes are consumed; :meth:`PipeFeeder.finish`
-  waits until the pipe is empty (or CRIU's end is gone) before the last chunks are let go;
+  has read past its end (``sent - FIONREAD(pipe)`` bytes are consumed);
+- the last pipe-size bytes of an image (at least) are written, not spliced: once they are all
+  in the pipe, nothing spliced can still be there (the pipe holds at most its size, in whole
+  pages for written bytes), so :meth:`PipeFeeder.finish` lets every chunk go without waiting
+  for CRIU, and the pipe is closed at once (CRIU reads a protobuf image to its end);
+- a feeder that fails half-way (a damaged frame, CRIU gone) hands what it still references to
+  its caller (:meth:`PipeFeeder.unreleased`), kept until CRIU has exited;
 - the bytes CRIU reads are exactly the verified bytes handed in: no file's page cache is
   spliced (a file could change between the check and CRIU's read);
 - where ``vmsplice`` is missing or refuses (ENOSYS, EINVAL, EPERM), the feeder writes instead.
@@ -32,6 +37,8 @@ import termios
 import threading
 
 SPLICE_F_NONBLOCK = 2
+F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+PAGE = 4096
 POLL_MS = 200
 
 
@@ -91,18 +98,21 @@ def spliceable(chunk: memoryview) -> bool:
 
 
 class PipeFeeder:
-    """Writes chunks into the non-blocking pipe ``fd``, splicing those :func:`spliceable`.
+    """Writes chunks into the non-blocking pipe ``fd``, splicing those :func:`spliceable`
+    that at least a pipe's size of bytes follows.
 
-    ``feed`` each chunk in order, then ``finish`` (waits until CRIU has read everything or
-    its end is gone, so that no spliced page is let go while the pipe still refers to it).
-    ``stopping`` set: a wait gives up with :class:`Stopped` (CRIU has exited: its end is
-    closed and the pipe no longer refers to anything)."""
+    ``feed`` each chunk in order, then ``finish``. ``stopping`` set: a wait for room gives up
+    with :class:`Stopped` (CRIU has exited). After a failure, :meth:`unreleased` is what the
+    pipe may still refer to: keep it until CRIU has exited."""
 
     def __init__(self, fd: int, stopping: threading.Event) -> None:
         self._fd = fd
         self._stopping = stopping
         self._poller = select.poll()
         self._poller.register(fd, select.POLLOUT)
+        self._tail = max(PAGE, _pipe_size(fd))
+        self._pending: collections.deque[memoryview] = collections.deque()
+        self._pending_bytes = 0
         self._held: collections.deque[tuple[int, memoryview]] = collections.deque()
         self._sent = 0
         self._splice = _API is not None
@@ -110,19 +120,42 @@ class PipeFeeder:
         """Bytes handed over by ``vmsplice`` (the rest: ``write``)."""
 
     def feed(self, chunk: memoryview) -> None:
-        if self._splice and spliceable(chunk):
+        if not len(chunk):
+            return
+        if not (self._splice and spliceable(chunk)):  # may change once we return: copied now
+            behind = len(chunk)
+            while self._pending:
+                first = self._pending.popleft()
+                self._pending_bytes -= len(first)
+                self._send(first, splice=self._pending_bytes + behind >= self._tail)
+            self._feed_written(chunk)
+            return
+        self._pending.append(chunk)
+        self._pending_bytes += len(chunk)
+        while self._pending and self._pending_bytes - len(self._pending[0]) >= self._tail:
+            first = self._pending.popleft()
+            self._pending_bytes -= len(first)
+            self._send(first, splice=True)
+
+    def finish(self) -> None:
+        """The rest written (copied): at least the image's last pipe-size bytes, so that no
+        spliced page can be in the pipe once this returns; then every chunk is let go."""
+        while self._pending:
+            self._send(self._pending.popleft(), splice=False)
+        self._pending_bytes = 0
+        self._held.clear()
+
+    def unreleased(self) -> list[memoryview]:
+        """What the pipe may still refer to (after a failure); nothing after ``finish``."""
+        held = [chunk for _end, chunk in self._held]
+        self._held.clear()
+        return held
+
+    def _send(self, chunk: memoryview, splice: bool) -> None:
+        if splice and self._splice and spliceable(chunk):
             self._feed_spliced(chunk)
         else:
             self._feed_written(chunk)
-
-    def finish(self) -> None:
-        """Return once every byte fed has been read by CRIU (or its end of the pipe is gone);
-        only then are the spliced chunks let go."""
-        while self._held and self._unread() > 0:
-            events = self._wait()
-            if events & (select.POLLERR | select.POLLHUP):
-                break  # no reader any more: the pipe is freed with its last writer
-        self._held.clear()
 
     def _feed_written(self, chunk: memoryview) -> None:
         data = chunk
@@ -168,19 +201,20 @@ class PipeFeeder:
         """Drop the chunks CRIU has read past the end of."""
         if not self._held:
             return
-        consumed = self._sent - self._unread()
+        count = array.array("i", [0])
+        fcntl.ioctl(self._fd, termios.FIONREAD, count)
+        consumed = self._sent - count[0]
         while self._held and self._held[0][0] <= consumed:
             self._held.popleft()
 
-    def _unread(self) -> int:
-        count = array.array("i", [0])
-        fcntl.ioctl(self._fd, termios.FIONREAD, count)
-        return count[0]
-
-    def _wait(self) -> int:
+    def _wait(self) -> None:
         if self._stopping.is_set():
             raise Stopped()
-        events = 0
-        for _fd, ev in self._poller.poll(POLL_MS):
-            events |= ev
-        return events
+        self._poller.poll(POLL_MS)
+
+
+def _pipe_size(fd: int) -> int:
+    try:
+        return int(fcntl.fcntl(fd, F_GETPIPE_SZ))
+    except OSError:
+        return 1 << 20  # the most a pipe takes by default (pipe-max-size)

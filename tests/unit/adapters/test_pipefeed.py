@@ -5,6 +5,7 @@ fed, in order."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import threading
 import time
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ckptd.adapters.criu.pipefeed import PipeFeeder, Stopped, spliceable
+from ckptd.adapters.criu.pipefeed import F_GETPIPE_SZ, PipeFeeder, Stopped, spliceable
 
 
 @pytest.fixture
@@ -55,7 +56,8 @@ def test_the_reader_gets_exactly_what_was_fed(pipe: tuple[int, int]) -> None:
     os.close(w)
     reader.join(10)
     assert bytes(got) == b"".join(bytes(c) for c in chunks)
-    assert feeder.spliced == sum(len(c) for c in chunks)  # all bytes-backed: spliced
+    # spliced: each chunk a pipe's size (64 KiB here) of bytes follows; the tail is copied
+    assert feeder.spliced == len(chunks[0]) + len(chunks[1])
 
 
 def test_a_mutable_buffer_is_copied_not_spliced(pipe: tuple[int, int]) -> None:
@@ -77,25 +79,36 @@ def test_a_mutable_buffer_is_copied_not_spliced(pipe: tuple[int, int]) -> None:
     assert feeder.spliced == 0
 
 
-def test_finish_waits_until_the_reader_has_read_everything(pipe: tuple[int, int]) -> None:
-    """Spliced pages are the feeder's memory: it lets them go only once read."""
+def test_after_finish_nothing_spliced_is_left_in_the_pipe(pipe: tuple[int, int]) -> None:
+    """The image's last pipe-size bytes are copied: once they are in the pipe, no spliced page
+    can be, so finish lets every chunk go without waiting for the reader."""
     r, w = pipe
+    size = fcntl.fcntl(w, F_GETPIPE_SZ)
     got = bytearray()
-    read_at: list[float] = []
+    reader = _read_all(r, got, delay=0.2)  # slow: finish must not depend on it
     feeder = PipeFeeder(w, threading.Event())
-    feeder.feed(memoryview(os.urandom(32768)))  # fits the pipe: fed at once, not yet read
-    reader = _read_all(r, got, delay=0.3, done=read_at)
-    started = time.monotonic()
-    waiter = threading.Thread(target=feeder.finish)
-    waiter.start()
-    time.sleep(0.1)
-    assert waiter.is_alive()  # nothing read yet: still holding its chunk
-    waiter.join(10)
-    finished = time.monotonic()
+    data = [os.urandom(size) for _ in range(6)]
+    for chunk in data:
+        feeder.feed(memoryview(chunk))
+    feeder.finish()
+    assert feeder.unreleased() == []
+    assert feeder.spliced == 5 * size  # all but the last pipe's size
     os.close(w)
     reader.join(10)
-    assert len(got) == 32768
-    assert finished - started >= 0.3
+    assert bytes(got) == b"".join(data)
+
+
+def test_a_failed_feeder_hands_back_what_the_pipe_may_still_hold(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    size = fcntl.fcntl(w, F_GETPIPE_SZ)
+    feeder = PipeFeeder(w, threading.Event())
+    first, second = memoryview(os.urandom(size // 2)), memoryview(os.urandom(size))
+    feeder.feed(first)
+    feeder.feed(second)  # first is now spliced (a pipe's size follows it), nobody has read
+    assert feeder.spliced == len(first)
+    kept = feeder.unreleased()  # a damaged frame comes next: the caller keeps these
+    assert kept == [first]
+    assert os.read(r, len(first)) == bytes(first)
 
 
 def test_stopping_ends_a_wait_on_a_pipe_nobody_reads(pipe: tuple[int, int]) -> None:
@@ -113,4 +126,6 @@ def test_a_reader_gone_is_a_broken_pipe(pipe: tuple[int, int]) -> None:
     os.close(r)
     feeder = PipeFeeder(w, threading.Event())
     with pytest.raises(BrokenPipeError):
-        feeder.feed(memoryview(os.urandom(65536)))
+        feeder.feed(memoryview(os.urandom(1 << 20)))
+        feeder.feed(memoryview(os.urandom(1 << 20)))  # the first is spliced now
+        feeder.finish()
