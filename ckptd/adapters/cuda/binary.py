@@ -68,7 +68,9 @@ ERROR_TEXTS = {
 examples; the strings are those of the CUDA driver API's ``cuGetErrorString``): both are
 recognised. Longest first, so "os call failed or operation not supported..." wins over
 "operation not supported"."""
-NO_CUDA_CODES = frozenset({"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND"})
+NO_CUDA_CODES = frozenset(
+    {"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_NOT_INITIALIZED"}
+)
 """As ``ckptd.adapters.cuda.bindings.NO_CUDA_CODES``: the probe's "no CUDA context"."""
 
 

@@ -43,10 +43,16 @@ CHECKPOINT_FUNCTIONS = (
 )
 REMAP_STRUCTS = ("CUcheckpointRestoreArgs", "CUcheckpointGpuPair", "CUuuid")
 """The types a restore onto other GPUs builds (all three must exist)."""
-NO_CUDA_CODES = frozenset({"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND"})
+NO_CUDA_CODES = frozenset(
+    {"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_NOT_INITIALIZED"}
+)
 """Errors of ``cuCheckpointProcessGetRestoreThreadId`` that mean "this process has no CUDA
-context". Any other error (no permission, driver not initialised, OS error...) is a failure
-to tell, raised as such: never read as "no CUDA"."""
+context". NOT_INITIALIZED is the driver's answer (seen on an H100, driver 580.159, the
+daemon's own cuInit done) for a process that never initialised CUDA itself: every CPU-only
+process, and a child forked from a CUDA process (a DataLoader worker), which inherits its
+parent's /dev/nvidia* mappings but has no context of its own — CUDA does not survive fork;
+CRIU's cuda_plugin reads any --get-restore-tid failure so too. Any other error (no
+permission, OS error...) is a failure to tell, raised as such: never read as "no CUDA"."""
 MAX_LOCK_TIMEOUT_MS = 0xFFFFFFFF
 """``CUcheckpointLockArgs.timeoutMs`` is an unsigned int."""
 

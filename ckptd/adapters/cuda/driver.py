@@ -328,22 +328,7 @@ class CudaDriverCheckpointer:
                     pid=pid,
                 ) from exc
             return False
-        try:
-            return backend.restore_tid(pid) is not None
-        except GpuFailed as exc:
-            # The driver says CUDA_ERROR_NOT_INITIALIZED of a process that never initialised
-            # CUDA itself (seen on an H100, driver 580.159, the daemon's own cuInit done):
-            # every CPU-only process, and a child forked from a CUDA process (a DataLoader
-            # worker), which inherits its parent's /dev/nvidia* mappings but has no context
-            # of its own — CUDA does not survive fork. Nothing of it is the driver's to
-            # checkpoint; CRIU's cuda_plugin reads any failure of --get-restore-tid so too.
-            if exc.code != NOT_INITIALIZED:
-                raise
-            if maps_nvidia_devices(pid, self._proc):
-                log.info("pid %d maps NVIDIA devices but has no CUDA context of its own "
-                         "(driver: CUDA_ERROR_NOT_INITIALIZED; a child forked from a CUDA "
-                         "process?): dumped as a CPU process", pid)
-            return False
+        return backend.restore_tid(pid) is not None
 
     def _call(self, call: str, pid: int) -> Backend:
         """The backend, once ``pid`` is known to be a live process (not a thread)."""
@@ -465,10 +450,6 @@ class CudaDriverCheckpointer:
         if "/" in self._binary_name:
             return self._binary_name if Path(self._binary_name).is_file() else None
         return shutil.which(self._binary_name)
-
-
-NOT_INITIALIZED = "CUDA_ERROR_NOT_INITIALIZED"
-"""The probe's answer for a process that never initialised CUDA (``_uses_cuda``)."""
 
 
 def _foreign(call: str, pid: int | None, exc: Exception) -> CkptdError:
