@@ -129,6 +129,34 @@ def test_run_passes_other_signals_on_and_returns_the_jobs_exit_status(
     assert "trapper" not in policies(daemon), "a job that ended on its own leaves no policy"
 
 
+def test_a_sigterm_after_the_job_ended_returns_the_jobs_status_and_checkpoints_nothing(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    """A time limit's SIGTERM can come just after the job finished, before ``ckptctl run``
+    noticed (Slurm checks limits every 30 s): the job's own status comes back, not 143 (a
+    batch script would requeue a finished job), with no failure line and no checkpoint. Made
+    certain here by stopping ``ckptctl run`` while the job ends and the signal comes."""
+    done = tmp_path / "done"
+    cmd = ["sh", "-c", f'while [ ! -e "{done}" ]; do sleep 0.05; done; exit 3']
+    launcher = launch(procs, daemon, tmp_path / "job.out", "--name", "finisher", cmd=cmd)
+    job = job_of(launcher)
+    wait_until(lambda: "finisher" in policies(daemon), 10, "the job's policy")
+    launcher.send_signal(signal.SIGSTOP)
+    try:
+        done.touch()
+        wait_until(lambda: Path(f"/proc/{job}/stat").read_text().split(") ")[1][0] == "Z",
+                   10, "the job to end (a zombie: ckptctl run is stopped)")
+        launcher.send_signal(signal.SIGTERM)
+    finally:
+        launcher.send_signal(signal.SIGCONT)
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 3, err
+    assert b"had ended (exit status 3) before SIGTERM: nothing to checkpoint" in err, err
+    assert b"failed" not in err, err
+    assert "finisher" not in policies(daemon), "a job that ended on its own leaves no policy"
+    assert assert_ok(daemon.ctl("list", "--name", "finisher"), "list") == []
+
+
 def test_periodic_policy_checkpoints_a_running_job_and_survives_a_restart(
     start_daemon: Callable[..., Daemon], procs: Procs, tmp_path: Path
 ) -> None:

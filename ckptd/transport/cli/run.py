@@ -114,14 +114,20 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
             raise
         while job.poll() is None and not terminated.wait(0.2):
             pass
-        if not terminated.is_set():
-            drained = _forget_unless_drained(ctx, name)
-            if drained:  # a drain, a spot notice or `ckptctl dump --name` (preStop) took it
-                notice(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
-                       f"{_restores_it(name)}")
-                return EXIT_TERMINATED
-            return _status(job.wait())
-        return _checkpoint_then_stop(ctx, args, job, name)
+        # A SIGTERM that finds the job ended (it finished just before: a time limit's signal
+        # comes up to a minute late) has nothing to checkpoint: the job's own status stands,
+        # never 143, so a batch script does not requeue a finished job.
+        if terminated.is_set() and job.poll() is None:
+            return _checkpoint_then_stop(ctx, args, job, name)
+        drained = _forget_unless_drained(ctx, name)
+        if drained:  # a drain, a spot notice or `ckptctl dump --name` (preStop) took it
+            notice(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
+                   f"{_restores_it(name)}")
+            return EXIT_TERMINATED
+        if terminated.is_set():
+            err(f"{name} (pid {job.pid}) had ended (exit status {_status(job.wait())}) "
+                "before SIGTERM: nothing to checkpoint")
+        return _status(job.wait())
     finally:
         for signo, old in handlers.items():
             signal.signal(signo, old)
@@ -312,8 +318,9 @@ def _checkpoint_then_stop(
         response = ctx.client.Drain(pb.DrainRequest(names=[name]), timeout=args.grace)
     except grpc.RpcError as exc:
         if exc.code().name not in _STILL_GOING:
-            err(f"checkpoint of {name} before termination failed: {exc.details()}; "
-                "stopping it")
+            if job.poll() is None:  # else: refused as the job had ended, said below
+                err(f"checkpoint of {name} before termination failed: {exc.details()}; "
+                    "stopping it")
             response = None
         else:
             # The daemon may be checkpointing it right now: a SIGTERM sent into the dump would
@@ -333,6 +340,12 @@ def _checkpoint_then_stop(
         notice(f"{name} (pid {job.pid}) checkpointed as {ck} before termination{after}; "
                f"{_restores_it(name)}")
         return EXIT_TERMINATED
+    if response is None and job.poll() is not None:
+        # refused because the job ended meanwhile (after the check in cmd_run): no failure
+        _forget_unless_drained(ctx, name)
+        err(f"{name} (pid {job.pid}) ended (exit status {_status(job.wait())}) before it "
+            "could be checkpointed: nothing to checkpoint")
+        return _status(job.wait())
     if response is not None:
         for line in response.errors:
             err(f"checkpoint of {name} before termination failed: {line}; stopping it")
