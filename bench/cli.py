@@ -21,6 +21,7 @@ COMMANDS = {
     "daemon": "what the daemon adds over running CRIU directly",
     "files": "what capturing the files a job writes costs",
     "gc": "GC compaction of a job that rewrites scattered memory",
+    "lazy": "lazy restore: time until the job runs, against raw CRIU lazy-pages",
     "meta": "per-page metadata of a dump (peak RSS growth)",
     "migrate": "migration between two daemons against raw CRIU",
     "no-io-uring": "the cost of ckptctl run's io_uring filter",

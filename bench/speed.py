@@ -72,6 +72,8 @@ from ckptd.adapters.criu.images import read_dump_stats
 PAGE = 4096
 RAW = RawCriu()
 VENV = Path(sys.executable).parent
+LOG_LEVEL = os.environ.get("BENCH_LOG", "WARNING")
+"""The benchmark daemons' log level (BENCH_LOG=INFO: their logs say where time goes)."""
 
 
 @dataclass
@@ -141,7 +143,7 @@ def daemon_at(root: Path, setting: str = "") -> Iterator[tuple[Path, int, list[P
     with (root / "ckptd.log").open("w") as log:
         daemon = subprocess.Popen(
             [*command_of("ckptd", VENV), "--socket", str(sock), "--store", str(root / "store"),
-             "--state-dir", str(state), "--log-level", "WARNING", *criu, *config], stderr=log)
+             "--state-dir", str(state), "--log-level", LOG_LEVEL, *criu, *config], stderr=log)
     try:
         while not sock.exists():
             if daemon.poll() is not None:

@@ -77,6 +77,7 @@ from ckptd.core.compat import (
     show_tcp,
     tcp_missing,
 )
+from ckptd.core.events import EventBus
 from ckptd.core.gpu import GpuSession
 from ckptd.core.held import HeldTree, pid_map
 from ckptd.core.intocontainer import (
@@ -86,6 +87,7 @@ from ckptd.core.intocontainer import (
     memory_problems,
 )
 from ckptd.core.jobfiles import PutBackAll
+from ckptd.core.lazyrestore import LazyWatch
 from ckptd.core.parts import RecipeParts
 from ckptd.core.placement import CgroupPlacement, TreeCgroup
 from ckptd.core.ports import (
@@ -164,6 +166,11 @@ class RestoreContext:
     captured files)."""
     undo_log: UndoLog | None = None
     """The restore's durable undo records (journal entry ``op_id``)."""
+    events: EventBus | None = None
+    """Where a lazy restore tells its end (``core.lazyrestore``)."""
+    lazy: LazyWatch | None = None
+    """A lazy restore's watch: from the checkout on; it takes over what the restore holds
+    once the tree runs, until the last page is served."""
 
     @property
     def cgroup(self) -> str:
@@ -264,18 +271,23 @@ class RestoreRecipe:
         except Exception as exc:
             if ctx.undo_log is not None:
                 ctx.undo_log.end()  # rolled back (a dying daemon never gets here)
+            if ctx.lazy is not None:
+                ctx.lazy.abandon()
             if isinstance(exc, CkptdError) and ctx.record is not None:
                 exc.checkpoint_id = exc.checkpoint_id or ctx.record.id
                 exc.pid = exc.pid or ctx.record.pid
             raise
         else:
-            if ctx.undo_log is not None:
+            if ctx.lazy is not None:  # pages still served: the watch ends the entry
+                ctx.lazy.adopt(ctx.checkout, ctx.held, ctx.pid, ctx.undo_log)
+                ctx.held = None
+            elif ctx.undo_log is not None:
                 ctx.undo_log.end()  # the tree runs
             if ctx.files is not None:
                 ctx.files.prune(self._config.aside_keep, self._config.aside_max_age_s)
         finally:  # what the steps hold until the restore ends (their undos release it too)
             ctx.stdio_fds.close()
-            ctx.checkout.close()
+            ctx.checkout.close()  # (empty when a lazy watch took it over)
             if ctx.held is not None:
                 ctx.held.close()
         return self._outcome(ctx)
@@ -296,6 +308,7 @@ class RestoreRecipe:
             tcp_closed=(f"{len(ctx.record.tcp)} TCP connection(s) restored closed: this node "
                         f"lacks the local address of {show_tcp(ctx.tcp_closed)}"
                         if ctx.tcp_closed else ""),
+            lazy=ctx.lazy is not None,
         )
 
     def place_criu(self, ctx: RestoreContext, criu_pid: int) -> None:
@@ -445,13 +458,34 @@ class RestoreRecipe:
         assert ctx.record is not None
         if ctx.images_dir is not None:
             return  # staged images given by the caller (a migration's target)
-        if self._streams(ctx):
+        if ctx.request.lazy:
+            self._refuse_lazy(ctx)
+            ctx.lazy = LazyWatch(checkpoint_id=ctx.record.id, uid=ctx.record.uid,
+                                 processes=self._processes, undoer=self.undoer,
+                                 events=ctx.events)
+        if self._streams(ctx) or ctx.lazy is not None:
             ctx.images_dir, ctx.images = ctx.checkout.enter_context(
                 self._store.checkout_streamed(ctx.record.id))
             for captured in ctx.record.files:
                 ctx.images.write(captured.image, ctx.images_dir / captured.image)
             return
         ctx.images_dir = ctx.checkout.enter_context(self._store.checkout(ctx.record.id))
+
+    def _refuse_lazy(self, ctx: RestoreContext) -> None:
+        """A lazy restore is for a CPU tree restored on the node by a CRIU that streams."""
+        assert ctx.record is not None
+        why = ("it is a GPU checkpoint (its device memory comes back whole)"
+               if ctx.record.gpu is not None
+               else "it restores into a container" if ctx.into is not None
+               else "it is part of a group restore" if ctx.gate is not None
+               else "this daemon does not stream restores (stream_restore = false)"
+               if not self._config.stream_restore
+               else "this CRIU cannot stream a restore (scripts/install-criu.sh)"
+               if not self._criu.can_stream_restore() else "")
+        if why:
+            raise PreconditionFailed(f"cannot restore {ctx.record.id} lazily: {why}",
+                                     hint="restore it without --lazy",
+                                     checkpoint_id=ctx.record.id)
 
     def _streams(self, ctx: RestoreContext) -> bool:
         return (self._config.stream_restore and ctx.into is None
@@ -525,6 +559,7 @@ class RestoreRecipe:
             restore_cgroups=not ctx.cgroup and ctx.into is None,
             container=ctx.into.placement() if ctx.into is not None else None,
             images=ctx.images,
+            lazy=ctx.lazy,
         )
         try:
             ctx.pid = self._criu.restore(job, _HoldOnPostRestore(self._hooks, self, ctx))
@@ -577,7 +612,10 @@ class RestoreRecipe:
         while it is still stopped, its group never having let it run)."""
         if ctx.held is None or ctx.record is None:
             return None
-        return KillTree(tuple((p, s) for p, s in ctx.held.members()),
+        # a lazy restore's page daemon last: no task may leave a fault once it is gone
+        helper = ((ctx.lazy.helper[0], ctx.lazy.helper[1]),) if ctx.lazy and ctx.lazy.helper \
+            else ()
+        return KillTree((*((p, s) for p, s in ctx.held.members()), *helper),
                         only_stopped=ctx.gate is not None)
 
     def _kill_restored(self, ctx: RestoreContext) -> None:

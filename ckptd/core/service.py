@@ -160,6 +160,7 @@ class CheckpointService:
             ctx.record, ctx.images_dir = staged
         record = self._restore.resolve(ctx)
         ctx.gate = gate
+        ctx.events = self.events
         self.events.publish(EventKind.RESTORE_STARTED, pid=record.pid, checkpoint_id=record.id,
                             name=record.name, uid=record.uid,
                             message=f"restore of {record.id} started")

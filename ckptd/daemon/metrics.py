@@ -66,7 +66,8 @@ MAX_JOB_NAMES = 1000
 """Names with a ``ckptd_job_last_checkpoint_timestamp_seconds`` series at most."""
 
 FAILED_OPERATION = {EventKind.CHECKPOINT_FAILED: "checkpoint",
-                    EventKind.RESTORE_FAILED: "restore", EventKind.MIGRATE_FAILED: "migration"}
+                    EventKind.RESTORE_FAILED: "restore", EventKind.MIGRATE_FAILED: "migration",
+                    EventKind.RESTORE_LAZY_FAILED: "restore"}
 _REASON = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 

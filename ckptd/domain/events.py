@@ -16,6 +16,8 @@ class EventKind(enum.StrEnum):
     RESTORE_STARTED = "restore.started"
     RESTORE_DONE = "restore.done"
     RESTORE_FAILED = "restore.failed"
+    RESTORE_LAZY_DONE = "restore.lazy_done"
+    RESTORE_LAZY_FAILED = "restore.lazy_failed"
     MIGRATE_DONE = "migrate.done"
     MIGRATE_FAILED = "migrate.failed"
     POLICY_SET = "policy.set"

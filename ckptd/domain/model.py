@@ -448,6 +448,8 @@ class RestoreRequest:
     into_callers_container: bool = False
     """Restore inside the caller's container, as its child (the caller is the container's
     init: ``ckptctl run`` in the next pod). Only for container checkpoints."""
+    lazy: bool = False
+    """Let the tree run before its memory is back (``core.lazyrestore``)."""
 
 
 @dataclass(frozen=True)
@@ -609,6 +611,8 @@ class RestoreOutcome:
     tcp_closed: str = ""
     """Set when the tree's TCP connections came back closed because this node lacks a
     connection's local address: one line naming them (the restore's event carries it)."""
+    lazy: bool = False
+    """A lazy restore: the tree runs while its pages are still being served."""
 
 
 @dataclass(frozen=True)

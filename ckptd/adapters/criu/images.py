@@ -111,7 +111,7 @@ def tcp_connections_in(raw: bytes) -> tuple[TcpConnection, ...] | None:
                 return None
             entry = raw[offset : offset + size]
             offset += size
-            fields = dict(_fields(entry))
+            fields = dict(proto_fields(entry))
             isk = fields.get(4)
             if fields.get(1) != _FD_TYPES_INETSK or not isinstance(isk, bytes):
                 continue
@@ -126,7 +126,7 @@ def tcp_connections_in(raw: bytes) -> tuple[TcpConnection, ...] | None:
 def _inet_connection(isk: bytes) -> TcpConnection | None:
     ints: dict[int, int] = {}
     addrs: dict[int, list[int]] = {11: [], 12: []}
-    for number, value in _fields(isk):
+    for number, value in proto_fields(isk):
         if number in addrs:
             if isinstance(value, bytes):  # packed
                 pos = 0
@@ -155,7 +155,7 @@ def _inet_connection(isk: bytes) -> TcpConnection | None:
     )
 
 
-def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+def proto_fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
     """(field number, value) of a protobuf message: varints as int, length-delimited as
     bytes; fixed-width fields are skipped."""
     pos = 0

@@ -43,6 +43,7 @@ class CriuSwrk:
         self._status_at = 0.0
         self._status_lock = threading.Lock()
         self._streams: bool | None = None
+        self._lazy: bool | None = None
 
     # ---- status -------------------------------------------------------------------------------
 
@@ -133,9 +134,27 @@ class CriuSwrk:
                 self._streams = self.feature("rpc_stream")
             return self._streams
 
+    def lazy_restores(self) -> bool:
+        """This kernel and CRIU can restore lazily (``criu check --feature uffd-noncoop``:
+        userfaultfd with fork, remap and exit events). Asked once."""
+        with self._status_lock:
+            if self._lazy is None:
+                self._lazy = self.feature("uffd-noncoop")
+            return self._lazy
+
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
         """The restored root's pid (the node's)."""
-        if job.images is not None:
+        if job.lazy is not None:
+            if job.images is None or job.container is not None:
+                raise CriuFailed("a lazy restore reads its images from the store, on the node",
+                                 hint="restore without --lazy")
+            if not self.lazy_restores():
+                raise CriuUnavailable(
+                    f"CRIU at {self._path} cannot restore lazily here (`criu check --feature "
+                    "uffd-noncoop` fails: this kernel's userfaultfd lacks what it needs)")
+            variant = variants.lazy_restore(self._setup, self._path, self.status().version,
+                                            job, job.images, job.lazy, hooks)
+        elif job.images is not None:
             if job.container is not None:
                 raise CriuFailed("a streamed restore inside a container is not supported",
                                  hint="restore from an image directory")

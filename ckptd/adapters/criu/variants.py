@@ -18,11 +18,13 @@ import contextlib
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
+from ckptd.adapters.criu import lazypages
 from ckptd.adapters.criu.client import DirFd, SwrkCall
 from ckptd.adapters.criu.containers import (
     Container,
@@ -32,12 +34,14 @@ from ckptd.adapters.criu.containers import (
 )
 from ckptd.adapters.criu.images import read_tcp_connections, tcp_connections_in
 from ckptd.adapters.criu.imgstreamer import ImageStreamer, StreamGuard
+from ckptd.adapters.criu.pageserver import wire_for
 from ckptd.core.ports import (
     CriuDumpJob,
     CriuHooks,
     CriuPlacement,
     CriuRestoreJob,
     ImageSource,
+    LazyPages,
 )
 from ckptd.errors import CkptdError, CorruptCheckpoint, CriuFailed
 
@@ -204,6 +208,36 @@ def streamed_restore(setup: Setup, job: CriuRestoreJob, images: ImageSource,
                     images.checkpoint_id, streamer.error)
     log.info("streamed restore of %s: %d images read from the store, %d absent",
              images.checkpoint_id, len(streamer.served), len(streamer.missing))
+
+
+@contextlib.contextmanager
+def lazy_restore(setup: Setup, criu_path: str, criu_version: str, job: CriuRestoreJob,
+                 images: ImageSource, lazy: LazyPages, hooks: CriuHooks) -> Iterator[SwrkCall]:
+    """CRIU restores without the pages of anonymous private memory, which ``lazypages``
+    serves from ``images`` once the tree runs (the module's doc): the images staged, CRIU's
+    lazy-pages daemon started (placed as CRIU is: ``hooks.criu_started``) and served from
+    before the restore begins (a task may touch a page as soon as CRIU resumes it). A
+    failed restore stops the daemon: CRIU killed what it created, no task waits on a page."""
+    t0 = time.monotonic()
+    maps = lazypages.stage(images, job.images_dir)
+    t1 = time.monotonic()
+    daemon = lazypages.LazyDaemon(criu_path, job.images_dir, job.work_dir, setup.env(),
+                                  setup.log_level)
+    daemon.start(hooks.criu_started)
+    log.info("lazy restore of %s: images staged in %.3fs, CRIU's page daemon ready in %.3fs",
+             images.checkpoint_id, t1 - t0, time.monotonic() - t1)
+    assert daemon.proc is not None and daemon.sock is not None
+    lazy.started(daemon.proc.pid)
+    serving = lazypages.PageServing(daemon.sock, images, maps, wire_for(criu_version))
+    lazypages.LazyRun(daemon, serving, lazy.failed, lazy.done).begin()
+    config = job.work_dir / "lazy.conf"
+    config.write_text("lazy-pages\n")
+    try:
+        with plain_restore(setup, job, hooks, config) as swrk:
+            yield swrk
+    except BaseException:
+        daemon.kill()
+        raise
 
 
 # ---- in a container -----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from ckptd.core.ports.criu import (
     ForwardingHooks,
     ImageSource,
     InheritFd,
+    LazyPages,
     PageSink,
 )
 from ckptd.core.ports.files import (
@@ -108,6 +109,7 @@ __all__ = [
     "InheritFd",
     "JobFiles",
     "Journal",
+    "LazyPages",
     "MemoryLimit",
     "NodeInspector",
     "PageExchange",

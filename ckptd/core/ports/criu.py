@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ckptd.domain import CriuStatus, TcpConnection
+from ckptd.errors import CkptdError
 
 
 class CriuHooks:
@@ -189,6 +190,35 @@ class ImageSource(Protocol):
         """Write image ``name`` to ``path`` (a new file), verified, as a checkout does."""
         ...
 
+    def names(self) -> list[str]:
+        """Every image of the checkpoint, sorted."""
+        ...
+
+    def pages(self, name: str, first: int, count: int) -> bytes:
+        """Pages ``first`` to ``first + count - 1`` of the pages image ``name``, verified
+        (a lazy restore asks for them in any order, neighbours one after another); raises
+        CorruptCheckpoint before returning anything unverified, IndexError past the end."""
+        ...
+
+
+class LazyPages(Protocol):
+    """The end of a lazy restore (``CriuRestoreJob.lazy``), told from a thread of the
+    adapter: the tree runs once CRIU returns, and its remaining pages are served from
+    ``CriuRestoreJob.images`` as it touches them and in the background until all are in."""
+
+    def started(self, helper_pid: int) -> None:
+        """CRIU's page daemon for the restore runs as ``helper_pid`` (before the restore
+        begins): killed after the tree if the restore is undone by a later start."""
+
+    def failed(self, error: CkptdError) -> None:
+        """A page cannot be served (damaged or missing, or CRIU's page daemon ended first).
+        Called while every process that touched a missing page still waits for it, before
+        anything lets that wait end: it must kill the restored tree and return only once the
+        tree is dead (the wait would otherwise end on a zero page)."""
+
+    def done(self, pages: int, seconds: float) -> None:
+        """Every page was served (``pages`` of them, ``seconds`` after CRIU returned)."""
+
 
 @dataclass(frozen=True)
 class CriuRestoreJob:
@@ -217,6 +247,12 @@ class CriuRestoreJob:
     reads it from this source as it is verified (``Criu.can_stream_restore``; not with
     ``container``); ``images_dir`` then holds no image CRIU needs (only ckptd's own files)
     and a restore whose source fails is undone before any process runs."""
+    lazy: LazyPages | None = None
+    """With ``images``: a lazy restore. CRIU restores the tree without its anonymous
+    private memory (only the pages it reads itself: stacks, file mappings, shared memory),
+    the tree runs when CRIU returns, and every other page is served from ``images``,
+    verified, when first touched (userfaultfd) or fetched in the background; ``lazy`` is
+    told how that ends. Not with ``container``."""
 
 
 class CriuDumpInProgress(Protocol):

@@ -206,6 +206,10 @@ class PageSource:
     def _load_frame(self, pack_id: str, frame_no: int) -> bytes:
         return self._load_frame_stored(pack_id, frame_no)[1]
 
+    def load_frame(self, pack_id: str, frame_no: int) -> bytes:
+        """One frame's pages, every one verified (CorruptCheckpoint otherwise)."""
+        return self._load_frame(pack_id, frame_no)
+
     def _fetch_frame(self, pack_id: str, frame_no: int) -> bytes:
         """A frame's bytes as its pack stores them (zstd, or raw pages), unverified."""
         frame = self._index.packs[pack_id].frames[frame_no]

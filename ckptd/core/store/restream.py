@@ -8,13 +8,16 @@ the CRIU adapter's protocol (``adapters/criu/imgstreamer.py``).
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
 from ckptd.core.store.manifest import Manifest
+from ckptd.core.store.pagehash import PAGE_SIZE
 from ckptd.core.store.reader import PREFETCH, CheckpointReader, Segment
 
 CHUNK = 1 << 20
@@ -48,6 +51,7 @@ class CheckpointImages:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._open = 0
+        self._random: dict[str, RandomPages] = {}
         threading.Thread(target=self._plan_all, name=f"plan {self.checkpoint_id}",
                          daemon=True).start()
 
@@ -98,6 +102,67 @@ class CheckpointImages:
     def write(self, name: str, path: Path) -> None:
         self._reader.materialize(self._entries[name], path)
 
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def pages(self, name: str, first: int, count: int) -> bytes:
+        with self._lock:
+            pages = self._random.get(name)
+            if pages is None:
+                future = self._plans.get(name)
+                if future is None:
+                    raise KeyError(f"{name} is not a pages image")
+                pages = RandomPages(self._reader, *future.result())
+                self._random[name] = pages
+        return pages.read(first, count)
+
+
+class RandomPages:
+    """One pages image read at any page (a lazy restore): the frames a read needs are
+    verified whole before any byte of them is returned (``PageSource._load_frame``), and the
+    last FRAMES_KEPT are kept, since the pages asked for next are mostly their neighbours.
+    Thread-safe (one lock: a lazy restore serves its pages from one thread)."""
+
+    FRAMES_KEPT = 8
+    """Verified frames kept (4 MiB each, decompressed)."""
+
+    def __init__(self, reader: CheckpointReader, segments: list[Segment], total: int) -> None:
+        self._reader = reader
+        self._segments = segments
+        self._starts = [seg[0] for seg in segments]
+        self._total = total
+        self._frames: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, first: int, count: int) -> bytes:
+        if first < 0 or count < 0 or first + count > self._total:
+            raise IndexError(f"pages {first}+{count} of an image of {self._total}")
+        out = bytearray(count * PAGE_SIZE)  # zero pages: the gaps between segments
+        end = first + count
+        i = max(0, bisect.bisect_right(self._starts, first) - 1)
+        with self._lock:
+            while i < len(self._segments) and self._segments[i][0] < end:
+                at, key, in_frame, n = self._segments[i]
+                lo, hi = max(at, first), min(at + n, end)
+                if lo < hi:
+                    frame = self._frame(key)
+                    src = (in_frame + lo - at) * PAGE_SIZE
+                    out[(lo - first) * PAGE_SIZE:(hi - first) * PAGE_SIZE] = \
+                        frame[src:src + (hi - lo) * PAGE_SIZE]
+                i += 1
+        return bytes(out)
+
+    def _frame(self, key: tuple[str, int]) -> bytes:
+        data = self._frames.get(key)
+        if data is not None:
+            self._frames.move_to_end(key)
+            return data
+        data = self._reader.load_frame(*key)
+        self._frames[key] = data
+        if len(self._frames) > self.FRAMES_KEPT:
+            self._frames.popitem(last=False)
+        return data
+
 
 class DirectoryImages:
     """The images of a directory, read as they are (nothing to verify)."""
@@ -130,3 +195,15 @@ class DirectoryImages:
         with open(path, "xb") as out:
             for chunk in self.chunks(name):
                 out.write(chunk)
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self._dir.iterdir() if p.is_file())
+
+    def pages(self, name: str, first: int, count: int) -> bytes:
+        if first < 0 or count < 0 or (first + count) * PAGE_SIZE > self.size(name):
+            raise IndexError(f"pages {first}+{count} of {name}")
+        fd = os.open(self._dir / name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, count * PAGE_SIZE, first * PAGE_SIZE)
+        finally:
+            os.close(fd)

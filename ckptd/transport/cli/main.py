@@ -222,6 +222,7 @@ def cmd_restore(ctx: Context, args: argparse.Namespace) -> int:
         what = target
     request.gpu_map.update(gpu_map)
     request.ignore_warnings = bool(args.ignore_warnings)
+    request.lazy = bool(args.lazy)
     result = _stream_result(ctx.client.Restore(request, timeout=ctx.timeout), "result")
     if result is None:
         raise CliError(f"ckptd ended the restore of {what} without a result; check its log")
@@ -510,6 +511,14 @@ def _add_restore(command: Command) -> None:
         action="store_true",
         help="restore despite compatibility warnings (other kernel, CRIU or libc; see "
         f"'{PROG} check-restore'); blocking differences are never overridden",
+    )
+    restore.add_argument(
+        "--lazy",
+        action="store_true",
+        help="let the job run before its memory is back: each page comes from the store, "
+        "verified, when first touched, the rest in the background (events restore.lazy_done "
+        "or restore.lazy_failed; a page that cannot be served kills the job). CPU jobs, "
+        "restored on the node",
     )
 
 

@@ -164,6 +164,9 @@ def gc_report(report: Mapping[str, Any]) -> str:
 
 def restore_summary(result: Mapping[str, Any]) -> str:
     line = f"restored {result['id']} as pid {result['pid']} in {seconds(result['duration_s'])}s"
+    if result.get("lazy"):
+        line += (" (lazy: its memory comes in as it runs; `ckptctl events` says "
+                 "restore.lazy_done when all is in)")
     if result.get("output_path"):
         line += f"\noutput: {result['output_path']}"
     for path in result.get("files_put_back", ()):

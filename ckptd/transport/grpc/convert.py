@@ -90,6 +90,7 @@ def restore_request(msg: pb.RestoreRequest) -> RestoreRequest:
         gpu_map=v.gpu_map(msg.gpu_map),
         ignore_warnings=msg.ignore_warnings,
         into_callers_container=msg.into_callers_container,
+        lazy=msg.lazy,
     )
 
 
@@ -193,6 +194,7 @@ def restore_result(o: RestoreOutcome) -> pb.RestoreResult:
         files_kept=list(o.files_kept),
         cgroup=o.cgroup,
         ns_pid=o.ns_pid,
+        lazy=o.lazy,
     )
 
 

@@ -925,6 +925,7 @@ class RestoreRequest(_message.Message):
     GPU_MAP_FIELD_NUMBER: _builtins.int
     IGNORE_WARNINGS_FIELD_NUMBER: _builtins.int
     INTO_CALLERS_CONTAINER_FIELD_NUMBER: _builtins.int
+    LAZY_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     pid: _builtins.int
     """the latest checkpoint of this pid"""
@@ -942,6 +943,12 @@ class RestoreRequest(_message.Message):
     cgroups, the tree's stdio is the caller's, its files are put back in the caller's root
     file system, and the tree becomes the caller's child. Only for container checkpoints.
     """
+    lazy: _builtins.bool
+    """Run the tree before its memory is back: its anonymous memory is served from the store,
+    each page verified, when first touched and in the background until all is in (events
+    restore.lazy_done / restore.lazy_failed tell the end; a page that cannot be served kills
+    the tree). Not into a container, not for a GPU checkpoint.
+    """
     @_builtins.property
     def gpu_map(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Checkpoint GPU UUID -> this node's GPU UUID (every checkpointed GPU, or none)."""
@@ -956,10 +963,11 @@ class RestoreRequest(_message.Message):
         gpu_map: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         ignore_warnings: _builtins.bool = ...,
         into_callers_container: _builtins.bool = ...,
+        lazy: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "name", b"name", "pid", b"pid", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "gpu_map", b"gpu_map", "ignore_warnings", b"ignore_warnings", "into_callers_container", b"into_callers_container", "name", b"name", "output_path", b"output_path", "pid", b"pid", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "gpu_map", b"gpu_map", "ignore_warnings", b"ignore_warnings", "into_callers_container", b"into_callers_container", "lazy", b"lazy", "name", b"name", "output_path", b"output_path", "pid", b"pid", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["checkpoint_id", "pid", "name"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
@@ -980,6 +988,7 @@ class RestoreResult(_message.Message):
     FILES_KEPT_FIELD_NUMBER: _builtins.int
     CGROUP_FIELD_NUMBER: _builtins.int
     NS_PID_FIELD_NUMBER: _builtins.int
+    LAZY_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     pid: _builtins.int
     output_path: _builtins.str
@@ -988,6 +997,8 @@ class RestoreResult(_message.Message):
     """The cgroup (v2 path) the restored tree was placed in; empty when ckptd placed nothing."""
     ns_pid: _builtins.int
     """The restored root's pid in the caller's pid namespace (into_callers_container), else 0."""
+    lazy: _builtins.bool
+    """A lazy restore: the tree runs while its pages are still being served."""
     @_builtins.property
     def stdio(self) -> _containers.RepeatedCompositeFieldContainer[Global___StdioFact]: ...
     @_builtins.property
@@ -1010,10 +1021,11 @@ class RestoreResult(_message.Message):
         files_kept: _abc.Iterable[_builtins.str] | None = ...,
         cgroup: _builtins.str = ...,
         ns_pid: _builtins.int = ...,
+        lazy: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "checkpoint_id", b"checkpoint_id", "duration_s", b"duration_s", "files_kept", b"files_kept", "files_put_back", b"files_put_back", "ns_pid", b"ns_pid", "output_path", b"output_path", "pid", b"pid", "stdio", b"stdio"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "checkpoint_id", b"checkpoint_id", "duration_s", b"duration_s", "files_kept", b"files_kept", "files_put_back", b"files_put_back", "lazy", b"lazy", "ns_pid", b"ns_pid", "output_path", b"output_path", "pid", b"pid", "stdio", b"stdio"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

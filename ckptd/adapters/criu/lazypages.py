@@ -1,0 +1,382 @@
+"""A lazy restore: the tree runs before its memory is back, each page served by ckptd.
+
+CRIU's own post-copy machinery (``criu/uffd.c``, ``criu/page-xfer.c``), with ckptd where CRIU
+puts a remote page server:
+
+- ``stage``: every image but the pages is written to the images directory; each pages image
+  is a sparse file of its full size holding only the pages ``criu restore --lazy-pages``
+  reads itself (pagemap entries without ``PE_LAZY``: stacks, file mappings' private pages,
+  shared memory). The others stay in the store until asked for.
+- ``LazyDaemon``: ``criu lazy-pages --page-server --ps-socket FD`` started first, on one end
+  of a socketpair; the restore hands it each task's userfaultfd. It asks for a missing page
+  when a task first touches it, and for all the rest in the background once the restore is
+  done, then says ``PS_IOV_CLOSE`` and exits.
+- ``PageServing``: the other end, answering each ``PS_IOV_GET <dst_id, vaddr, nr_pages>``
+  (``dst_id``: the task's pagemap id) with ``PS_IOV_ADD_F`` and the pages, read from the
+  ``ImageSource`` (verified before a byte is sent).
+
+Invariants: no unverified byte is ever sent. A request that cannot be answered (a damaged or
+missing page, a request outside the images) is not answered: the task that touched the page
+waits for it, and ``LazyPages.failed`` kills the tree *before* the lazy daemon is stopped (a
+userfaultfd released with a task waiting on it would let the task go on with a zero page).
+The lazy daemon also holds a duplicate of ckptd's end of the socket, so a daemon that dies
+(SIGKILL) never shows it an end of file: the tree then waits on its next missing page, and the
+restore's journal entry, still open, has the next start kill it. Ended by the lazy daemon
+before ``PS_IOV_CLOSE`` (it failed, or was killed): the same failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import subprocess
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptd.adapters.criu.images import IMG_COMMON_MAGIC, is_pages_image, proto_fields
+from ckptd.adapters.criu.pageserver import (
+    PAGE_SIZE,
+    PAGEMAP_MAGIC,
+    PE_LAZY,
+    PE_PARENT,
+    PE_PRESENT,
+    PS_IOV_ADD_F,
+    PS_IOV_CLOSE,
+    PS_IOV_FORCE_CLOSE,
+    PS_IOV_GET,
+    Wire,
+)
+from ckptd.core.ports import ImageSource
+from ckptd.errors import CkptdError, CorruptCheckpoint, CriuFailed
+
+log = logging.getLogger(__name__)
+
+READY_WAIT_S = 10.0
+"""How long ``criu lazy-pages`` may take to be ready for the restore."""
+LOG_NAME = "lazy-pages.log"
+"""The lazy-pages daemon's log, errors only: from warnings up it writes lines per request
+(tens of megabytes for a few GiB)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One pagemap entry: ``nr_pages`` pages from ``vaddr``; ``first``: the index of its
+    first page in the pages image (entries without data take none)."""
+
+    vaddr: int
+    nr_pages: int
+    flags: int
+    first: int
+
+    @property
+    def end(self) -> int:
+        return self.vaddr + self.nr_pages * PAGE_SIZE
+
+    @property
+    def has_data(self) -> bool:
+        return bool(self.flags & PE_PRESENT)
+
+    @property
+    def lazy(self) -> bool:
+        return bool(self.flags & PE_LAZY)
+
+
+@dataclass(frozen=True)
+class Pagemap:
+    """A pagemap image: its pages image and entries (by address, as CRIU writes them)."""
+
+    pages_name: str
+    entries: tuple[Entry, ...]
+    starts: tuple[int, ...] = ()
+    """Each entry's ``vaddr`` (``parse_pagemap`` sets it), for ``locate``."""
+
+    def locate(self, vaddr: int) -> Entry | None:
+        """The entry with data that holds the page at ``vaddr``, if any."""
+        i = bisect_right(self.starts, vaddr) - 1
+        if i < 0:
+            return None
+        entry = self.entries[i]
+        return entry if entry.has_data and vaddr < entry.end else None
+
+
+def parse_pagemap(raw: bytes, name: str) -> Pagemap:
+    """``pagemap-*.img`` read: its head (``pages_id``) and entries. ValueError if it is not
+    one."""
+    if len(raw) < 8 or struct.unpack_from("<II", raw, 0) != (IMG_COMMON_MAGIC, PAGEMAP_MAGIC):
+        raise ValueError(f"{name} is not a pagemap image")
+    messages: list[bytes] = []
+    offset = 8
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise ValueError(f"{name}: an entry cut short")
+        (size,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise ValueError(f"{name}: an entry cut short")
+        messages.append(raw[offset:offset + size])
+        offset += size
+    if not messages:
+        raise ValueError(f"{name} has no head")
+    pages_id = _int(dict(proto_fields(messages[0])), 1)
+    if pages_id is None:
+        raise ValueError(f"{name}: no pages_id")
+    entries: list[Entry] = []
+    first = 0
+    for message in messages[1:]:
+        fields = dict(proto_fields(message))
+        vaddr = _int(fields, 1)
+        count = _int(fields, 5)
+        if count is None:
+            count = _int(fields, 2)
+        flags = _int(fields, 4)
+        if flags is None:
+            flags = PE_PARENT if _int(fields, 3) else PE_PRESENT
+        if vaddr is None or count is None:
+            raise ValueError(f"{name}: an entry without vaddr or nr_pages")
+        entries.append(Entry(vaddr, count, flags, first))
+        if flags & PE_PRESENT:
+            first += count
+    return Pagemap(f"pages-{pages_id}.img", tuple(entries), tuple(e.vaddr for e in entries))
+
+
+def _int(fields: dict[int, int | bytes], number: int) -> int | None:
+    value = fields.get(number)
+    return value if isinstance(value, int) else None
+
+
+def pagemap_id(name: str) -> int | None:
+    """The task image id of ``pagemap-<id>.img`` (what the lazy daemon asks by); None for a
+    shared-memory pagemap or another image."""
+    if not (name.startswith("pagemap-") and name.endswith(".img")):
+        return None
+    middle = name[len("pagemap-"):-len(".img")]
+    return int(middle) if middle.isdigit() else None
+
+
+def stage(images: ImageSource, images_dir: Path) -> dict[int, Pagemap]:
+    """Write what a lazy restore reads from ``images_dir``: every image but the pages, and
+    each pages image as a sparse file holding only the pages CRIU's restore reads itself
+    (those of entries without ``PE_LAZY``). Returns each task's pagemap by image id."""
+    names = images.names()
+    for name in names:  # (captured files' images may be there already)
+        if not is_pages_image(name) and not (images_dir / name).exists():
+            images.write(name, images_dir / name)
+    task_maps: dict[int, Pagemap] = {}
+    sized: set[str] = set()
+    for name in names:
+        if not name.startswith("pagemap-"):
+            continue
+        try:
+            pagemap = parse_pagemap((images_dir / name).read_bytes(), name)
+        except ValueError as exc:
+            raise CorruptCheckpoint(f"checkpoint {images.checkpoint_id}: {exc}",
+                                    checkpoint_id=images.checkpoint_id) from exc
+        _write_eager_pages(images, images_dir, pagemap)
+        sized.add(pagemap.pages_name)
+        if (image_id := pagemap_id(name)) is not None:
+            task_maps[image_id] = pagemap
+    for name in names:  # a pages image no pagemap names: none in a CRIU dump; kept whole
+        if is_pages_image(name) and name not in sized:
+            images.write(name, images_dir / name)
+    return task_maps
+
+
+def _write_eager_pages(images: ImageSource, images_dir: Path, pagemap: Pagemap) -> None:
+    name = pagemap.pages_name
+    fd = os.open(images_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, images.size(name) if images.exists(name) else 0)
+        for entry in pagemap.entries:
+            if entry.has_data and not entry.lazy and entry.nr_pages:
+                data = images.pages(name, entry.first, entry.nr_pages)
+                os.pwrite(fd, data, entry.first * PAGE_SIZE)
+    finally:
+        os.close(fd)
+
+
+class PageServing:
+    """Answers the lazy daemon's requests on ``sock`` from ``images`` (one thread).
+    ``run`` returns the pages served once the daemon has said ``PS_IOV_CLOSE``; raises
+    CkptdError when a request cannot be answered (it is then left unanswered) or the
+    daemon hung up first."""
+
+    def __init__(self, sock: socket.socket, images: ImageSource, maps: dict[int, Pagemap],
+                 wire: Wire) -> None:
+        self._sock = sock
+        self._images = images
+        self._maps = maps
+        self._iov = wire.iov
+        self.pages = 0
+        self.requests = 0
+
+    def run(self) -> int:
+        while True:
+            head = self._recv(self._iov.size)
+            if head is None:
+                raise CriuFailed(
+                    f"CRIU's lazy-pages daemon hung up after {self.pages} pages of "
+                    f"{self._images.checkpoint_id}, before every page was served",
+                    hint="its log is lazy-pages.log in the restore's work directory")
+            cmd, nr_pages, vaddr, dst_id = self._iov.unpack(head)
+            command = cmd & 0xFFFF
+            if command in (PS_IOV_CLOSE, PS_IOV_FORCE_CLOSE):
+                self._sock.sendall(struct.pack("<i", 0))
+                return self.pages
+            if command != PS_IOV_GET:
+                raise CriuFailed(f"CRIU's lazy-pages daemon sent command {cmd:#x}, not a "
+                                 "page request", hint="")
+            self._answer(dst_id, vaddr, nr_pages)
+
+    def _answer(self, dst_id: int, vaddr: int, nr_pages: int) -> None:
+        pagemap = self._maps.get(dst_id)
+        entry = pagemap.locate(vaddr) if pagemap is not None and nr_pages else None
+        if pagemap is None or entry is None:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._images.checkpoint_id}: the restored task {dst_id} asked "
+                f"for {nr_pages} page(s) at {vaddr:#x}, which its images do not hold",
+                checkpoint_id=self._images.checkpoint_id)
+        count = min(nr_pages, (entry.end - vaddr) // PAGE_SIZE)
+        first = entry.first + (vaddr - entry.vaddr) // PAGE_SIZE
+        data = self._images.pages(pagemap.pages_name, first, count)  # verified, or raises
+        reply = self._iov.pack(PE_PRESENT << 16 | PS_IOV_ADD_F, count, vaddr, dst_id)
+        self._sock.sendall(reply + data)
+        self.pages += count
+        self.requests += 1
+
+    def _recv(self, size: int) -> bytes | None:
+        buf = bytearray()
+        while len(buf) < size:
+            part = self._sock.recv(size - len(buf))
+            if not part:
+                return None
+            buf += part
+        return bytes(buf)
+
+
+class LazyDaemon:
+    """``criu lazy-pages`` for one restore, started before it (``start``: returns once the
+    daemon listens for the restore), with its page-server socket's other end ours."""
+
+    def __init__(self, criu_path: str, images_dir: Path, work_dir: Path,
+                 env: dict[str, str], log_level: int) -> None:
+        self._argv_base = [criu_path, "lazy-pages", "-D", str(images_dir), "-W", str(work_dir),
+                           "--page-server", "-o", LOG_NAME, f"-v{min(log_level, 1)}"]
+        self._env = env
+        self.work_dir = work_dir
+        self.sock: socket.socket | None = None
+        self._keeper = -1
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self, placed: Callable[[int], None]) -> None:
+        """Started, placed (``placed(pid)``: the restore's cgroup, where the tree will be),
+        and ready for the restore to connect. CriuFailed if it does not get ready."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        status_r, status_w = os.pipe()
+        self._keeper = os.dup(ours.fileno())  # the daemon's copy of our end: see module doc
+        os.set_inheritable(self._keeper, True)
+        argv = [*self._argv_base, "--ps-socket", str(theirs.fileno()),
+                "--status-fd", str(status_w)]
+        try:
+            with open(self.work_dir / "lazy-pages.stderr", "wb") as stderr:
+                self.proc = subprocess.Popen(
+                    argv, pass_fds=(theirs.fileno(), status_w, self._keeper),
+                    stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+                    start_new_session=True, env=self._env)
+        except OSError as exc:
+            for fd in (status_r, status_w):
+                os.close(fd)
+            ours.close()
+            raise CriuFailed(f"cannot start CRIU's lazy-pages daemon: {exc}", hint="") from exc
+        finally:
+            theirs.close()
+            os.close(self._keeper)
+            self._keeper = -1
+        os.close(status_w)
+        self.sock = ours
+        try:
+            placed(self.proc.pid)
+            ready = _read_with_timeout(status_r, READY_WAIT_S)
+        finally:
+            os.close(status_r)
+        if not ready:
+            self.kill()
+            raise CriuFailed("CRIU's lazy-pages daemon did not get ready",
+                             log_path=str(self.work_dir / LOG_NAME), hint="")
+
+    def kill(self) -> None:
+        """Stop the daemon (SIGKILL) and close our end. Only once nothing waits on a page
+        it would release (see the module doc). Idempotent."""
+        with self._lock:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+            if self.proc is not None:
+                self.proc.wait()
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
+
+    def wait_exit(self, timeout: float) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _read_with_timeout(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` gave a byte before ``timeout`` (the daemon's ``--status-fd``)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([fd], [], [], left)
+        if readable:
+            return os.read(fd, 1) != b""
+    return False
+
+
+class LazyRun:
+    """Serves one lazy restore's pages in a thread from ``begin`` (the tree runs) to the end
+    and tells ``on_end(error, pages, seconds)``; the failure path is the module doc's."""
+
+    def __init__(self, daemon: LazyDaemon, serving: PageServing,
+                 failed: Callable[[CkptdError], None],
+                 done: Callable[[int, float], None]) -> None:
+        self._daemon = daemon
+        self._serving = serving
+        self._failed = failed
+        self._done = done
+        self._thread = threading.Thread(target=self._main, name="lazy pages", daemon=True)
+        self._begun = 0.0
+
+    def begin(self) -> None:
+        self._begun = time.monotonic()
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _main(self) -> None:
+        try:
+            pages = self._serving.run()
+        except Exception as exc:
+            error = exc if isinstance(exc, CkptdError) else CriuFailed(
+                f"serving a lazy restore's pages failed: {exc}", hint="")
+            log.error("lazy restore: %s", error)
+            try:
+                self._failed(error)  # kills the tree; only then is the daemon let go
+            finally:
+                self._daemon.kill()
+            return
+        code = self._daemon.wait_exit(10.0)
+        self._daemon.kill()
+        if code not in (0, None):
+            log.warning("CRIU's lazy-pages daemon exited %s after serving every page", code)
+        self._done(pages, time.monotonic() - self._begun)

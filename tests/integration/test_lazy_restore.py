@@ -1,0 +1,188 @@
+"""Lazy restores (``adapters.criu.lazypages``, ``ckptctl restore --lazy``): real CRIU restores
+the tree without its anonymous memory, CRIU's lazy-pages daemon asks ckptd for each page
+(userfaultfd), and the job goes on exactly.
+
+- the adapter alone: images in a directory, a job whose every step reads pages of its 48 MiB;
+  its output equals an uninterrupted run's, and every page was served by ckptd;
+- the daemon: ``ckptctl restore --lazy`` of a checkpoint in its store; the job goes on
+  exactly, ``restore.lazy_done`` says every page came in;
+- a damaged frame met by a lazy restore: the restored job is killed before it runs on a page
+  it did not get (``restore.lazy_failed`` names the checkpoint and the object), and nothing
+  of it prints a line the uninterrupted run would not have printed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from ckptd.adapters.criu import CriuSwrk
+from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob
+from ckptd.core.store.restream import DirectoryImages
+from ckptd.errors import CkptdError
+
+from .conftest import criu_path
+from .flows import criu_swrk as _criu
+from .flows import image_dirs as _dirs
+from .store_support import flip_byte, largest_pack
+from .support import (
+    Daemon,
+    Procs,
+    assert_continuity,
+    assert_ok,
+    is_alive,
+    reference,
+    start_detached,
+    wait_for_done,
+    wait_for_lines,
+    wait_until,
+    with_interval,
+    workload,
+)
+
+pytestmark = pytest.mark.integration
+
+MEM_MIB = 48
+
+
+@functools.cache
+def _no_lazy_reason() -> str | None:
+    path = criu_path()
+    if path is None:
+        return "no CRIU"
+    criu = CriuSwrk(path, plugin_dir=Path("/nonexistent"))
+    if not criu.feature("rpc_stream"):
+        return f"CRIU at {path} lacks ckptd's patch (scripts/criu-patches)"
+    if not criu.feature("uffd-noncoop"):
+        return "this kernel's userfaultfd cannot restore lazily (criu check uffd-noncoop)"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _needs_lazy_criu() -> None:
+    reason = _no_lazy_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+class Told:
+    """``ports.LazyPages`` as a test sees it: what the adapter told, and when."""
+
+    def __init__(self) -> None:
+        self.helper = 0
+        self.pages = -1
+        self.error: CkptdError | None = None
+        self.ended = threading.Event()
+
+    def started(self, helper_pid: int) -> None:
+        self.helper = helper_pid
+
+    def failed(self, error: CkptdError) -> None:
+        self.error = error
+        self.ended.set()
+
+    def done(self, pages: int, seconds: float) -> None:
+        del seconds
+        self.pages = pages
+        self.ended.set()
+
+
+def _counter() -> tuple[list[str], list[str]]:
+    cmd = workload("counter", "--steps", 60, "--mem-mib", MEM_MIB)
+    return with_interval(cmd, 25), reference(with_interval(cmd, 0))
+
+
+def test_criu_restores_lazily_with_every_page_served_by_ckptd(
+    tmp_path: Path, procs: Procs
+) -> None:
+    criu = _criu(tmp_path)
+    cmd, ref = _counter()
+    out = tmp_path / "out"
+    pid = start_detached(procs, cmd, out)
+    wait_for_lines(out, 5)
+    dumped, work = _dirs(tmp_path / "dump")
+    criu.dump(CriuDumpJob(pid, dumped, work, leave_running=False), CriuHooks()).finish()
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dumped process to be gone")
+    pre = out.read_text().splitlines()
+
+    staged, work = _dirs(tmp_path / "restore")
+    told = Told()
+    job = CriuRestoreJob(staged, work, images=DirectoryImages(dumped, "ck-lazy"), lazy=told)
+    restored = criu.restore(job, CriuHooks())
+    procs.add(restored)
+    assert restored == pid and told.helper > 0
+    post = wait_for_done(out, timeout=60)[len(pre):]
+    assert_continuity(pre, post, ref)
+    assert told.ended.wait(30), "the lazy restore never ended"
+    assert told.error is None, told.error
+    assert told.pages >= MEM_MIB * 256, f"only {told.pages} pages served: not lazy"
+    assert "nr_lazy" in (work / "restore.log").read_text()
+    sparse = [p for p in staged.iterdir() if p.name.startswith("pages-")]
+    assert sparse and all(p.stat().st_blocks * 512 < MEM_MIB << 20 for p in sparse), \
+        "the staged pages images hold the lazy pages"
+
+
+def _events(daemon: Daemon, kind: str) -> list[dict[str, object]]:
+    res = daemon.ctl("events", "--last", "200")
+    assert res.rc == 0, res.err
+    text = res.out if isinstance(res.out, str) else json.dumps(res.out)
+    found = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [e for e in found if e["kind"] == kind]
+
+
+@pytest.fixture
+def streaming(start_daemon: object) -> Daemon:
+    assert callable(start_daemon)
+    daemon = start_daemon(config={"stream_restore": True, "gc_grace_s": 0})
+    assert isinstance(daemon, Daemon)
+    return daemon
+
+
+def test_ckptctl_restore_lazy_brings_the_job_back_exactly(
+    streaming: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    cmd, ref = _counter()
+    out = tmp_path / "out"
+    pid = start_detached(procs, cmd, out)
+    wait_for_lines(out, 5)
+    ck = assert_ok(streaming.ctl("dump", pid), "dump")["id"]
+    pre = out.read_text().splitlines()
+    res = assert_ok(streaming.ctl("restore", ck, "--lazy", "--output", out), "restore --lazy")
+    procs.add(res["pid"])
+    assert res["lazy"] is True, res
+    post = wait_for_done(out, timeout=60)[len(pre):]
+    assert_continuity(pre, post, ref)
+    wait_until(lambda: _events(streaming, "restore.lazy_done"), 30, "restore.lazy_done")
+    done = _events(streaming, "restore.lazy_done")[-1]
+    assert done["checkpoint_id"] == ck and done["pid"] == pid, done
+
+
+def test_a_damaged_page_kills_the_lazily_restored_job_before_it_runs_on(
+    streaming: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    cmd, ref = _counter()
+    out = tmp_path / "out"
+    pid = start_detached(procs, cmd, out)
+    wait_for_lines(out, 5)
+    ck = assert_ok(streaming.ctl("dump", pid), "dump")["id"]
+    pre = out.read_text().splitlines()
+    pack = largest_pack(streaming.store)
+    flip_byte(pack, pack.stat().st_size // 2)  # a frame of the job's heap: served lazily
+    res = streaming.ctl("restore", ck, "--lazy", "--output", out)
+    assert res.rc == 0, f"the damage was met before the job ran: {res.err}"
+    procs.add(res.out["pid"])
+    wait_until(lambda: _events(streaming, "restore.lazy_failed"), 30, "restore.lazy_failed")
+    failed = _events(streaming, "restore.lazy_failed")[-1]
+    assert failed["checkpoint_id"] == ck and failed["pid"] == pid, failed
+    assert f"checkpoint {ck}" in str(failed["message"]), failed
+    assert "pack" in str(failed["message"]), failed
+    wait_until(lambda: not is_alive(pid), 10, "the restored job to be killed")
+    assert not _events(streaming, "restore.lazy_done")
+    lines = out.read_text().splitlines()
+    assert lines[:len(pre)] == pre
+    assert lines == ref[:len(lines)], "the restored job printed what it would never have"
+    assert len(lines) < len(ref), "the job finished on damaged memory"
