@@ -33,6 +33,9 @@
  *       the pages of each run (first page, count) of `buffer`, concatenated (a frame).
  *   write_runs(fd, buffer, runs) -> None
  *       pwrite every run (page in the file, page in buffer, count) of `buffer`'s pages.
+ *   pagemap_columns(image) -> (pages_id, vaddrs, counts, flags, firsts)
+ *       a CRIU pagemap image (its magics not checked: the caller does) as columns, for a
+ *       lazy restore (adapters/criu/lazypages.py); ValueError if it is cut short.
  *
  * Buffers are held (PyBUF_SIMPLE) for the whole call, so an mmap cannot be closed or a
  * bytearray resized under the threads. Sizes are size_t / Py_ssize_t throughout: buffers
@@ -1008,6 +1011,146 @@ static PyObject *cpu_count(PyObject *self, PyObject *unused)
     return PyLong_FromLong(usable_cpus());
 }
 
+
+/* ---- pagemap_columns ------------------------------------------------------------------ */
+
+static int read_varint(const uint8_t *p, size_t len, size_t *pos, uint64_t *out)
+{
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*pos >= len)
+            return -1;
+        uint8_t byte = p[(*pos)++];
+        value |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *out = value;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Skip one field of wire type `wire` at *pos (varints read by the caller). */
+static int skip_field(const uint8_t *p, size_t len, size_t *pos, unsigned wire)
+{
+    uint64_t n;
+    switch (wire) {
+    case 0: return read_varint(p, len, pos, &n);
+    case 1: *pos += 8; return *pos <= len ? 0 : -1;
+    case 5: *pos += 4; return *pos <= len ? 0 : -1;
+    case 2:
+        if (read_varint(p, len, pos, &n) < 0 || n > len - *pos)
+            return -1;
+        *pos += n;
+        return 0;
+    default: return -1;
+    }
+}
+
+#define PE_PARENT_ 1
+#define PE_PRESENT_ 4
+
+static PyObject *pagemap_columns(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *p = view.buf;
+    size_t len = (size_t)view.len, pos = 8, n = 0, cap = 0;
+    uint64_t *vaddrs = NULL, *counts = NULL, *firsts = NULL, first = 0, pages_id = 0;
+    uint32_t *flags = NULL;
+    int have_head = 0, bad = 0;
+    PyObject *result = NULL;
+
+    if (len < 8) {
+        bad = 1;
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < len && !bad) {
+        if (len - pos < 4) { bad = 1; break; }
+        uint32_t size;
+        memcpy(&size, p + pos, 4);
+        pos += 4;
+        if (size > len - pos) { bad = 1; break; }
+        size_t end = pos + size, at = pos;
+        uint64_t f_vaddr = 0, f_compat = 0, f_nr = 0, f_flags = 0, f_parent = 0, v;
+        int has_vaddr = 0, has_nr = 0, has_compat = 0, has_flags = 0, has_id = 0;
+        while (at < end) {
+            uint64_t key;
+            if (read_varint(p, end, &at, &key) < 0) { bad = 1; break; }
+            unsigned number = (unsigned)(key >> 3), wire = (unsigned)(key & 7);
+            if (wire == 0) {
+                if (read_varint(p, end, &at, &v) < 0) { bad = 1; break; }
+                if (!have_head) {
+                    if (number == 1) { pages_id = v; has_id = 1; }
+                    continue;
+                }
+                switch (number) {
+                case 1: f_vaddr = v; has_vaddr = 1; break;
+                case 2: f_compat = v; has_compat = 1; break;
+                case 3: f_parent = v; break;
+                case 4: f_flags = v; has_flags = 1; break;
+                case 5: f_nr = v; has_nr = 1; break;
+                default: break;
+                }
+            } else if (skip_field(p, end, &at, wire) < 0) {
+                bad = 1;
+                break;
+            }
+        }
+        pos = end;
+        if (bad)
+            break;
+        if (!have_head) {
+            if (!has_id) { bad = 1; break; }
+            have_head = 1;
+            continue;
+        }
+        if (!has_vaddr || (!has_nr && !has_compat)) { bad = 1; break; }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            uint64_t *a = realloc(vaddrs, cap * 8), *b = realloc(counts, cap * 8);
+            uint64_t *c = realloc(firsts, cap * 8);
+            uint32_t *d = realloc(flags, cap * 4);
+            if (a) vaddrs = a;
+            if (b) counts = b;
+            if (c) firsts = c;
+            if (d) flags = d;
+            if (!a || !b || !c || !d) { bad = 2; break; }
+        }
+        uint64_t count = has_nr ? f_nr : f_compat;
+        uint32_t fl = has_flags ? (uint32_t)f_flags : (f_parent ? PE_PARENT_ : PE_PRESENT_);
+        vaddrs[n] = f_vaddr;
+        counts[n] = count;
+        flags[n] = fl;
+        firsts[n] = first;
+        if (fl & PE_PRESENT_)
+            first += count;
+        n++;
+    }
+    Py_END_ALLOW_THREADS
+    if (!have_head && !bad)
+        bad = 1;
+done:
+    if (bad == 2)
+        PyErr_NoMemory();
+    else if (bad)
+        PyErr_SetString(PyExc_ValueError, "not a pagemap image (or one cut short)");
+    else
+        result = Py_BuildValue("(Ky#y#y#y#)", (unsigned long long)pages_id,
+                               (const char *)vaddrs, (Py_ssize_t)(n * 8),
+                               (const char *)counts, (Py_ssize_t)(n * 8),
+                               (const char *)flags, (Py_ssize_t)(n * 4),
+                               (const char *)firsts, (Py_ssize_t)(n * 8));
+    free(vaddrs);
+    free(counts);
+    free(firsts);
+    free(flags);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"hash_pages", (PyCFunction)(void (*)(void))hash_pages, METH_VARARGS | METH_KEYWORDS,
      "hash_pages(buffer, seed, *, zero_ref=False, threads=0) -> bytes: the xxh3-128 of every "
@@ -1042,6 +1185,10 @@ static PyMethodDef methods[] = {
     {"write_runs", write_runs, METH_VARARGS,
      "write_runs(fd, buffer, runs) -> None: pwrite each run (page in the file, page in "
      "buffer, count) of buffer's pages to fd."},
+    {"pagemap_columns", pagemap_columns, METH_O,
+     "pagemap_columns(image) -> (pages_id, vaddrs, counts, flags, firsts): a CRIU pagemap "
+     "image (after its two magics) as columns, native-endian u64 / u64 / u32 / u64 arrays; "
+     "firsts: each entry's first page in the pages image. ValueError if it is not one."},
     {"cpu_count", cpu_count, METH_NOARGS,
      "cpu_count() -> int: the CPUs this process may run on (the threads' upper bound)."},
     {NULL, NULL, 0, NULL},

@@ -194,10 +194,11 @@ class ImageSource(Protocol):
         """Every image of the checkpoint, sorted."""
         ...
 
-    def pages(self, name: str, first: int, count: int) -> bytes:
+    def pages(self, name: str, first: int, count: int) -> bytes | memoryview:
         """Pages ``first`` to ``first + count - 1`` of the pages image ``name``, verified
         (a lazy restore asks for them in any order, neighbours one after another); raises
-        CorruptCheckpoint before returning anything unverified, IndexError past the end."""
+        CorruptCheckpoint before returning anything unverified, IndexError past the end. A
+        memoryview is valid until the next call."""
         ...
 
 

@@ -105,7 +105,7 @@ class CheckpointImages:
     def names(self) -> list[str]:
         return sorted(self._entries)
 
-    def pages(self, name: str, first: int, count: int) -> bytes:
+    def pages(self, name: str, first: int, count: int) -> bytes | memoryview:
         with self._lock:
             pages = self._random.get(name)
             if pages is None:
@@ -134,13 +134,20 @@ class RandomPages:
         self._frames: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._lock = threading.Lock()
 
-    def read(self, first: int, count: int) -> bytes:
+    def read(self, first: int, count: int) -> bytes | memoryview:
+        """The pages; a view into a kept frame when one segment holds them all (valid
+        until the frame is dropped: after FRAMES_KEPT other frames)."""
         if first < 0 or count < 0 or first + count > self._total:
             raise IndexError(f"pages {first}+{count} of an image of {self._total}")
-        out = bytearray(count * PAGE_SIZE)  # zero pages: the gaps between segments
         end = first + count
         i = max(0, bisect.bisect_right(self._starts, first) - 1)
         with self._lock:
+            if i < len(self._segments):
+                at, key, in_frame, n = self._segments[i]
+                if at <= first and end <= at + n:  # one segment: no copy
+                    src = (in_frame + first - at) * PAGE_SIZE
+                    return memoryview(self._frame(key))[src:src + count * PAGE_SIZE]
+            out = bytearray(count * PAGE_SIZE)  # zero pages: the gaps between segments
             while i < len(self._segments) and self._segments[i][0] < end:
                 at, key, in_frame, n = self._segments[i]
                 lo, hi = max(at, first), min(at + n, end)
@@ -148,9 +155,9 @@ class RandomPages:
                     frame = self._frame(key)
                     src = (in_frame + lo - at) * PAGE_SIZE
                     out[(lo - first) * PAGE_SIZE:(hi - first) * PAGE_SIZE] = \
-                        frame[src:src + (hi - lo) * PAGE_SIZE]
+                        memoryview(frame)[src:src + (hi - lo) * PAGE_SIZE]
                 i += 1
-        return bytes(out)
+            return memoryview(out)
 
     def _frame(self, key: tuple[str, int]) -> bytes:
         data = self._frames.get(key)
@@ -199,7 +206,7 @@ class DirectoryImages:
     def names(self) -> list[str]:
         return sorted(p.name for p in self._dir.iterdir() if p.is_file())
 
-    def pages(self, name: str, first: int, count: int) -> bytes:
+    def pages(self, name: str, first: int, count: int) -> bytes | memoryview:
         if first < 0 or count < 0 or (first + count) * PAGE_SIZE > self.size(name):
             raise IndexError(f"pages {first}+{count} of {name}")
         fd = os.open(self._dir / name, os.O_RDONLY | os.O_CLOEXEC)
