@@ -19,7 +19,7 @@ from ckptd.core.ports import (
     ImageSource,
 )
 from ckptd.domain import CriuStatus, PidState, ProcessFact, StdioFact, StdioKind, TcpConnection
-from ckptd.errors import CriuFailed, CriuUnavailable
+from ckptd.errors import CkptdError, CriuFailed, CriuUnavailable
 from ckptd.testing._cgroups import FakeCgroups
 from ckptd.testing._clock import FakeClock
 from ckptd.testing._processes import FakeProcessTable
@@ -34,6 +34,9 @@ RESTORE_HOOKS = ("pre_restore", "setup_namespaces", "post_restore", "pre_resume"
 
 CRIU_PIDS = 900001
 """The pids ``FakeCriu`` gives its own process, one per restore (never in the table)."""
+LAZY_PIDS = 950001
+"""The pids of ``FakeCriu``'s page daemon, one per lazy restore: in the table while it serves
+the restore's pages."""
 
 PSTREE_IMAGE = "pstree.img"
 INVENTORY_IMAGE = "inventory.img"
@@ -93,6 +96,20 @@ class FakeCriu:
     the tree is born in its cgroup (``FakeCgroups.fork``); a ``criu_started`` that raises
     fails the restore before anything (``CriuFailed``, the hook's error as cause).
 
+    Lazy restore (``job.lazy``; it needs ``job.images`` and no ``job.container``, else
+    ``CriuFailed`` as ``CriuSwrk``): first a page daemon of its own starts, a process of the
+    table (pid from ``LAZY_PIDS``, ``comm`` "criu", parent pid 1), told to ``criu_started``
+    (the adapter places it as it places CRIU) then to ``job.lazy.started``; the restore
+    then runs as above. Once ``restore`` has returned, a thread of its own (``lazy_ends``;
+    ``join_lazy`` waits for them) ends it, when ``pages_served`` is set (at once unless a test
+    cleared it), as the adapter does: the daemon exits, then
+    ``job.lazy.done(pages, 0.0)`` (``pages``: the pages images' size in pages); with
+    ``fail_lazy``, ``job.lazy.failed(fail_lazy)`` first (a page that could not be served: the
+    tree is the watch's to kill), then the daemon exits. A restore that fails stops the daemon
+    and then tells ``failed`` (``CriuFailed``: the daemon hung up), as the adapter's serving
+    thread does. Events: ``"criu.lazy_started <pid>"``, ``"criu.lazy_done <pages>"``,
+    ``"criu.lazy_failed"``.
+
     Failures: ``fail_dump`` / ``fail_restore`` (an exception, typically ``CriuFailed``) is
     raised as is once the hook named by ``fail_dump_after`` / ``fail_restore_after`` has run
     ("" fails before the first hook). A hook that raises aborts the operation and becomes
@@ -117,6 +134,7 @@ class FakeCriu:
         self.processes = processes
         self.cgroups = cgroups
         self._criu_pids = itertools.count(CRIU_PIDS)
+        self._lazy_pids = itertools.count(LAZY_PIDS)
         self.clock = clock
         self.events = events
         self.criu_status = CriuStatus(path, version, True, "Looks good.")
@@ -134,6 +152,14 @@ class FakeCriu:
         """How long a dump keeps the tree frozen (reported as ``frozen_s``)."""
         self.restore_s = 0.125
         """How long a restore takes on ``clock``."""
+        self.fail_lazy: CkptdError | None = None
+        """A lazy restore ends with ``job.lazy.failed(fail_lazy)`` instead of ``done``."""
+        self.lazy_ends: list[threading.Thread] = []
+        """The threads telling each lazy restore's end (``join_lazy``)."""
+        self.pages_served = threading.Event()
+        """Set: a lazy restore's pages are all served at once. Cleared, each lazy restore's
+        end waits until it is set (a test looks at a restore whose pages are still coming)."""
+        self.pages_served.set()
 
     # ---- helpers for tests -----------------------------------------------------------------
 
@@ -145,6 +171,16 @@ class FakeCriu:
             ok,
             message or ("Looks good." if ok else "CRIU is not usable (FakeCriu)"),
         )
+
+    def join_lazy(self, timeout: float = 10.0) -> None:
+        """Wait until every lazy restore's end has been told (TimeoutError if one is not
+        within ``timeout``: its ``LazyPages`` still waits, e.g. for the recipe to end)."""
+        with self._lock:
+            threads = list(self.lazy_ends)
+        for thread in threads:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise TimeoutError(f"a lazy restore's end was not told in {timeout:g}s")
 
     # ---- the Criu port ------------------------------------------------------------------
 
@@ -241,6 +277,23 @@ class FakeCriu:
         status = self.criu_status
         if not status.ok:
             raise CriuUnavailable(status.message)
+        helper = self._start_lazy(job, hooks) if job.lazy is not None else 0
+        try:
+            root = self._restore_by(job, hooks)
+        except BaseException:
+            if helper:  # the daemon stopped, then its end told
+                self._lazy_exit(helper)
+                self._end_lazy(job, helper, CriuFailed(
+                    f"CRIU's lazy-pages daemon hung up after 0 pages of "
+                    f"{job.images.checkpoint_id if job.images else ''}, before every page "
+                    "was served", hint=""), 0, served=False)
+            raise
+        if helper:
+            self._end_lazy(job, helper, self.fail_lazy, self._pages(job.images))
+        return root
+
+    def _restore_by(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
+        """The restore by a CRIU process of its own (``criu_started``)."""
         what = "restore"
         with self._lock:
             criu_pid = next(self._criu_pids)
@@ -259,6 +312,65 @@ class FakeCriu:
         finally:
             if self.cgroups is not None:
                 self.cgroups.exit(criu_pid)
+
+    def _start_lazy(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
+        """A lazy restore's page daemon started and told (see the class doc); its pid."""
+        assert job.lazy is not None
+        if job.images is None or job.container is not None:
+            raise self._failed("restore", "a lazy restore reads its images from the store, "
+                               "on the node", None)
+        with self._lock:
+            helper = next(self._lazy_pids)
+        self.processes.add_process(helper, 1, comm="criu", cmdline=("criu", "lazy-pages"))
+        self._event(f"criu.lazy_started {helper}")
+        try:
+            hooks.criu_started(helper)
+        except Exception as exc:
+            self._lazy_exit(helper)
+            self._event("criu.failed")
+            raise self._failed("restore", f"aborted before it began: {exc}", None,
+                               aborted=True) from exc
+        job.lazy.started(helper)
+        return helper
+
+    def _end_lazy(self, job: CriuRestoreJob, helper: int, error: CkptdError | None,
+                  pages: int, *, served: bool = True) -> None:
+        """Tell ``job.lazy`` how the restore's pages ended, from a thread (see the class
+        doc): the recipe's ``LazyPages`` waits there until the recipe has ended. ``served``:
+        pages were served (the end waits for ``pages_served``)."""
+        lazy = job.lazy
+        assert lazy is not None
+
+        def end() -> None:
+            if served:
+                self.pages_served.wait()
+            if error is None:
+                self._lazy_exit(helper)
+                self._event(f"criu.lazy_done {pages}")
+                lazy.done(pages, 0.0)
+                return
+            self._event("criu.lazy_failed")
+            lazy.failed(error)  # the tree killed; only then is the daemon let go
+            self._lazy_exit(helper)
+
+        thread = threading.Thread(target=end, name=f"fake lazy pages {helper}", daemon=True)
+        with self._lock:
+            self.lazy_ends.append(thread)
+        thread.start()
+
+    def _lazy_exit(self, helper: int) -> None:
+        """The page daemon exits (idempotent)."""
+        if self.processes.status(helper).state is not PidState.FREE:
+            self.processes.remove(helper)
+            if self.cgroups is not None:
+                self.cgroups.exit(helper)
+
+    @staticmethod
+    def _pages(images: ImageSource | None) -> int:
+        if images is None:
+            return 0
+        return sum(images.size(n) for n in images.names()
+                   if n.startswith("pages-")) // PAGE_SIZE
 
     def _restore(self, job: CriuRestoreJob, hooks: CriuHooks, criu_pid: int) -> int:
         what = "restore"

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob, InheritFd
+from ckptd.core.store.restream import DirectoryImages
 from ckptd.domain import PidState, StdioFact, StdioKind
-from ckptd.errors import CriuFailed, CriuUnavailable, StoreError
+from ckptd.errors import CkptdError, CorruptCheckpoint, CriuFailed, CriuUnavailable, StoreError
 from ckptd.testing import (
     DUMP_HOOKS,
     RESTORE_HOOKS,
@@ -149,6 +151,145 @@ def _dirs(tmp_path: Path) -> tuple[Path, Path]:
     images.mkdir()
     work.mkdir()
     return images, work
+
+
+class Told:
+    """``ports.LazyPages`` recording what it was told, and whether the page daemon was in
+    the table at each call."""
+
+    def __init__(self, table: FakeProcessTable) -> None:
+        self.table = table
+        self.calls: list[tuple[str, object, bool]] = []
+        self.ended = threading.Event()
+
+    def _daemon_there(self, pid: int) -> bool:
+        return self.table.state(pid) is not PidState.FREE
+
+    def started(self, helper_pid: int) -> None:
+        self.helper = helper_pid
+        self.calls.append(("started", helper_pid, self._daemon_there(helper_pid)))
+
+    def failed(self, error: CkptdError) -> None:
+        self.calls.append(("failed", error, self._daemon_there(self.helper)))
+        self.ended.set()
+
+    def done(self, pages: int, seconds: float) -> None:
+        self.calls.append(("done", (pages, seconds), self._daemon_there(self.helper)))
+        self.ended.set()
+
+
+def _dumped_for_lazy(tmp_path: Path) -> tuple[FakeProcessTable, FakeCriu, list[str], Path]:
+    table = FakeProcessTable()
+    table.add_tree(10, 11, 12, uid=1000)
+    events: list[str] = []
+    criu = FakeCriu(table, events=events)
+    (tmp_path / "dump").mkdir()
+    images, work = _dirs(tmp_path / "dump")
+    criu.dump(CriuDumpJob(10, images, work, leave_running=False), CriuHooks()).finish()
+    return table, criu, events, images
+
+
+def _lazy_job(tmp_path: Path, images: Path, told: Told) -> CriuRestoreJob:
+    (tmp_path / "restore").mkdir(parents=True)
+    staged, work = _dirs(tmp_path / "restore")
+    return CriuRestoreJob(staged, work, images=DirectoryImages(images, "ck-lazy"), lazy=told)
+
+
+def test_criu_lazy_restore_starts_a_page_daemon_and_tells_done_once_returned(
+    tmp_path: Path,
+) -> None:
+    table, criu, events, images = _dumped_for_lazy(tmp_path)
+    told = Told(table)
+    assert criu.restore(_lazy_job(tmp_path, images, told), CriuHooks()) == 10
+    criu.join_lazy()
+    helper = told.helper
+    assert helper not in (10, 11, 12)
+    assert told.calls == [("started", helper, True), ("done", (3, 0.0), False)]
+    assert table.status(helper).state is PidState.FREE  # it exited after the last page
+    assert [table.state(p) for p in (10, 11, 12)] == [PidState.RUNNING] * 3
+    started = next(e for e in events if e.startswith("criu.started "))
+    assert events.index(f"criu.lazy_started {helper}") < events.index(started) \
+        < events.index("criu.restored 10") < events.index("criu.lazy_done 3")
+    told_again = Told(table)  # a new daemon each lazy restore
+    for pid in (10, 11, 12):
+        table.remove(pid)
+    criu.restore(_lazy_job(tmp_path / "again", images, told_again), CriuHooks())
+    criu.join_lazy()
+    assert told_again.helper != helper
+
+
+def test_criu_lazy_end_is_told_from_a_thread_that_may_wait(tmp_path: Path) -> None:
+    """``LazyWatch`` waits in ``done`` until the recipe has ended, so the fake must not tell
+    it from within ``restore``."""
+    table, criu, _events, images = _dumped_for_lazy(tmp_path)
+    release = threading.Event()
+
+    class Waits(Told):
+        def done(self, pages: int, seconds: float) -> None:
+            assert release.wait(10)
+            super().done(pages, seconds)
+
+    told = Waits(table)
+    assert criu.restore(_lazy_job(tmp_path, images, told), CriuHooks()) == 10
+    with pytest.raises(TimeoutError):
+        criu.join_lazy(0.2)
+    release.set()
+    criu.join_lazy()
+    assert [c[0] for c in told.calls] == ["started", "done"]
+
+
+def test_criu_fail_lazy_tells_failed_while_the_page_daemon_still_runs(tmp_path: Path) -> None:
+    table, criu, events, images = _dumped_for_lazy(tmp_path)
+    criu.fail_lazy = CorruptCheckpoint("checkpoint ck-lazy: frame 2 is damaged",
+                                       checkpoint_id="ck-lazy")
+    told = Told(table)
+    assert criu.restore(_lazy_job(tmp_path, images, told), CriuHooks()) == 10
+    criu.join_lazy()
+    assert told.calls == [("started", told.helper, True), ("failed", criu.fail_lazy, True)]
+    assert table.status(told.helper).state is PidState.FREE  # let go once failed returned
+    assert "criu.lazy_failed" in events and not any("lazy_done" in e for e in events)
+
+
+def test_criu_failed_lazy_restore_stops_the_daemon_then_tells_failed(tmp_path: Path) -> None:
+    table, criu, _events, images = _dumped_for_lazy(tmp_path)
+    criu.fail_restore = CriuFailed("CRIU restore failed: Reached EOF unexpectedly")
+    told = Told(table)
+    with pytest.raises(CriuFailed, match="EOF"):
+        criu.restore(_lazy_job(tmp_path, images, told), CriuHooks())
+    criu.join_lazy()
+    assert [(name, there) for name, _, there in told.calls] == [("started", True),
+                                                                ("failed", False)]
+    error = told.calls[1][1]
+    assert isinstance(error, CriuFailed) and "hung up" in error.message
+    assert [table.state(p) for p in (10, 11, 12, told.helper)] == [PidState.FREE] * 4
+
+
+def test_criu_lazy_restore_needs_images_on_the_node(tmp_path: Path) -> None:
+    table, criu, events, _images = _dumped_for_lazy(tmp_path)
+    (tmp_path / "restore").mkdir()
+    staged, work = _dirs(tmp_path / "restore")
+    told = Told(table)
+    before = set(table.processes)
+    with pytest.raises(CriuFailed, match="lazy restore reads its images from the store"):
+        criu.restore(CriuRestoreJob(staged, work, lazy=told), CriuHooks())
+    assert told.calls == [] and criu.lazy_ends == []
+    assert set(table.processes) == before
+    assert not any("lazy" in e for e in events)
+
+
+def test_criu_lazy_daemon_refused_by_criu_started_fails_before_anything(tmp_path: Path) -> None:
+    table, criu, _events, images = _dumped_for_lazy(tmp_path)
+
+    class Refuses(CriuHooks):
+        def criu_started(self, criu_pid: int) -> None:
+            raise RuntimeError(f"cannot place {criu_pid}")
+
+    told = Told(table)
+    before = set(table.processes)
+    with pytest.raises(CriuFailed, match="cannot place"):
+        criu.restore(_lazy_job(tmp_path, images, told), Refuses())
+    assert told.calls == [] and criu.lazy_ends == []
+    assert set(table.processes) == before  # the daemon gone, no process of the tree made
 
 
 def test_criu_dump_then_restore_round_trip(tmp_path: Path) -> None:
