@@ -1138,11 +1138,12 @@ done:
     else if (bad)
         PyErr_SetString(PyExc_ValueError, "not a pagemap image (or one cut short)");
     else
+        /* no entries: the columns are NULL, which "y#" would turn into None */
         result = Py_BuildValue("(Ky#y#y#y#)", (unsigned long long)pages_id,
-                               (const char *)vaddrs, (Py_ssize_t)(n * 8),
-                               (const char *)counts, (Py_ssize_t)(n * 8),
-                               (const char *)flags, (Py_ssize_t)(n * 4),
-                               (const char *)firsts, (Py_ssize_t)(n * 8));
+                               n ? (const char *)vaddrs : "", (Py_ssize_t)(n * 8),
+                               n ? (const char *)counts : "", (Py_ssize_t)(n * 8),
+                               n ? (const char *)flags : "", (Py_ssize_t)(n * 4),
+                               n ? (const char *)firsts : "", (Py_ssize_t)(n * 8));
     free(vaddrs);
     free(counts);
     free(firsts);

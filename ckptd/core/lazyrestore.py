@@ -74,10 +74,11 @@ class LazyWatch:
             if not self._adopted:
                 return  # the recipe failed: its rollback killed the tree
             held, root = self._held, self._root
-            assert held is not None
-            with contextlib.suppress(CkptdError):  # children forked since the restore
-                held.hold_facts(self._processes.tree(root))
-            killed = self._undoer.kill_tree(held, wait_s=KILL_WAIT_S)
+            killed: list[int] = []
+            if held is not None:  # (None: the root was gone at post-restore already)
+                with contextlib.suppress(CkptdError):  # children forked since the restore
+                    held.hold_facts(self._processes.tree(root))
+                killed = self._undoer.kill_tree(held, wait_s=KILL_WAIT_S)
             self.outcome = str(error)
             self._publish(
                 EventKind.RESTORE_LAZY_FAILED, pid=root, checkpoint_id=self.checkpoint_id,
@@ -113,7 +114,7 @@ class LazyWatch:
         with self._lock:
             self._resources.enter_context(resources)
             self._held, self._root, self._undo_log = held, root, undo_log
-            self._adopted = held is not None
+            self._adopted = True
         self._ended.set()
 
     def abandon(self) -> None:

@@ -279,7 +279,7 @@ class RestoreRecipe:
             raise
         else:
             if ctx.lazy is not None:  # pages still served: the watch ends the entry
-                ctx.lazy.adopt(ctx.checkout, ctx.held, ctx.pid, ctx.undo_log)
+                ctx.lazy.adopt(ctx.checkout.pop_all(), ctx.held, ctx.pid, ctx.undo_log)
                 ctx.held = None
             elif ctx.undo_log is not None:
                 ctx.undo_log.end()  # the tree runs

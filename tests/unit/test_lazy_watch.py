@@ -169,12 +169,6 @@ def test_without_an_event_bus_the_end_is_still_acted_on(rig: Rig) -> None:
     assert rig.open_entries() == [] and rig.released == ["checkout"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG in core/lazyrestore.py (reported): adopt() with held=None (the recipe succeeded but "
-    "its root was gone by post-restore, so nothing was held) enters the checkout and keeps the "
-    "undo log, yet done()/failed() return at 'not self._adopted' without _finish(): the "
-    "store's checkout is never released and the journal entry stays open (a restart then "
-    "replays its other undo records, e.g. files put back, on a restore that succeeded)"))
 def test_a_recipe_that_held_nothing_still_has_its_entry_ended_and_checkout_released(
     rig: Rig,
 ) -> None:

@@ -65,12 +65,6 @@ def test_a_lazy_restore_returns_running_and_ends_its_entry_when_all_pages_are_in
     assert done.fields["pages"] == 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG in core/restore.py (reported): run() adopts ctx.checkout into the LazyWatch with "
-    "ExitStack.enter_context, which does not move its callbacks, then its finally calls "
-    "ctx.checkout.close() anyway: the store's checkout (GC lock, restore directory, the "
-    "source's plans) is released as soon as the restore returns, while pages are still "
-    "served from it; adopt(ctx.checkout.pop_all(), ...) would hand it over"))
 def test_the_store_s_checkout_is_held_until_the_last_page_is_served(world: World) -> None:
     checkpoint_id = _dumped(world)
     world.criu.pages_served.clear()
