@@ -465,7 +465,7 @@ class RestoreRecipe:
                                  events=ctx.events)
         if self._streams(ctx) or ctx.lazy is not None:
             ctx.images_dir, ctx.images = ctx.checkout.enter_context(
-                self._store.checkout_streamed(ctx.record.id))
+                self._store.checkout_streamed(ctx.record.id, lazy=ctx.lazy is not None))
             for captured in ctx.record.files:
                 ctx.images.write(captured.image, ctx.images_dir / captured.image)
             return

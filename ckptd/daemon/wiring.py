@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,6 +209,8 @@ def wire(config: DaemonConfig) -> Wired:
         log_level=config.criu_log_level,
         enter_preload=config.resolved_enter_preload(),
     )
+    # what CRIU can do is asked once (a `criu check` each): now, not in the first restore
+    threading.Thread(target=criu.warm_up, name="criu features", daemon=True).start()
     store, blobs, keys_created = _open_store(config, clock, core.node)
     journal = FileJournal(state / "journal")
     guard = PidfdTreeGuard(state, state / "journal")

@@ -184,9 +184,11 @@ class MemoryStore:
                 self.open_checkouts -= 1
 
     @contextlib.contextmanager
-    def checkout_streamed(self, checkpoint_id: str) -> Iterator[tuple[Path, ImageSource]]:
+    def checkout_streamed(self, checkpoint_id: str, *, lazy: bool = False
+                          ) -> Iterator[tuple[Path, ImageSource]]:
         """An empty directory of its own and the committed images read as they are
-        (``DirectoryImages``)."""
+        (``DirectoryImages``; ``lazy``: nothing to check or plan in a directory)."""
+        del lazy
         with self.checkout(checkpoint_id) as images, \
                 tempfile.TemporaryDirectory(prefix=f"stream-{checkpoint_id}-") as empty:
             yield Path(empty), DirectoryImages(images, checkpoint_id)

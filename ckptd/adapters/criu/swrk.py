@@ -9,6 +9,7 @@ its log, or ``CriuUnavailable`` when CRIU cannot run at all (checked before each
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -27,6 +28,7 @@ from ckptd.domain import CriuStatus
 from ckptd.errors import CriuFailed, CriuUnavailable
 
 MIN_VERSION = (4, 1)
+log = logging.getLogger(__name__)
 
 
 class CriuSwrk:
@@ -133,6 +135,15 @@ class CriuSwrk:
             if self._streams is None:
                 self._streams = self.feature("rpc_stream")
             return self._streams
+
+    def warm_up(self) -> None:
+        """Ask CRIU now what ``can_stream_restore`` and ``lazy_restores`` will be asked (a
+        thread at the daemon's start: the first restore then pays no ``criu check``)."""
+        try:
+            self.can_stream_restore()
+            self.lazy_restores()
+        except Exception:  # a CRIU that cannot run: said by status(), asked again later
+            log.debug("asking CRIU's features failed", exc_info=True)
 
     def lazy_restores(self) -> bool:
         """This kernel and CRIU can restore lazily (``criu check --feature uffd-noncoop``:

@@ -60,12 +60,14 @@ class CheckpointCheckouts(Protocol):
         ...
 
     def checkout_streamed(
-        self, checkpoint_id: str
+        self, checkpoint_id: str, *, lazy: bool = False
     ) -> AbstractContextManager[tuple[Path, ImageSource]]:
         """For a streamed restore: an empty directory of its own (for CRIU's socket, logs
         and whatever the restore writes there) and the checkpoint's images read from the
         store as they are asked for; both valid inside the context (the store's objects are
-        kept from GC meanwhile)."""
+        kept from GC meanwhile). Every pack's structure is checked first, unless ``lazy`` (a
+        lazy restore: the job runs before its pages are read, and each is verified when it
+        is; read a few at a time, they are not planned ahead either)."""
         ...
 
 

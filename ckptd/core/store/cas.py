@@ -524,7 +524,8 @@ class ContentStore:
             yield images
 
     @contextlib.contextmanager
-    def checkout_streamed(self, checkpoint_id: str) -> Iterator[tuple[Path, ImageSource]]:
+    def checkout_streamed(self, checkpoint_id: str, *, lazy: bool = False
+                          ) -> Iterator[tuple[Path, ImageSource]]:
         """An empty directory (staging sized for the checkpoint's captured files, which a
         restore writes there) and the checkpoint's images read from the store as asked for,
         every byte verified (``CheckpointImages``), every pack's structure checked first as for
@@ -534,8 +535,9 @@ class ContentStore:
         with (self._restore_dir(checkpoint_id, sum(f.size for f in manifest.record.files))
               as images, self.rw.shared()):
             reader = self.reader(checkpoint_id)
-            reader.check_packs()  # magic, footer, trailer: before CRIU reads anything
-            source = CheckpointImages(reader, manifest)
+            if not lazy:
+                reader.check_packs()  # magic, footer, trailer: before CRIU reads anything
+            source = CheckpointImages(reader, manifest, plan_ahead=not lazy)
             try:
                 yield images, source
             finally:

@@ -285,6 +285,27 @@ class CheckpointReader(PageSource):
                 checkpoint_id=self._id,
             ) from exc
 
+    def packed_refs(self, entry: FileEntry) -> pagelist.Refs:
+        """``refs`` held packed (16 bytes a page, an object only per item read)."""
+        data = get_blob(self._blobs, self._hasher, entry.pagelist, self._id)
+        base: bytes | None = None
+        if entry.pagelist_base:
+            base = pagelist.decode_full_packed(
+                get_blob(self._blobs, self._hasher, entry.pagelist_base, self._id))
+        try:
+            return pagelist.Refs(pagelist.decode_packed(data, base, pages=entry.pages or None))
+        except CorruptCheckpoint as exc:
+            raise CorruptCheckpoint(
+                f"checkpoint {self._id}: page list of {entry.name} is damaged ({exc.message})",
+                checkpoint_id=self._id,
+            ) from exc
+
+    def frame_runs(self, refs: Sequence[bytes]
+                   ) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
+        """For each frame ``refs`` need: (page in ``refs``, index in the frame, count) of
+        each run it supplies; zero pages need none (CorruptCheckpoint: a page in no pack)."""
+        return self._plan(refs)
+
     def sized_refs(self, entry: FileEntry) -> list[bytes]:
         """``refs``, checked against the file's size."""
         refs = self.refs(entry)

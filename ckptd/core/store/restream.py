@@ -8,11 +8,10 @@ the CRIU adapter's protocol (``adapters/criu/imgstreamer.py``).
 
 from __future__ import annotations
 
-import bisect
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -40,7 +39,8 @@ class CheckpointImages:
     at least one, plus the frame it is handing out; so about FRAME_BUDGET * 4 MiB (256 MiB)
     up to FRAME_BUDGET / 2 images open at once, two frames per image beyond."""
 
-    def __init__(self, reader: CheckpointReader, manifest: Manifest) -> None:
+    def __init__(self, reader: CheckpointReader, manifest: Manifest, *,
+                 plan_ahead: bool = True) -> None:
         self.checkpoint_id = manifest.record.id
         self._reader = reader
         self._entries = {f.name: f for f in manifest.files}
@@ -52,8 +52,9 @@ class CheckpointImages:
         self._lock = threading.Lock()
         self._open = 0
         self._random: dict[str, RandomPages] = {}
-        threading.Thread(target=self._plan_all, name=f"plan {self.checkpoint_id}",
-                         daemon=True).start()
+        if plan_ahead:  # (a lazy restore reads few pages at a time: no plan needed)
+            threading.Thread(target=self._plan_all, name=f"plan {self.checkpoint_id}",
+                             daemon=True).start()
 
     def _plan_all(self) -> None:
         for name, future in self._plans.items():
@@ -108,55 +109,52 @@ class CheckpointImages:
     def pages(self, name: str, first: int, count: int) -> bytes | memoryview:
         with self._lock:
             pages = self._random.get(name)
-            if pages is None:
-                future = self._plans.get(name)
-                if future is None:
-                    raise KeyError(f"{name} is not a pages image")
-                pages = RandomPages(self._reader, *future.result())
-                self._random[name] = pages
+        if pages is None:
+            entry = self._entries.get(name)
+            if entry is None or not entry.pagelist:
+                raise KeyError(f"{name} is not a pages image")
+            pages = RandomPages(self._reader, self._reader.packed_refs(entry))
+            with self._lock:
+                pages = self._random.setdefault(name, pages)
         return pages.read(first, count)
 
 
 class RandomPages:
-    """One pages image read at any page (a lazy restore): the frames a read needs are
-    verified whole before any byte of them is returned (``PageSource._load_frame``), and the
-    last FRAMES_KEPT are kept, since the pages asked for next are mostly their neighbours.
-    Thread-safe (one lock: a lazy restore serves its pages from one thread)."""
+    """One pages image read at any page (a lazy restore): the image's page list held packed
+    (16 bytes a page), each read located on its own (``frame_runs``: no plan of the whole
+    image, which takes a second for a few GiB), the frames it needs verified whole before any
+    byte of them is returned, and the last FRAMES_KEPT kept, since the pages asked for next
+    are mostly their neighbours. Thread-safe (one lock: a lazy restore serves its pages from
+    one thread)."""
 
     FRAMES_KEPT = 8
     """Verified frames kept (4 MiB each, decompressed)."""
 
-    def __init__(self, reader: CheckpointReader, segments: list[Segment], total: int) -> None:
+    def __init__(self, reader: CheckpointReader, refs: Sequence[bytes]) -> None:
         self._reader = reader
-        self._segments = segments
-        self._starts = [seg[0] for seg in segments]
-        self._total = total
+        self._refs = refs
         self._frames: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._lock = threading.Lock()
 
     def read(self, first: int, count: int) -> bytes | memoryview:
-        """The pages; a view into a kept frame when one segment holds them all (valid
-        until the frame is dropped: after FRAMES_KEPT other frames)."""
-        if first < 0 or count < 0 or first + count > self._total:
-            raise IndexError(f"pages {first}+{count} of an image of {self._total}")
-        end = first + count
-        i = max(0, bisect.bisect_right(self._starts, first) - 1)
+        """The pages; a view into a verified frame when one run of one frame holds them all
+        (then no copy)."""
+        if first < 0 or count < 0 or first + count > len(self._refs):
+            raise IndexError(f"pages {first}+{count} of an image of {len(self._refs)}")
         with self._lock:
-            if i < len(self._segments):
-                at, key, in_frame, n = self._segments[i]
-                if at <= first and end <= at + n:  # one segment: no copy
-                    src = (in_frame + first - at) * PAGE_SIZE
+            runs = self._reader.frame_runs(self._refs[first:first + count])
+            if len(runs) == 1:
+                ((key, (only, *more)),) = runs.items()
+                at, in_frame, n = only
+                if not more and at == 0 and n == count:
+                    src = in_frame * PAGE_SIZE
                     return memoryview(self._frame(key))[src:src + count * PAGE_SIZE]
-            out = bytearray(count * PAGE_SIZE)  # zero pages: the gaps between segments
-            while i < len(self._segments) and self._segments[i][0] < end:
-                at, key, in_frame, n = self._segments[i]
-                lo, hi = max(at, first), min(at + n, end)
-                if lo < hi:
-                    frame = self._frame(key)
-                    src = (in_frame + lo - at) * PAGE_SIZE
-                    out[(lo - first) * PAGE_SIZE:(hi - first) * PAGE_SIZE] = \
-                        memoryview(frame)[src:src + (hi - lo) * PAGE_SIZE]
-                i += 1
+            out = bytearray(count * PAGE_SIZE)  # zero pages: the gaps between runs
+            for key, frame_runs in runs.items():
+                frame = memoryview(self._frame(key))
+                for at, in_frame, n in frame_runs:
+                    out[at * PAGE_SIZE:(at + n) * PAGE_SIZE] = \
+                        frame[in_frame * PAGE_SIZE:(in_frame + n) * PAGE_SIZE]
             return memoryview(out)
 
     def _frame(self, key: tuple[str, int]) -> bytes:
