@@ -90,6 +90,30 @@ def test_delta_is_small_when_refs_mostly_equal_the_base(
     assert pagelist.decode(delta, base) == refs
 
 
+@settings(max_examples=150, deadline=None)
+@given(ref_and_base())
+def test_decode_packed_gives_decode_s_references_packed(
+    case: tuple[list[bytes], list[bytes]]
+) -> None:
+    """What a lazy restore holds (16 bytes a page) is ``decode``'s list, full or delta."""
+    refs, base = case
+    packed_base = b"".join(base)
+    full = pagelist.encode_full(refs)
+    assert pagelist.decode_packed(full, pages=len(refs)) == b"".join(refs)
+    delta = pagelist.encode_delta(refs, base, BASE_HASH)
+    assert pagelist.decode_packed(delta, packed_base, pages=len(refs)) == b"".join(refs)
+    with pytest.raises(CorruptCheckpoint, match="base"):
+        pagelist.decode_packed(delta)
+    if any(r != ZERO_REF for r in refs) and len(base) > 1:
+        short = packed_base[:HASH_SIZE]
+        try:
+            got = pagelist.decode_packed(delta, short)
+        except CorruptCheckpoint as exc:
+            assert "beyond" in exc.message
+        else:  # the delta copied nothing past the first base reference
+            assert got == b"".join(refs)
+
+
 def test_zero_runs_are_collapsed() -> None:
     refs = [ZERO_REF] * 10_000
     assert len(pagelist.encode_full(refs)) < 32
