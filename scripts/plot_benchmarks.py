@@ -186,6 +186,23 @@ def migrate(data: dict[str, Any]) -> Figure:
     return fig
 
 
+def lazy(data: dict[str, Any]) -> Figure:
+    rows = _rows(data)
+    labels = [f"{r['size_gib']:g} GiB {r['kind']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    _bars(ax, labels, [
+        ("criu restore", [r["raw_eager"] for r in rows], GREY, ""),
+        ("ckptctl restore", [r["ckptd_eager"] for r in rows], OTHER, ""),
+        ("criu restore --lazy-pages", [r["raw_lazy"] for r in rows], RAW, ""),
+        ("ckptctl restore --lazy", [r["ckptd_lazy"] for r in rows], CKPTD, ""),
+    ], "seconds until the job runs")
+    ax.axhline(0.2, color="black", linewidth=0.8, linestyle="--")
+    ax.text(-0.45, 0.25, "target at 4 GiB: 0.2 s", fontsize=7)
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.set_title("Lazy restore: time until the job runs (bench lazy)")
+    return fig
+
+
 def daemon(data: dict[str, Any]) -> Figure:
     rows = _rows(data)
     labels = [r["path"] for r in rows]
@@ -204,6 +221,7 @@ PLOTS: dict[str, dict[str, Callable[[dict[str, Any]], Figure]]] = {
     "gc.json": {"gc.svg": gc},
     "migrate.json": {"migrate.svg": migrate},
     "daemon.json": {"daemon.svg": daemon},
+    "lazy.json": {"lazy.svg": lazy},
 }
 
 
