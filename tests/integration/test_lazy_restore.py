@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +127,69 @@ def test_criu_restores_lazily_with_every_page_served_by_ckptd(
     sparse = [p for p in staged.iterdir() if p.name.startswith("pages-")]
     assert sparse and all(p.stat().st_blocks * 512 < MEM_MIB << 20 for p in sparse), \
         "the staged pages images hold the lazy pages"
+
+
+REACTION_S = 0.5
+"""How long ``KillsTheTree`` takes to kill: 20 steps of the job, were it running."""
+
+
+class KillsTheTree(Told):
+    """``LazyPages`` as LazyWatch is: ``failed`` SIGKILLs the restored tree (once the test
+    knows its pid, and REACTION_S later) and returns when it is dead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = 0
+        self.restored = threading.Event()
+        self.before_kill = ("", "")
+        """The tree's root's state and wait channel when ``failed`` came to kill it."""
+
+    def failed(self, error: CkptdError) -> None:
+        assert self.restored.wait(30)
+        time.sleep(REACTION_S)  # the guarantee must not depend on how fast this comes
+        stat = Path(f"/proc/{self.root}/stat").read_text()
+        self.before_kill = (stat.rsplit(")", 1)[1].split()[0],
+                            Path(f"/proc/{self.root}/wchan").read_text())
+        os.kill(self.root, signal.SIGKILL)
+        wait_until(lambda: not is_alive(self.root), 10, "the restored tree to die")
+        super().failed(error)
+
+
+def test_a_page_daemon_that_dies_leaves_the_job_waiting_never_running_on_zeros(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """CRIU's lazy-pages daemon SIGKILLed as soon as the restore returns, most of the job's
+    256 MiB not yet served: its userfaultfds are not released (ckptd holds copies), so the
+    job waits on its next missing page (in ``handle_userfault``) instead of going on without
+    it, until ckptd, told (``failed``), kills it — here REACTION_S later. (Without the copies
+    this kernel ends the job by itself, SIGBUS at its next fault: a zombie by then.)"""
+    criu = _criu(tmp_path)
+    cmd = workload("counter", "--steps", 60, "--mem-mib", 256)
+    ref = reference(with_interval(cmd, 0))
+    out = tmp_path / "out"
+    pid = start_detached(procs, with_interval(cmd, 25), out)
+    wait_for_lines(out, 5)
+    dumped, work = _dirs(tmp_path / "dump")
+    criu.dump(CriuDumpJob(pid, dumped, work, leave_running=False), CriuHooks()).finish()
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dumped process to be gone")
+    pre = out.read_text().splitlines()
+
+    staged, work = _dirs(tmp_path / "restore")
+    told = KillsTheTree()
+    job = CriuRestoreJob(staged, work, images=DirectoryImages(dumped, "ck-lazy"), lazy=told)
+    told.root = criu.restore(job, CriuHooks())
+    os.kill(told.helper, signal.SIGKILL)
+    procs.add(told.root)
+    told.restored.set()
+    assert told.ended.wait(30), "ckptd was never told the page daemon ended"
+    assert told.error is not None and "hung up" in str(told.error), told.error
+    assert told.pages < 0, "every page was in before the page daemon was killed: no test"
+    assert told.before_kill == ("S", "handle_userfault"), \
+        f"the job was not waiting for its page when killed: {told.before_kill}"
+    assert not is_alive(told.root)
+    lines = out.read_text().splitlines()
+    assert lines == ref[:len(lines)], "the job ran on pages it never got"
+    assert lines[:len(pre)] == pre and len(lines) < len(ref)
 
 
 def _events(daemon: Daemon, kind: str) -> list[dict[str, object]]:

@@ -22,11 +22,15 @@ userfaultfd released with a task waiting on it would let the task go on with a z
 The lazy daemon also holds a duplicate of ckptd's end of the socket, so a daemon that dies
 (SIGKILL) never shows it an end of file: the tree then waits on its next missing page, and the
 restore's journal entry, still open, has the next start kill it. Ended by the lazy daemon
-before ``PS_IOV_CLOSE`` (it failed, or was killed): the same failure.
+before ``PS_IOV_CLOSE`` (it failed, or was killed): the same failure; and since ckptd holds
+copies of the daemon's userfaultfds from post-restore on (``UffdCopies``), its death releases
+none of them: a task waiting on a page goes on waiting until the tree is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import socket
@@ -257,13 +261,22 @@ class PageServing:
         self.busy = 0.0
 
     def run(self) -> int:
+        try:
+            return self._serve()
+        except (ConnectionResetError, BrokenPipeError):  # died with our answer unread
+            raise self._hung_up() from None
+
+    def _hung_up(self) -> CriuFailed:
+        return CriuFailed(
+            f"CRIU's lazy-pages daemon hung up after {self.pages} pages of "
+            f"{self._images.checkpoint_id}, before every page was served",
+            hint="its log is lazy-pages.log in the restore's work directory")
+
+    def _serve(self) -> int:
         while True:
             head = self._recv(self._iov.size)
             if head is None:
-                raise CriuFailed(
-                    f"CRIU's lazy-pages daemon hung up after {self.pages} pages of "
-                    f"{self._images.checkpoint_id}, before every page was served",
-                    hint="its log is lazy-pages.log in the restore's work directory")
+                raise self._hung_up()
             cmd, nr_pages, vaddr, dst_id = self._iov.unpack(head)
             command = cmd & 0xFFFF
             if command in (PS_IOV_CLOSE, PS_IOV_FORCE_CLOSE):
@@ -398,15 +411,96 @@ def _read_with_timeout(fd: int, timeout: float) -> bool:
     return False
 
 
+USERFAULTFD = "anon_inode:[userfaultfd]"
+ACCEPTCON = 0x00010000
+"""``/proc/net/unix``'s flag of a listening socket (``__SO_ACCEPTCON``)."""
+SYS_PIDFD_GETFD = 438
+TAKE_WAIT_S = 5.0
+
+
+class UffdCopies:
+    """Our copies (``pidfd_getfd``) of the userfaultfds CRIU's lazy-pages daemon holds, taken
+    at post-restore, before any restored task runs: if the daemon dies, the kernel releases
+    nothing while we hold them, so a task touching a missing page waits (until killed) instead
+    of reading zeros. Closed once every page is served, or once the tree is dead."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+
+    def take(self, pid: int) -> int:
+        """Copy every userfaultfd of ``pid`` once it has received all of them (its listening
+        socket is closed: CRIU's ``prepare_uffds`` done). Returns how many; CriuFailed if it
+        does not get there in TAKE_WAIT_S."""
+        deadline = time.monotonic() + TAKE_WAIT_S
+        while True:
+            targets = _fd_targets(pid)
+            sockets = {int(t[8:-1]) for t in targets.values() if t.startswith("socket:[")}
+            if not sockets & _listening_unix_inodes():
+                break
+            if time.monotonic() > deadline:
+                raise CriuFailed("CRIU's lazy-pages daemon did not take the restored tasks' "
+                                 f"userfaultfds in {TAKE_WAIT_S:g}s", hint="")
+            time.sleep(0.002)
+        pidfd = os.pidfd_open(pid)
+        try:
+            for fd, target in targets.items():
+                if target == USERFAULTFD:
+                    self.fds.append(_pidfd_getfd(pidfd, fd))
+        finally:
+            os.close(pidfd)
+        return len(self.fds)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def _fd_targets(pid: int) -> dict[int, str]:
+    found: dict[int, str] = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError as exc:
+        raise CriuFailed(f"CRIU's lazy-pages daemon (pid {pid}) is gone: {exc}",
+                         hint="its log is lazy-pages.log in the restore's work directory"
+                         ) from exc
+    for name in names:
+        with contextlib.suppress(OSError):
+            found[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+    return found
+
+
+def _listening_unix_inodes() -> set[int]:
+    inodes: set[int] = set()
+    with open("/proc/net/unix") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 7 and int(fields[3], 16) & ACCEPTCON:
+                inodes.add(int(fields[6]))
+    return inodes
+
+
+def _pidfd_getfd(pidfd: int, fd: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    copy = int(libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0))
+    if copy < 0:
+        err = ctypes.get_errno()
+        raise CriuFailed(f"cannot copy fd {fd} of CRIU's lazy-pages daemon: "
+                         f"{os.strerror(err)}", hint="")
+    return copy
+
+
 class LazyRun:
     """Serves one lazy restore's pages in a thread from ``begin`` (the tree runs) to the end
     and tells ``on_end(error, pages, seconds)``; the failure path is the module doc's."""
 
     def __init__(self, daemon: LazyDaemon, serving: PageServing,
                  failed: Callable[[CkptdError], None],
-                 done: Callable[[int, float], None]) -> None:
+                 done: Callable[[int, float], None], copies: UffdCopies) -> None:
         self._daemon = daemon
         self._serving = serving
+        self._copies = copies
         self._failed = failed
         self._done = done
         self._thread = threading.Thread(target=self._main, name="lazy pages", daemon=True)
@@ -430,9 +524,11 @@ class LazyRun:
                 self._failed(error)  # kills the tree; only then is the daemon let go
             finally:
                 self._daemon.kill()
+                self._copies.close()
             return
         code = self._daemon.wait_exit(10.0)
         self._daemon.kill()
+        self._copies.close()  # (held on, they would hold the tree's next fork event)
         if code not in (0, None):
             log.warning("CRIU's lazy-pages daemon exited %s after serving every page", code)
         seconds = time.monotonic() - self._begun

@@ -40,6 +40,7 @@ from ckptd.core.ports import (
     CriuHooks,
     CriuPlacement,
     CriuRestoreJob,
+    ForwardingHooks,
     ImageSource,
     LazyPages,
 )
@@ -229,15 +230,34 @@ def lazy_restore(setup: Setup, criu_path: str, criu_version: str, job: CriuResto
     assert daemon.proc is not None and daemon.sock is not None
     lazy.started(daemon.proc.pid)
     serving = lazypages.PageServing(daemon.sock, images, maps, wire_for(criu_version))
-    lazypages.LazyRun(daemon, serving, lazy.failed, lazy.done).begin()
+    copies = lazypages.UffdCopies()
+    lazypages.LazyRun(daemon, serving, lazy.failed, lazy.done, copies).begin()
     config = job.work_dir / "lazy.conf"
     config.write_text("lazy-pages\n")
     try:
-        with plain_restore(setup, job, hooks, config) as swrk:
+        with plain_restore(setup, job, _TakeUffds(hooks, copies, daemon.proc.pid),
+                           config) as swrk:
             yield swrk
     except BaseException:
         daemon.kill()
+        copies.close()
         raise
+
+
+class _TakeUffds(ForwardingHooks):
+    """At post-restore (the tree exists, has not run), ckptd's copies of the lazy-pages
+    daemon's userfaultfds are taken first (``lazypages.UffdCopies``); failing, CRIU undoes
+    the restore."""
+
+    def __init__(self, inner: CriuHooks, copies: lazypages.UffdCopies, daemon_pid: int) -> None:
+        super().__init__(inner)
+        self._copies = copies
+        self._daemon_pid = daemon_pid
+
+    def post_restore(self, pid: int) -> None:
+        taken = self._copies.take(self._daemon_pid)
+        log.debug("lazy restore: %d userfaultfd(s) of the page daemon held", taken)
+        super().post_restore(pid)
 
 
 # ---- in a container -----------------------------------------------------------------------
