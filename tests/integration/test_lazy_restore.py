@@ -31,7 +31,7 @@ from ckptd.errors import CkptdError
 from .conftest import criu_path
 from .flows import criu_swrk as _criu
 from .flows import image_dirs as _dirs
-from .store_support import flip_byte, largest_pack
+from .store_support import Daemons, flip_byte, largest_pack
 from .support import (
     Daemon,
     Procs,
@@ -252,3 +252,58 @@ def test_a_damaged_page_kills_the_lazily_restored_job_before_it_runs_on(
     assert lines[:len(pre)] == pre
     assert lines == ref[:len(lines)], "the restored job printed what it would never have"
     assert len(lines) < len(ref), "the job finished on damaged memory"
+
+
+def _lazy_helpers(daemon_pid: int) -> list[int]:
+    """Pids of the ``criu lazy-pages`` processes a daemon started (its children)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == daemon_pid and b"lazy-pages" in argv:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_daemon_killed_mid_lazy_restore_leaves_the_job_waiting_and_its_restart_kills_it(
+    tmp_path: Path, procs: Procs, workloads: Path
+) -> None:
+    """ckptd SIGKILLed while it serves a lazy restore's pages: the job waits on its next
+    missing page (the lazy-pages daemon keeps ckptd's end of the socket: it sees no end of
+    file and releases nothing), never running on a page it did not get; the next start of
+    ckptd kills the job, then the lazy-pages daemon, from the restore's journal entry."""
+    del workloads
+    ds = Daemons(tmp_path / "ds")
+    try:
+        d = ds.start()
+        cmd = workload("counter", "--steps", 60, "--mem-mib", 256)
+        ref = reference(with_interval(cmd, 0))
+        out = tmp_path / "out"
+        pid = start_detached(procs, with_interval(cmd, 25), out)
+        wait_for_lines(out, 5)
+        ck = assert_ok(d.ctl("dump", pid), "dump")["id"]
+        res = assert_ok(d.ctl("restore", ck, "--lazy", "--output", out), "restore --lazy")
+        helpers = _lazy_helpers(d.proc.pid)
+        ds.kill9(d)
+        procs.add(res["pid"])
+        assert len(helpers) == 1, helpers
+        time.sleep(REACTION_S)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat.rsplit(")", 1)[1].split()[0], Path(f"/proc/{pid}/wchan").read_text()
+        assert state == ("S", "handle_userfault"), f"not waiting for its page: {state}"
+        assert is_alive(helpers[0])
+
+        again = ds.start()
+        wait_until(lambda: not is_alive(pid) and not is_alive(helpers[0]), 30,
+                   "the restart to kill the job and the lazy-pages daemon")
+        assert "recovered" in again.log(), again.log()[-3000:]
+        lines = out.read_text().splitlines()
+        assert lines == ref[:len(lines)] and len(lines) < len(ref)
+        ds.stop(again)
+    finally:
+        ds.close()
