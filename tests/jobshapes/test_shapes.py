@@ -122,9 +122,12 @@ def test_a_torchrun_ddp_under_ckptctl_run_dumped_and_restored_by_name(
     assert_same_outcome(Outcome.read(stdout, out_dir), want, "torchrun DDP restored by name")
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["restore", "restore-lazy"])
 def test_b_dataloader_with_two_workers(
-    daemon: Daemon, procs: Procs, references: References, tmp_path: Path
+    daemon: Daemon, procs: Procs, references: References, tmp_path: Path, lazy: bool
 ) -> None:
+    """With ``lazy``: ``ckptctl restore --lazy``, the loop and its forked workers running
+    before their memory is back (PyTorch's shared memory comes back whole), bit for bit."""
     want = references.get("dataloader", DL_STEPS)
     out_dir, stdout = tmp_path / "out", tmp_path / "stdout"
     pid = start_detached(procs, dataloader_cmd(out_dir, DL_STEPS), stdout)
@@ -134,10 +137,11 @@ def test_b_dataloader_with_two_workers(
     dumped = assert_ok(daemon.ctl("dump", pid, "--name", "dl-b"), "dump")
     timing("(b) dump", dumped)
     assert not is_alive(pid)
-    restored = assert_ok(daemon.ctl("restore", "--name", "dl-b"), "restore --name dl-b")
-    timing("(b) restore", restored)
+    extra = ["--lazy"] if lazy else []
+    restored = assert_ok(daemon.ctl("restore", "--name", "dl-b", *extra), "restore --name dl-b")
+    timing(f"(b) restore{' --lazy' if lazy else ''}", restored)
     procs.add(restored["pid"])
-    assert restored["pid"] == pid
+    assert restored["pid"] == pid and restored["lazy"] is lazy
 
     wait_for_done(stdout, timeout=START_S)
     assert_same_outcome(Outcome.read(stdout, out_dir), want, "DataLoader job restored")
