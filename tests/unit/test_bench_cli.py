@@ -23,6 +23,7 @@ OPTIONS = {
     "files": ["--mib", "8", "--dir", "/tmp/w"],
     "gc": ["--mib", "8", "--dumps", "2", "--keep", "1", "--rewrite-pct", "5",
            "--steps-between", "1", "--dir", "/tmp/w", "--no-compact"],
+    "lazy": ["--sizes", "64,128", "--kinds", "random", "--dir", "/tmp/w"],
     "meta": ["--mib", "8", "--mode", "staged", "--known", "--parent"],
     "migrate": ["--mib", "8", "--pause", "0.5"],
     "no-io-uring": ["--calls", "10", "--rounds", "1"],
