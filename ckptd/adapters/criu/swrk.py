@@ -131,10 +131,9 @@ class CriuSwrk:
     def can_stream_restore(self) -> bool:
         """This CRIU streams a restore's images through RPC (our patch, scripts/criu-patches:
         ``criu check --feature rpc_stream``). Asked once."""
-        with self._status_lock:
-            if self._streams is None:
-                self._streams = self.feature("rpc_stream")
-            return self._streams
+        if self._streams is None:  # asked outside the lock: status() never waits for it
+            self._streams = self.feature("rpc_stream")
+        return self._streams
 
     def warm_up(self) -> None:
         """Ask CRIU now what ``can_stream_restore`` and ``lazy_restores`` will be asked (a
@@ -148,10 +147,9 @@ class CriuSwrk:
     def lazy_restores(self) -> bool:
         """This kernel and CRIU can restore lazily (``criu check --feature uffd-noncoop``:
         userfaultfd with fork, remap and exit events). Asked once."""
-        with self._status_lock:
-            if self._lazy is None:
-                self._lazy = self.feature("uffd-noncoop")
-            return self._lazy
+        if self._lazy is None:  # (two threads asking at once both ask CRIU: harmless)
+            self._lazy = self.feature("uffd-noncoop")
+        return self._lazy
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
         """The restored root's pid (the node's)."""
