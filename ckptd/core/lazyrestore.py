@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ckptd.core.events import EventBus
@@ -59,6 +60,8 @@ class LazyWatch:
         self._held: HeldTree | None = None
         self._undo_log: UndoLog | None = None
         self._root = 0
+        self._finished = False
+        self._callbacks: list[Callable[[], None]] = []
         self.outcome: str = ""
         """"" while pages are served; then "done" or the failure."""
 
@@ -121,13 +124,28 @@ class LazyWatch:
         """The recipe failed and rolled back: nothing is left to watch."""
         self._ended.set()
 
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every page is in or the tree was killed (at once if that
+        happened already)."""
+        with self._lock:
+            if not self._finished:
+                self._callbacks.append(callback)
+                return
+        callback()
+
     def _publish(self, kind: EventKind, **fields: Any) -> None:
         if self._events is not None:
             self._events.publish(kind, **fields)
 
     def _finish(self) -> None:
+        """(under ``_lock``)"""
         if self._undo_log is not None:
             self._undo_log.end()
         if self._held is not None:
             self._held.close()
         self._resources.close()
+        self._finished = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            with contextlib.suppress(Exception):
+                callback()

@@ -8,7 +8,9 @@ flight. It knows nothing of gRPC: transports translate to and from it.
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
+import functools
 import logging
 import secrets
 import shutil
@@ -82,7 +84,9 @@ class CheckpointService:
         self._config = config
         self._probe = probe
         self._locks = PidLocks()
-        self._in_flight: set[str] = set()
+        self._in_flight: collections.Counter[str] = collections.Counter()
+        """Operations in flight (a lazy restore's twice: its restore, and its pages until all
+        are in)."""
         self._in_flight_lock = threading.Condition()
         self._closing = False
         self._undoer = restore.parts.undoer(restore_here=self._restore_here)
@@ -168,6 +172,9 @@ class CheckpointService:
         with self._locks.hold(record.pid, "a restore"), self._operation(ctx.op_id):
             try:
                 outcome = self._restore.run(ctx, progress)
+                if ctx.lazy is not None:  # in flight until every page is in (wait_idle)
+                    self._begin(ctx.op_id)
+                    ctx.lazy.when_ended(functools.partial(self._end, ctx.op_id))
             except Exception as exc:
                 self.events.publish(EventKind.RESTORE_FAILED, pid=record.pid,
                                     checkpoint_id=record.id, name=record.name, uid=record.uid,
@@ -356,14 +363,22 @@ class CheckpointService:
     @contextlib.contextmanager
     def _operation(self, op_id: str) -> Iterator[None]:
         """Marks ``op_id`` in flight: its work directory is never pruned meanwhile."""
-        with self._in_flight_lock:
-            self._in_flight.add(op_id)
+        self._begin(op_id)
         try:
             yield
         finally:
-            with self._in_flight_lock:
-                self._in_flight.discard(op_id)
-                self._in_flight_lock.notify_all()
+            self._end(op_id)
+
+    def _begin(self, op_id: str) -> None:
+        with self._in_flight_lock:
+            self._in_flight[op_id] += 1
+
+    def _end(self, op_id: str) -> None:
+        with self._in_flight_lock:
+            self._in_flight[op_id] -= 1
+            if self._in_flight[op_id] <= 0:
+                del self._in_flight[op_id]
+            self._in_flight_lock.notify_all()
 
     def wait_idle(self, timeout: float) -> builtins.list[str]:
         """Wait until no dump or restore runs (a daemon stopping must not cut one short: a

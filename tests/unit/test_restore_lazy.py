@@ -110,3 +110,19 @@ def test_a_criu_that_does_not_stream_cannot_restore_lazily(world: World) -> None
     with pytest.raises(PreconditionFailed, match=r"lazily: this CRIU cannot stream"):
         _lazy(world, record.id)
     assert world.criu.restore_jobs == []
+
+
+def test_a_stopping_daemon_waits_for_a_lazy_restore_s_pages(world: World) -> None:
+    """``wait_idle`` (the daemon's graceful stop) counts a lazy restore in flight until its
+    last page is served: a stop does not leave the job waiting on pages for the next start
+    to kill."""
+    checkpoint_id = _dumped(world)
+    world.criu.pages_served.clear()
+    try:
+        _lazy(world, checkpoint_id)
+        running = world.service.wait_idle(0.05)
+        assert len(running) == 1 and running[0].startswith("r"), running
+    finally:
+        world.criu.pages_served.set()
+        world.criu.join_lazy()
+    assert world.service.wait_idle(5.0) == []
