@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
-from ckptd.adapters.criu import lazypages
+from ckptd.adapters.criu import lazyimages, lazypages
 from ckptd.adapters.criu.client import DirFd, SwrkCall
 from ckptd.adapters.criu.containers import (
     Container,
@@ -220,7 +220,7 @@ def lazy_restore(setup: Setup, criu_path: str, criu_version: str, job: CriuResto
     before the restore begins (a task may touch a page as soon as CRIU resumes it). A
     failed restore stops the daemon: CRIU killed what it created, no task waits on a page."""
     t0 = time.monotonic()
-    maps = lazypages.stage(images, job.images_dir)
+    maps = lazyimages.stage(images, job.images_dir)
     t1 = time.monotonic()
     daemon = lazypages.LazyDaemon(criu_path, job.images_dir, job.work_dir, setup.env(),
                                   setup.log_level)

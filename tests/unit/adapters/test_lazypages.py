@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptd.adapters.criu import lazypages
-from ckptd.adapters.criu.lazypages import Entry, Pagemap, PageServing, parse_pagemap, stage
+from ckptd.adapters.criu import lazyimages
+from ckptd.adapters.criu.lazyimages import Entry, Pagemap, parse_pagemap, stage
+from ckptd.adapters.criu.lazypages import PageServing
 from ckptd.adapters.criu.pageserver import (
     IMG_COMMON_MAGIC,
     PAGEMAP_MAGIC,
@@ -47,11 +48,11 @@ EntryFn = Callable[[int, int, int], bytes]
 def reader(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each test with each pagemap reader: ``ckptd._pages.pagemap_columns``, and the Python
     one a node without the native module uses."""
-    if request.param == "native" and lazypages._native_columns is None:
+    if request.param == "native" and lazyimages._native_columns is None:
         pytest.skip("ckptd._pages is not built")
     with pytest.MonkeyPatch.context() as mp:
         if request.param == "python":
-            mp.setattr(lazypages, "_native_columns", None)
+            mp.setattr(lazyimages, "_native_columns", None)
         yield str(request.param)
 
 
