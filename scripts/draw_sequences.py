@@ -137,18 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 naming each diagram that is not current")
     args = ap.parse_args(argv)
-    images = draw()
-    if args.check:
-        stale = [p for p, content in images.items()
-                 if not p.is_file() or p.read_bytes() != content]
-        for p in stale:
-            print(f"{p.relative_to(ROOT)} is stale: run .venv/bin/python "
-                  "scripts/draw_sequences.py and commit it", file=sys.stderr)
-        return 1 if stale else 0
-    IMG.mkdir(parents=True, exist_ok=True)
-    for p, content in images.items():
-        p.write_bytes(content)
-    return 0
+    return pb.write_or_check(draw(), check=args.check, script="draw_sequences.py")
 
 
 if __name__ == "__main__":

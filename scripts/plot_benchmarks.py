@@ -245,16 +245,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 naming each plot that is not current")
     args = ap.parse_args(argv)
-    images = draw()
-    if args.check:
+    return write_or_check(draw(), check=args.check, script="plot_benchmarks.py")
+
+
+def write_or_check(images: dict[Path, bytes], *, check: bool, script: str) -> int:
+    """Write ``images`` (path -> content); with ``check``, write nothing and name each one
+    that differs from what is on disk (exit status 1). Shared with draw_sequences.py."""
+    if check:
         stale = [p for p, content in images.items()
                  if not p.is_file() or p.read_bytes() != content]
         for p in stale:
             print(f"{p.relative_to(ROOT)} is stale: run .venv/bin/python "
-                  "scripts/plot_benchmarks.py and commit it", file=sys.stderr)
+                  f"scripts/{script} and commit it", file=sys.stderr)
         return 1 if stale else 0
-    IMG.mkdir(parents=True, exist_ok=True)
     for p, content in images.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(content)
     return 0
 

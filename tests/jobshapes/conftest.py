@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,18 +46,31 @@ def torch_skip_reason() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    del config
+def mark_slow_tier(items: list[pytest.Item], here: Path,
+                   skip_reason: Callable[[pytest.Item], str | None]) -> None:
+    """A slow tier's collection (this one's, tests/slurm's): every test under ``here`` must
+    be marked slow (a UsageError otherwise), and is skipped with ``skip_reason(item)`` when
+    that gives one."""
     for item in items:
-        if HERE not in item.path.parents:
+        if here not in item.path.parents:
             continue
         if item.get_closest_marker("slow") is None:
             raise pytest.UsageError(f"{item.nodeid} is not marked @pytest.mark.slow")
-        reason = torch_skip_reason()
-        if reason is None and item.get_closest_marker("integration") is not None:
-            reason = tier_skip_reason()
+        reason = skip_reason(item)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _skip_reason(item: pytest.Item) -> str | None:
+    reason = torch_skip_reason()
+    if reason is None and item.get_closest_marker("integration") is not None:
+        reason = tier_skip_reason()
+    return reason
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    del config
+    mark_slow_tier(items, HERE, _skip_reason)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,11 @@ if str(REPO) not in sys.path:  # `tests.*` is imported from the checkout
     sys.path.insert(0, str(REPO))
 
 from tests.integration.conftest import procs, tier_skip_reason  # noqa: E402
-from tests.jobshapes.conftest import references, torch_skip_reason  # noqa: E402
+from tests.jobshapes.conftest import (  # noqa: E402
+    mark_slow_tier,
+    references,
+    torch_skip_reason,
+)
 from tests.slurm.cluster import SlurmCluster, missing_binaries  # noqa: E402
 
 __all__ = ["cluster", "procs", "references"]
@@ -50,14 +54,7 @@ def slurm_skip_reason() -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     del config
-    for item in items:
-        if HERE not in item.path.parents:
-            continue
-        if item.get_closest_marker("slow") is None:
-            raise pytest.UsageError(f"{item.nodeid} is not marked @pytest.mark.slow")
-        reason = slurm_skip_reason()
-        if reason is not None:
-            item.add_marker(pytest.mark.skip(reason=reason))
+    mark_slow_tier(items, HERE, lambda _item: slurm_skip_reason())
 
 
 @pytest.hookimpl(wrapper=True)
