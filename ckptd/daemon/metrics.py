@@ -199,6 +199,11 @@ class Metrics:
             "ckptd_restore_duration_seconds", "Duration of successful restores.",
             registry=r, buckets=SECONDS_BUCKETS,
         )
+        self.lazy_restore_all_in = Histogram(
+            "ckptd_lazy_restore_all_in_seconds",
+            "Lazy restores: from when the job ran to when every page was served.",
+            registry=r, buckets=SECONDS_BUCKETS,
+        )
         self.bytes_logical = Counter(
             "ckptd_checkpoint_bytes_logical",
             "Logical (before dedup and compression) bytes of committed checkpoints.", registry=r,
@@ -262,6 +267,7 @@ class Metrics:
         for outcome in ("done", "failed"):
             self.restores.labels(outcome=outcome)
             self.migrations.labels(outcome=outcome)
+        self.restores.labels(outcome="lazy_failed")  # (a lazy restore done, then killed)
         if store_size is not None:
             r.register(_StoreCollector(store_size))
 
@@ -298,6 +304,10 @@ class Metrics:
             self._observe(self.restore_duration, fields, "duration_s")
         elif kind == EventKind.RESTORE_FAILED:
             self.restores.labels(outcome="failed").inc()
+        elif kind == EventKind.RESTORE_LAZY_DONE:
+            self._observe(self.lazy_restore_all_in, fields, "seconds")
+        elif kind == EventKind.RESTORE_LAZY_FAILED:
+            self.restores.labels(outcome="lazy_failed").inc()
         elif kind == EventKind.MIGRATE_DONE:
             self.migrations.labels(outcome="done").inc()
             self._add(self.migration_bytes_sent, fields, "bytes_sent")

@@ -290,3 +290,17 @@ def test_last_checkpoint_time_per_job_name_keeps_the_most_recent_names(
     series = {labels: v for (name, labels), v in samples(m).items()
               if name == "ckptd_job_last_checkpoint_timestamp_seconds"}
     assert series == {(("name", "a"),): 300.0, (("name", "c"),): 400.0}
+
+
+def test_lazy_restores_all_in_time_and_failures() -> None:
+    """A lazy restore is counted done when the job runs (restore.done); its end adds how long
+    every page took (restore.lazy_done), or a failure of its own (restore.lazy_failed: the job
+    was killed), with its reason."""
+    m = Metrics()
+    assert value(m, "ckptd_restores_total", outcome="lazy_failed") == 0
+    m.on_event(event(EventKind.RESTORE_LAZY_DONE, pages=1000, seconds=2.5))
+    m.on_event(event(EventKind.RESTORE_LAZY_FAILED, error="CorruptCheckpoint"))
+    assert value(m, "ckptd_lazy_restore_all_in_seconds_sum") == 2.5
+    assert value(m, "ckptd_lazy_restore_all_in_seconds_count") == 1
+    assert value(m, "ckptd_restores_total", outcome="lazy_failed") == 1
+    assert value(m, "ckptd_failures_total", operation="restore", reason="CorruptCheckpoint") == 1
