@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -223,8 +224,6 @@ class LazyDaemon:
 
 def _read_with_timeout(fd: int, timeout: float) -> bool:
     """Whether ``fd`` gave a byte before ``timeout`` (the daemon's ``--status-fd``)."""
-    import select
-
     deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
         readable, _, _ = select.select([fd], [], [], left)

@@ -187,14 +187,23 @@ def decode_full_packed(data: bytes, *, pages: int | None = None) -> bytes:
     """The references of the full list ``data``, concatenated (16 bytes a page: a delta's
     base without an object per page); checked as ``decode`` checks it. A delta list raises
     CorruptCheckpoint (a base is always full)."""
+    return decode_packed(data, pages=pages)
+
+
+def decode_packed(data: bytes, base: bytes | None = None, *, pages: int | None = None
+                  ) -> bytes:
+    """``decode``'s references concatenated (16 bytes a page, no object per page; a lazy
+    restore holds a whole image's this way); a delta needs its base decoded the same way."""
     _check(data)
     try:
         kind, count = _HEAD.unpack_from(data, len(MAGIC))
         if pages is not None and count != pages:
             raise CorruptCheckpoint(f"page list: header says {count} references, not {pages}")
-        if kind == DELTA:
-            raise CorruptCheckpoint("page list: delta without its base")
         pos = len(MAGIC) + _HEAD.size
+        if kind == DELTA:
+            if base is None:
+                raise CorruptCheckpoint("page list: delta without its base")
+            pos += HASH_SIZE
         parts: list[bytes] = []
         have = 0
         while pos < len(data):
@@ -212,48 +221,7 @@ def decode_full_packed(data: bytes, *, pages: int | None = None) -> bytes:
                 pos = end
             elif op == OP_ZERO:
                 parts.append(bytes(n * HASH_SIZE))
-            else:
-                raise CorruptCheckpoint(f"page list: bad op {op}")
-            have += n
-    except struct.error as exc:
-        raise CorruptCheckpoint(f"page list: truncated ({exc})") from exc
-    if have != count:
-        raise CorruptCheckpoint(f"page list: {have} references, header says {count}")
-    return b"".join(parts)
-
-
-def decode_packed(data: bytes, base: bytes | None = None, *, pages: int | None = None
-                  ) -> bytes:
-    """``decode``'s references concatenated (16 bytes a page, no object per page; a lazy
-    restore holds a whole image's this way); a delta needs its base decoded the same way."""
-    _check(data)
-    kind, _count = _HEAD.unpack_from(data, len(MAGIC))
-    if kind != DELTA:
-        return decode_full_packed(data, pages=pages)
-    if base is None:
-        raise CorruptCheckpoint("page list: delta without its base")
-    try:
-        kind, count = _HEAD.unpack_from(data, len(MAGIC))
-        if pages is not None and count != pages:
-            raise CorruptCheckpoint(f"page list: header says {count} references, not {pages}")
-        pos = len(MAGIC) + _HEAD.size + HASH_SIZE
-        parts: list[bytes] = []
-        have = 0
-        while pos < len(data):
-            op, n = _OP.unpack_from(data, pos)
-            pos += _OP.size
-            if have + n > count:
-                raise CorruptCheckpoint(
-                    f"page list: more references than the header says ({count})")
-            if op == OP_LITERAL:
-                end = pos + n * HASH_SIZE
-                if end > len(data):
-                    raise CorruptCheckpoint("page list: truncated (literal references cut short)")
-                parts.append(data[pos:end])
-                pos = end
-            elif op == OP_ZERO:
-                parts.append(bytes(n * HASH_SIZE))
-            elif op == OP_COPY:
+            elif op == OP_COPY and kind == DELTA and base is not None:
                 (start,) = struct.unpack_from("<I", data, pos)
                 pos += 4
                 if (start + n) * HASH_SIZE > len(base):

@@ -9,6 +9,7 @@ verified the same way, yielded as slices in the file's order, a few frames held 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -272,28 +273,32 @@ class CheckpointReader(PageSource):
             raise CorruptCheckpoint(f"checkpoint {self._id}: {what}", checkpoint_id=self._id)
 
     def refs(self, entry: FileEntry) -> list[bytes]:
-        data = get_blob(self._blobs, self._hasher, entry.pagelist, self._id)
-        base: Sequence[bytes] | None = None
-        if entry.pagelist_base:
-            base_data = get_blob(self._blobs, self._hasher, entry.pagelist_base, self._id)
-            base = pagelist.decode(base_data)
-        try:
+        data = self._list(entry)
+        base = self._base(entry, pagelist.decode)
+        with self._damaged_list(entry):
             return pagelist.decode(data, base, pages=entry.pages or None)
-        except CorruptCheckpoint as exc:
-            raise CorruptCheckpoint(
-                f"checkpoint {self._id}: page list of {entry.name} is damaged ({exc.message})",
-                checkpoint_id=self._id,
-            ) from exc
 
     def packed_refs(self, entry: FileEntry) -> pagelist.Refs:
         """``refs`` held packed (16 bytes a page, an object only per item read)."""
-        data = get_blob(self._blobs, self._hasher, entry.pagelist, self._id)
-        base: bytes | None = None
-        if entry.pagelist_base:
-            base = pagelist.decode_full_packed(
-                get_blob(self._blobs, self._hasher, entry.pagelist_base, self._id))
-        try:
+        data = self._list(entry)
+        base = self._base(entry, pagelist.decode_full_packed)
+        with self._damaged_list(entry):
             return pagelist.Refs(pagelist.decode_packed(data, base, pages=entry.pages or None))
+
+    def _list(self, entry: FileEntry) -> bytes:
+        return get_blob(self._blobs, self._hasher, entry.pagelist, self._id)
+
+    def _base(self, entry: FileEntry, decode: Callable[[bytes], T]) -> T | None:
+        """The decoded base of ``entry``'s page list if it is a delta."""
+        if not entry.pagelist_base:
+            return None
+        return decode(get_blob(self._blobs, self._hasher, entry.pagelist_base, self._id))
+
+    @contextlib.contextmanager
+    def _damaged_list(self, entry: FileEntry) -> Iterator[None]:
+        """A damaged page list named with the checkpoint and the image."""
+        try:
+            yield
         except CorruptCheckpoint as exc:
             raise CorruptCheckpoint(
                 f"checkpoint {self._id}: page list of {entry.name} is damaged ({exc.message})",

@@ -46,8 +46,10 @@ class CheckpointImages:
         self._entries = {f.name: f for f in manifest.files}
         self._plans: dict[str, Future[tuple[list[Segment], int]]] = {
             f.name: Future() for f in sorted(manifest.files, key=lambda f: f.name)
-            if f.pagelist
+            if f.pagelist and plan_ahead
         }
+        """Each pages image's plan, made by a thread from the start; none without
+        ``plan_ahead`` (an image streamed then plans itself)."""
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._open = 0
