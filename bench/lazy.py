@@ -31,13 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from bench.common import CRIU, CRIU_FLAGS, RawCriu, build_workloads, kill, need_root, wait_gone
 from bench.report import Col, Report
-from bench.speed import daemon_at, start_bigmem_of, stream
+from bench.speed import daemon_at, start_bigmem_of, stream, stub_at
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
-from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 RAW = RawCriu()
 
@@ -132,8 +129,7 @@ def run(args: argparse.Namespace, report: Report) -> int:
             print(f"{mib} MiB {kind}", file=sys.stderr)
             row = raw_lazy(mib, kind, work)
             with daemon_at(work / f"d-{mib}-{kind}") as (sock, _pid, _staging):
-                stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
-                    grpc.insecure_channel(f"unix:{sock}"))
+                stub = stub_at(sock)
                 row.update(ckptd_lazy(mib, kind, work, stub))
             table.add(mib / 1024, kind, row["raw_eager"], row["raw_lazy"], row["raw_all_in"],
                       row["ckptd_eager"], row["ckptd_lazy"], row["ckptd_all_in"],

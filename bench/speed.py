@@ -157,6 +157,12 @@ def daemon_at(root: Path, setting: str = "") -> Iterator[tuple[Path, int, list[P
         shutil.rmtree(root / "store", ignore_errors=True)
 
 
+def stub_at(sock: Path) -> Any:
+    """A Checkpointer stub on the daemon's unix socket ``sock``."""
+    return pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
+        grpc.insecure_channel(f"unix:{sock}"))
+
+
 def raw(mib: int, kind: str, work: Path) -> Row:
     pid = start_bigmem_of(mib, kind, work / "raw.out")
     images = work / "raw-images"
@@ -317,8 +323,7 @@ def run(args: argparse.Namespace, report: Report) -> int:
             # a store of its own: bigmem's pages depend only on their index, so a shared store
             # would deduplicate one run against the previous ones
             with daemon_at(work / f"d-{mib}-{kind}") as (sock, pid, staging):
-                stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
-                    grpc.insecure_channel(f"unix:{sock}"))
+                stub = stub_at(sock)
                 rows = {"raw": raw(mib, kind, work),
                         "grpc": via_grpc(mib, kind, work, stub, pid, staging)}
             # the CLI's run needs a store of its own too: bigmem's pages are the same in every
@@ -327,13 +332,11 @@ def run(args: argparse.Namespace, report: Report) -> int:
                 rows["cli"] = via_cli(mib, kind, work, sock)
             for n, setting in enumerate(args.also):
                 with daemon_at(work / f"d-{mib}-{kind}-{n}", setting) as (sock, pid, staging):
-                    stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
-                        grpc.insecure_channel(f"unix:{sock}"))
+                    stub = stub_at(sock)
                     rows[f"grpc {setting}"] = via_grpc(mib, kind, work, stub, pid, staging)
             if kind == "mixed":
                 with daemon_at(work / f"i-{mib}") as (sock, pid, staging):
-                    stub = pb_grpc.CheckpointerStub(  # type: ignore[no-untyped-call]
-                        grpc.insecure_channel(f"unix:{sock}"))
+                    stub = stub_at(sock)
                     rows["incr"] = incremental(mib, work, stub)
             results[(mib, kind)] = rows
     if args.small:

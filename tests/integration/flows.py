@@ -1,7 +1,7 @@
 """Job flows and helpers several integration modules share (no test module imports another's
 helpers): a dump and restore through a pipe, a killing dump of a piped job, a piped job dumped
-with --leave-running, CRIU's swrk adapter with image directories, the TCP pair job and CRIU's
-network-lock tables."""
+with --leave-running, CRIU's swrk adapter with image directories (a job dumped into one), the
+TCP pair job and CRIU's network-lock tables."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptd.adapters.criu.swrk import CriuSwrk
+from ckptd.core.ports import CriuDumpJob, CriuHooks
 
 from .support import (
     Daemon,
@@ -21,8 +22,11 @@ from .support import (
     assert_running,
     criu_path,
     reference,
+    start_detached,
     wait_for_done,
+    wait_for_lines,
     wait_state,
+    wait_until,
     with_interval,
 )
 
@@ -120,6 +124,20 @@ def image_dirs(root: Path) -> tuple[Path, Path]:
     images.mkdir(parents=True)
     work.mkdir()
     return images, work
+
+def dump_into_directory(criu: CriuSwrk, procs: Procs, cmd: list[str], root: Path
+                        ) -> tuple[int, Path, Path, list[str]]:
+    """``cmd`` started detached (its output in ``root/out``) and, once it printed 5 lines,
+    dumped by the adapter alone into ``root/dump/images`` (a killing dump, CRIU's own image
+    directory): (its pid, the images, the output file, the lines printed before the dump)."""
+    out = root / "out"
+    pid = start_detached(procs, cmd, out)
+    wait_for_lines(out, 5)
+    dumped, work = image_dirs(root / "dump")
+    criu.dump(CriuDumpJob(pid, dumped, work, leave_running=False), CriuHooks()).finish()
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dumped process to be gone")
+    return pid, dumped, out, out.read_text().splitlines()
+
 
 def criu_tables() -> list[str]:
     """CRIU's nftables tables (its network locks) on this node."""

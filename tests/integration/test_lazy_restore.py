@@ -24,12 +24,13 @@ from pathlib import Path
 import pytest
 
 from ckptd.adapters.criu import CriuSwrk
-from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob
+from ckptd.core.ports import CriuHooks, CriuRestoreJob
 from ckptd.core.store.restream import DirectoryImages
 from ckptd.errors import CkptdError
 
 from .conftest import criu_path
 from .flows import criu_swrk as _criu
+from .flows import dump_into_directory
 from .flows import image_dirs as _dirs
 from .store_support import Daemons, flip_byte, largest_pack
 from .support import (
@@ -104,13 +105,7 @@ def test_criu_restores_lazily_with_every_page_served_by_ckptd(
 ) -> None:
     criu = _criu(tmp_path)
     cmd, ref = _counter()
-    out = tmp_path / "out"
-    pid = start_detached(procs, cmd, out)
-    wait_for_lines(out, 5)
-    dumped, work = _dirs(tmp_path / "dump")
-    criu.dump(CriuDumpJob(pid, dumped, work, leave_running=False), CriuHooks()).finish()
-    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dumped process to be gone")
-    pre = out.read_text().splitlines()
+    pid, dumped, out, pre = dump_into_directory(criu, procs, cmd, tmp_path)
 
     staged, work = _dirs(tmp_path / "restore")
     told = Told()
@@ -166,13 +161,7 @@ def test_a_page_daemon_that_dies_leaves_the_job_waiting_never_running_on_zeros(
     criu = _criu(tmp_path)
     cmd = workload("counter", "--steps", 60, "--mem-mib", 256)
     ref = reference(with_interval(cmd, 0))
-    out = tmp_path / "out"
-    pid = start_detached(procs, with_interval(cmd, 25), out)
-    wait_for_lines(out, 5)
-    dumped, work = _dirs(tmp_path / "dump")
-    criu.dump(CriuDumpJob(pid, dumped, work, leave_running=False), CriuHooks()).finish()
-    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dumped process to be gone")
-    pre = out.read_text().splitlines()
+    _pid, dumped, out, pre = dump_into_directory(criu, procs, with_interval(cmd, 25), tmp_path)
 
     staged, work = _dirs(tmp_path / "restore")
     told = KillsTheTree()

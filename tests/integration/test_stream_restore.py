@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from ckptd.adapters.criu import CriuSwrk
-from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob
+from ckptd.core.ports import CriuHooks, CriuRestoreJob
 from ckptd.core.store.restream import DirectoryImages
 
 from .conftest import criu_path
 from .flows import criu_swrk as _criu
-from .flows import dump_and_restore_via_pipe, dump_killing
+from .flows import dump_and_restore_via_pipe, dump_into_directory, dump_killing
 from .flows import image_dirs as _dirs
 from .store_support import flip_byte, largest_pack
 from .support import (
@@ -38,10 +38,7 @@ from .support import (
     assert_one_line_error,
     proc_state,
     reference,
-    start_detached,
     wait_for_done,
-    wait_for_lines,
-    wait_until,
     with_interval,
     workload,
 )
@@ -76,13 +73,7 @@ def test_criu_restores_from_images_streamed_out_of_a_directory(
     criu = _criu(tmp_path)
     cmd = workload("counter", "--steps", 80, "--mem-mib", 24)
     ref = reference(with_interval(cmd, 0))
-    out = tmp_path / "out"
-    pid = start_detached(procs, with_interval(cmd, 20), out)
-    wait_for_lines(out, 5)
-    dumped, work = _dirs(tmp_path / "dump")
-    criu.dump(CriuDumpJob(pid, dumped, work, leave_running=False), CriuHooks()).finish()
-    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dumped process to be gone")
-    pre = out.read_text().splitlines()
+    pid, dumped, out, pre = dump_into_directory(criu, procs, with_interval(cmd, 20), tmp_path)
 
     empty, work = _dirs(tmp_path / "restore")
     job = CriuRestoreJob(empty, work, images=DirectoryImages(dumped, "ck-test"))
