@@ -8,9 +8,9 @@ set -euo pipefail
 NEEDS=580.65.06
 command -v nvidia-smi >/dev/null 2>&1 || exit 0
 driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null \
-         | head -n 1 | tr -d ' \r') || exit 0
+         | awk 'NR == 1' | tr -d ' \r') || exit 0   # awk reads all: no SIGPIPE under pipefail
 [[ "$driver" =~ ^[0-9]+(\.[0-9]+)*$ ]] || exit 0
-oldest=$(printf '%s\n%s\n' "$NEEDS" "$driver" | sort -V | head -n 1)
+oldest=$(printf '%s\n%s\n' "$NEEDS" "$driver" | sort -V | awk 'NR == 1')
 if [ "$oldest" != "$NEEDS" ]; then
     printf '%s\n' 'cuda-python>=12.9.1,<13' 'cuda-bindings>=12.9.1,<13'
 fi

@@ -60,7 +60,7 @@ native/workloads/bin/counter --steps 40 --interval-ms 0 --mem-mib 64 > "$demo/re
 if cmp -s "$demo/job.out" "$demo/reference.out"; then
     echo "identical to an uninterrupted run, bit for bit ($lines steps + done)"
 else
-    echo "DIFFERENT from an uninterrupted run:"; diff "$demo/reference.out" "$demo/job.out" | head
+    echo "DIFFERENT from an uninterrupted run:"; diff "$demo/reference.out" "$demo/job.out" | awk 'NR <= 10'
     exit 1
 fi
 restored=""

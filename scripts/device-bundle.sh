@@ -105,12 +105,14 @@ done
 
 # ---- CRIU ---------------------------------------------------------------------------------
 [ -x "$CRIU_SRC" ] || die "$CRIU_SRC missing: run scripts/install-criu.sh"
-ver=$("$CRIU_SRC" --version | sed -n 's/^Version: *//p' | head -n1)
+# Readers here consume all their input: under pipefail an early exit (head, grep -q, awk's
+# exit) can SIGPIPE the writer and fail the pipeline (exit 141) depending on timing.
+ver=$("$CRIU_SRC" --version | awk 'sub(/^Version: */, "") && !v {v = $0} END {print v}')
 [ "$ver" = "$CRIU_VERSION" ] || die "$CRIU_SRC is CRIU '$ver', want $CRIU_VERSION"
 
 # Every library the binary loads (ldd: NAME => PATH, and the loader as a bare path); the
 # vDSO has no file.
-if ldd "$CRIU_SRC" | grep -q 'not found'; then
+if ldd "$CRIU_SRC" | grep 'not found' >/dev/null; then
     die "ldd $CRIU_SRC: $(ldd "$CRIU_SRC" | grep 'not found' | tr -s ' \t\n' ' ')"
 fi
 mapfile -t LIBS < <(ldd "$CRIU_SRC" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
@@ -229,7 +231,7 @@ for h in zstd.h zstd_errors.h xxhash.h; do
     [ -f "/usr/include/$h" ] || die "/usr/include/$h missing (apt-get install libzstd-dev libxxhash-dev)"
     cmp -s "/usr/include/$h" "$OUT/pages/include/$h" || cp "/usr/include/$h" "$OUT/pages/include/$h"
 done
-zlib=$(ldconfig -p | awk '$1 == "libzstd.so.1" && /x86-64/ {print $NF; exit}')
+zlib=$(ldconfig -p | awk '$1 == "libzstd.so.1" && /x86-64/ && !found {print $NF; found = 1}')
 [ -n "$zlib" ] || die "libzstd.so.1 not found (apt-get install libzstd1)"
 cmp -s "$zlib" "$OUT/pages/lib/libzstd.so.1" || cp -L "$zlib" "$OUT/pages/lib/libzstd.so.1"
 log "pages kit: headers and $(basename "$(readlink -f "$zlib")") in $OUT/pages"

@@ -46,7 +46,7 @@ MARKER=$PREFIX/share/ckptd/criu-build-id
 criu_ok() {  # $1 = path to a criu binary
     local bin=$1 ver
     [ -x "$bin" ] || return 1
-    ver=$("$bin" --version 2>/dev/null | sed -n 's/^Version: *//p' | head -n1)
+    ver=$("$bin" --version 2>/dev/null | awk 'sub(/^Version: */, "") && !v {v = $0} END {print v}')
     [ -n "$ver" ] || return 1
     if ! printf '%s\n%s\n' "$MIN_VERSION" "$ver" | sort -V -C; then
         log "$bin is version $ver, need >= $MIN_VERSION"
@@ -110,7 +110,7 @@ if [ ! -s "$TARBALL" ]; then
     apt-get "${APT_OPTS[@]}" update -qq
     # apt-get source takes an exact version (no wildcard): the Debian revision of ours.
     DEB_VERSION=$(apt-cache "${APT_OPTS[@]}" showsrc criu 2>/dev/null | sed -n 's/^Version: *//p' \
-                  | grep -m1 "^${CRIU_VERSION}-" || true)
+                  | awk -v want="^${CRIU_VERSION}-" '$0 ~ want && !v {v = $0} END {print v}' || true)
     [ -n "$DEB_VERSION" ] || { log "Debian $SUITE has no source package criu $CRIU_VERSION"; exit 1; }
     # apt-get source reports 404 for the Debian patch tarball and exits non-zero;
     # the upstream tarball alone is all the build needs.

@@ -18,7 +18,7 @@ PIN = ["cuda-python>=12.9.1,<13", "cuda-bindings>=12.9.1,<13"]
 def pin(tmp_path: Path, smi: str | None) -> list[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for tool in ("bash", "sort", "head", "tr", "printf"):
+    for tool in ("bash", "sort", "awk", "tr", "printf"):
         found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True,
                                text=True, check=False).stdout.strip()
         if found.startswith("/"):
