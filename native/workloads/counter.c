@@ -8,11 +8,19 @@
  * pending connection is accepted, sent "counter step <i> <checksum>\n" and
  * closed.  The socket is not part of the checksums: stdout is the same with
  * and without --port.
+ *
+ * With --fork-readers (and --mem-mib) each step forks a child that hashes
+ * every page of the buffer and sends the hash to the parent over a pipe; the
+ * parent mixes it into the step's checksum and reaps the child.  A process
+ * forked after a restore reads memory its parent has not touched yet: with a
+ * lazy restore, those pages reach the child through the fork.
  */
 #include "common.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #define PROG "counter"
 #define INNER 1000 /* PRNG/accumulator iterations per step */
@@ -24,24 +32,62 @@ struct state {
     unsigned char *mem;
     size_t npages;
     int listen_fd; /* -1 without --port */
+    int fork_readers;
 };
 
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: " PROG " [--steps N] [--interval-ms M] [--mem-mib K] [--port P]\n"
+            "               [--fork-readers]\n"
             WL_COMMON_USAGE
             "  --mem-mib K        also allocate K MiB, modify one page per step\n"
             "                     (default 0)\n"
             "  --port P           listen on TCP 0.0.0.0:P; after each step, send each\n"
             "                     pending connection \"" PROG " step <i> <checksum>\" and\n"
-            "                     close it (default 0 = off; stdout is unchanged)\n",
+            "                     close it (default 0 = off; stdout is unchanged)\n"
+            "  --fork-readers     each step, fork a child that hashes every page of the\n"
+            "                     --mem-mib buffer; its hash feeds the step's checksum\n",
             "100");
 }
 
 static uint64_t page_hash(const struct state *s, size_t pg)
 {
     return wl_hash(s->mem + pg * WL_PAGE, WL_PAGE, pg);
+}
+
+/*
+ * Fork a child that hashes every page of the buffer and writes the hash to a
+ * pipe; return it once the child has exited 0.  Any failure ends the workload.
+ */
+static uint64_t forked_reader_hash(const struct state *s, uint64_t i)
+{
+    int fds[2], status;
+    uint64_t h = 0;
+    pid_t pid;
+
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        wl_die(PROG, "pipe2:");
+    pid = fork();
+    if (pid < 0)
+        wl_die(PROG, "fork:");
+    if (pid == 0) {
+        uint64_t c = wl_mix(0x6b6964ULL, i);
+        close(fds[0]);
+        for (size_t pg = 0; pg < s->npages; pg++)
+            c = wl_mix(c, page_hash(s, pg));
+        _exit(wl_write_full(fds[1], &c, sizeof c) < 0 ? 4 : 0);
+    }
+    close(fds[1]);
+    if (wl_read_full(fds[0], &h, sizeof h) != (ssize_t)sizeof h)
+        wl_die(PROG, "step %" PRIu64 ": the forked reader sent no hash", i);
+    close(fds[0]);
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            wl_die(PROG, "waitpid:");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        wl_die(PROG, "step %" PRIu64 ": the forked reader failed (status %d)", i, status);
+    return h;
 }
 
 /* Non-blocking TCP listener on 0.0.0.0:port (SO_REUSEADDR, backlog 8). */
@@ -124,6 +170,8 @@ static uint64_t step(uint64_t i, void *ctx)
             h = wl_mix(h, page_hash(s, q));
         }
     }
+    if (s->fork_readers && s->npages)
+        h = wl_mix(h, forked_reader_hash(s, i));
     if (s->listen_fd >= 0)
         serve_pending(s->listen_fd, i, h);
     return h;
@@ -144,9 +192,13 @@ int main(int argc, char **argv)
             mem_mib = wl_u64(&c, "--mem-mib", v, 0, 1ULL << 20);
         else if ((v = wl_match(&c, "--port")))
             port = wl_u64(&c, "--port", v, 0, 65535);
+        else if (strcmp(argv[c.i], "--fork-readers") == 0)
+            s.fork_readers = 1;
         else
             wl_bad_arg(&c);
     }
+    if (s.fork_readers && !mem_mib)
+        wl_die(PROG, "--fork-readers needs --mem-mib K (the buffer the children read)");
     wl_init_stdout();
 
     if (mem_mib) {

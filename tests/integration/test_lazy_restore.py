@@ -216,6 +216,33 @@ def test_ckptctl_restore_lazy_brings_the_job_back_exactly(
     assert done["checkpoint_id"] == ck and done["pid"] == pid, done
 
 
+def test_children_forked_before_the_pages_are_in_read_them_exactly(
+    streaming: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    """A job that forks after a lazy restore: each step's child reads every page of the
+    buffer, which its parent has mostly not touched yet, so those pages reach the child
+    through CRIU's fork events (its own userfaultfd). Its hashes feed the output."""
+    cmd = workload("counter", "--steps", 40, "--mem-mib", 96, "--fork-readers")
+    ref = reference(with_interval(cmd, 0))
+    out = tmp_path / "out"
+    pid = start_detached(procs, with_interval(cmd, 10), out)
+    wait_for_lines(out, 5)
+    ck = assert_ok(streaming.ctl("dump", pid), "dump")["id"]
+    pre = out.read_text().splitlines()
+    res = assert_ok(streaming.ctl("restore", ck, "--lazy", "--output", out), "restore --lazy")
+    procs.add(res["pid"])
+    post = wait_for_done(out, timeout=60)[len(pre):]
+    assert_continuity(pre, post, ref)
+    wait_until(lambda: _events(streaming, "restore.lazy_done"), 30, "restore.lazy_done")
+    done = _events(streaming, "restore.lazy_done")[-1]
+    assert done["checkpoint_id"] == ck, done
+    # The first step after the restore forks within one interval (10 ms) of the tree
+    # running: the pages were still coming in, so a child read them through the fork.
+    fields = done["fields"]
+    assert isinstance(fields, dict), done
+    assert float(fields["seconds"]) > 0.05, f"all pages were in before any fork: {done}"
+
+
 def test_a_damaged_page_kills_the_lazily_restored_job_before_it_runs_on(
     streaming: Daemon, procs: Procs, tmp_path: Path
 ) -> None:

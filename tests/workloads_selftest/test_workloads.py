@@ -34,6 +34,7 @@ Argv = Callable[[Path], list[str]]
 CASES: dict[str, Argv] = {
     "counter": lambda d: [str(BIN / "counter")],
     "counter-mem": lambda d: [str(BIN / "counter"), "--mem-mib", "4"],
+    "counter-fork": lambda d: [str(BIN / "counter"), "--mem-mib", "4", "--fork-readers"],
     "threads": lambda d: [str(BIN / "threads")],
     "threads-1": lambda d: [str(BIN / "threads"), "--threads", "1"],
     "tree": lambda d: [str(BIN / "tree")],
