@@ -258,3 +258,17 @@ def test_a_container_that_disappears_mid_restore_leaves_nothing_behind(
     assert [p for p, proc in world.processes.processes.items()
             if proc.pidns_init == B_INIT] == []
     assert [r.id for r in world.store.list()] == [ck]
+
+
+def test_a_lazy_restore_into_a_container_is_refused_before_anything_is_touched(
+    world: World,
+) -> None:
+    ck = _checkpoint_in_a(world)
+    _container_b(world)
+    world.criu.streams_restore = True
+    world.clock.advance(1.0)
+    with pytest.raises(PreconditionFailed,
+                       match=rf"cannot restore {ck} lazily: it restores into a container"):
+        world.service.restore(ROOT_CALLER, RestoreRequest(
+            name="train", into_callers_container=True, lazy=True))
+    _nothing_touched(world, ck)

@@ -8,6 +8,8 @@ cannot be lazy."""
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,7 @@ from ckptd.domain import EventKind, RestoreOutcome, RestoreRequest
 from ckptd.domain.model import ROOT
 from ckptd.errors import CorruptCheckpoint, CriuFailed, PreconditionFailed
 
-from .world import JOB, JOB_TREE, World
+from .world import JOB, JOB_TREE, World, make_world
 
 
 def _lazy(world: World, checkpoint_id: str) -> RestoreOutcome:
@@ -126,3 +128,32 @@ def test_a_stopping_daemon_waits_for_a_lazy_restore_s_pages(world: World) -> Non
         world.criu.pages_served.set()
         world.criu.join_lazy()
     assert world.service.wait_idle(5.0) == []
+
+
+def _refused_lazily(world: World, checkpoint_id: str, why: str,
+                    request: RestoreRequest | None = None) -> None:
+    world.clock.advance(1.0)
+    request = request or RestoreRequest(checkpoint_id=checkpoint_id, lazy=True)
+    with pytest.raises(PreconditionFailed, match=rf"cannot restore {checkpoint_id} lazily: {why}"
+                       ) as raised:
+        world.service.restore(ROOT, request)
+    assert raised.value.hint == "restore it without --lazy"
+    assert world.criu.restore_jobs == []
+    assert [r.id for r in world.store.list()] == [checkpoint_id], "the checkpoint is kept"
+    assert list(world.journal.pending()) == [] and world.store.open_checkouts == 0
+
+
+def test_a_daemon_that_does_not_stream_restores_refuses_lazily(world: World) -> None:
+    checkpoint_id = _dumped(world)
+    world.restore_recipe._config = replace(world.config, stream_restore=False)
+    _refused_lazily(world, checkpoint_id, r"this daemon does not stream restores")
+
+
+def test_a_gpu_checkpoint_is_refused_lazily(tmp_path: Path) -> None:
+    world = make_world(tmp_path, gpu=True)
+    assert world.gpu is not None
+    world.gpu.add_cuda_process(JOB, 1 << 30)
+    world.criu.streams_restore = True
+    record = world.dump(JOB)
+    assert record.gpu is not None
+    _refused_lazily(world, record.id, r"it is a GPU checkpoint")
