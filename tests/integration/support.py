@@ -63,6 +63,40 @@ def proc_state(pid: int) -> str | None:
     return fields[2] if fields else None
 
 
+SIGSTOP_BIT = 1 << (19 - 1)
+
+
+def _stopped_or_stopping(pid: int) -> bool:
+    if proc_state(pid) in ("T", "t"):
+        return True
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    pending = 0
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigPnd", "ShdPnd"):
+            pending |= int(value, 16)
+    return bool(pending & SIGSTOP_BIT)
+
+
+def assert_held(*pids: int) -> None:
+    """Every pid is held: stopped, or SIGSTOP pending. CRIU's ``--leave-stopped`` detaches
+    each task with SIGSTOP pending; it stops before it runs a user instruction again, but
+    /proc says "R" until the scheduler has run it into the stop, which on a loaded machine
+    comes after the RPC returned. (The brief moment between the kernel taking the signal
+    and the stop is tried again for up to 2 s.)"""
+    deadline = time.monotonic() + 2.0
+    while True:
+        loose = [p for p in pids if not _stopped_or_stopping(p)]
+        if not loose:
+            return
+        assert time.monotonic() < deadline, (
+            f"not held: {[(p, proc_state(p)) for p in loose]} neither stopped nor SIGSTOP pending")
+        time.sleep(0.01)
+
+
 def is_alive(pid: int) -> bool:
     """Exists and is not a zombie."""
     state = proc_state(pid)

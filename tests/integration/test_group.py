@@ -19,6 +19,7 @@ from .netns import Node, TwoNodes, in_netns
 from .support import (
     Daemon,
     Procs,
+    assert_held,
     assert_ok,
     assert_running,
     is_alive,
@@ -190,7 +191,7 @@ def test_a_daemon_killed_while_holding_a_member_resumes_it_at_restart(
     with Client(str(d.socket)) as client:
         client.stub.GroupPrepare(pb.GroupPrepareRequest(group_id="g-kill", pid=pid,
                                                         timeout_s=300), timeout=60)
-    assert proc_state(pid) in ("T", "t"), "held: stopped"
+    assert_held(pid)
     d.proc.kill()
     d.proc.wait()
     again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir),
@@ -220,7 +221,7 @@ def test_a_daemon_killed_while_holding_a_restored_member_kills_it_at_restart(
         held = client.stub.GroupPrepareRestore(pb.GroupPrepareRestoreRequest(
             group_id="r-kill", checkpoint_id=ck, timeout_s=300), timeout=60)
     procs.add(held.pid)
-    assert proc_state(held.pid) in ("T", "t"), "held: stopped"
+    assert_held(held.pid)
     d.proc.kill()
     d.proc.wait()
     again = start_daemon("--store", str(d.store), "--state-dir", str(d.state_dir),

@@ -22,6 +22,7 @@ from ckptd.client import Daemon as Client
 from .support import (
     Daemon,
     Procs,
+    assert_held,
     assert_ok,
     assert_one_line_error,
     assert_running,
@@ -233,7 +234,7 @@ def test_group_abort_and_a_daemon_killed_mid_dump_resume_the_job_and_spare_the_d
         with Client(str(d.socket)) as client:
             client.stub.GroupPrepare(pb.GroupPrepareRequest(group_id="g-abort", pid=job.init,
                                                             timeout_s=300), timeout=60)
-            assert proc_state(job.init) in ("T", "t"), "held: stopped"
+            assert_held(job.init)
             client.stub.GroupAbort(pb.GroupAbortRequest(group_id="g-abort"), timeout=60)
         job.assert_runs("after the group abort")
         decoys.assert_untouched("after the group abort")
@@ -241,7 +242,7 @@ def test_group_abort_and_a_daemon_killed_mid_dump_resume_the_job_and_spare_the_d
         with Client(str(d.socket)) as client:
             client.stub.GroupPrepare(pb.GroupPrepareRequest(group_id="g-kill", pid=job.init,
                                                             timeout_s=300), timeout=60)
-        assert all(proc_state(p) in ("T", "t") for p in (job.init, *job.kids)), "held"
+        assert_held(job.init, *job.kids)
     finally:
         d.proc.kill()
         d.proc.wait()
