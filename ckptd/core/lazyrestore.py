@@ -32,7 +32,7 @@ from ckptd.core.held import HeldTree
 from ckptd.core.ports import ProcessTable
 from ckptd.core.rollback import Undoer
 from ckptd.core.undo import UndoLog
-from ckptd.domain import EventKind
+from ckptd.domain import EventKind, PidState
 from ckptd.errors import CkptdError
 
 log = logging.getLogger(__name__)
@@ -100,13 +100,27 @@ class LazyWatch:
             if not self._adopted:
                 return
             self.outcome = "done"
+            tree_ended = self._tree_ended()
+            if tree_ended:  # CRIU's page daemon ends when its last task does
+                message = (f"lazy restore of {self.checkpoint_id} ended with its tree: pid "
+                           f"{self._root} and the processes restored with it exited "
+                           f"{seconds:.2f}s after they began to run, {pages} page(s) served")
+            else:
+                message = (f"lazy restore of {self.checkpoint_id}: all {pages} page(s) in, "
+                           f"{seconds:.2f}s after the tree began to run")
             self._publish(
                 EventKind.RESTORE_LAZY_DONE, pid=self._root, checkpoint_id=self.checkpoint_id,
                 uid=self._uid, pages=pages, seconds=round(seconds, 3),
-                message=f"lazy restore of {self.checkpoint_id}: all {pages} page(s) in, "
-                f"{seconds:.2f}s after the tree began to run",
+                tree_ended=tree_ended, message=message,
             )
             self._finish()
+
+    def _tree_ended(self) -> bool:
+        """Every process restored (held since post-restore) has exited: the page daemon
+        ended because nothing was left to serve, not because every page came in."""
+        held = self._held
+        return held is not None and all(
+            held.state(pid) in (PidState.FREE, PidState.ZOMBIE) for pid in held.pids)
 
     # ---- the recipe's side --------------------------------------------------------------
 

@@ -201,7 +201,8 @@ class Metrics:
         )
         self.lazy_restore_all_in = Histogram(
             "ckptd_lazy_restore_all_in_seconds",
-            "Lazy restores: from when the job ran to when every page was served.",
+            "Lazy restores: from when the job ran to when every page was served (not observed "
+            "when the job exited first).",
             registry=r, buckets=SECONDS_BUCKETS,
         )
         self.bytes_logical = Counter(
@@ -304,7 +305,7 @@ class Metrics:
             self._observe(self.restore_duration, fields, "duration_s")
         elif kind == EventKind.RESTORE_FAILED:
             self.restores.labels(outcome="failed").inc()
-        elif kind == EventKind.RESTORE_LAZY_DONE:
+        elif kind == EventKind.RESTORE_LAZY_DONE and not fields.get("tree_ended"):
             self._observe(self.lazy_restore_all_in, fields, "seconds")
         elif kind == EventKind.RESTORE_LAZY_FAILED:
             self.restores.labels(outcome="lazy_failed").inc()

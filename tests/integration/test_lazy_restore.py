@@ -243,6 +243,28 @@ def test_children_forked_before_the_pages_are_in_read_them_exactly(
     assert float(fields["seconds"]) > 0.05, f"all pages were in before any fork: {done}"
 
 
+def test_a_job_killed_before_its_pages_are_in_ends_the_restore_saying_so(
+    streaming: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    """The user kills the job right after a lazy restore of its 256 MiB: CRIU's page daemon
+    ends with its last task, and ckptd says the tree ended, not that every page came in."""
+    cmd = workload("counter", "--steps", 1000, "--mem-mib", 256)
+    out = tmp_path / "out"
+    pid = start_detached(procs, with_interval(cmd, 100), out)
+    wait_for_lines(out, 3)
+    ck = assert_ok(streaming.ctl("dump", pid), "dump")["id"]
+    res = assert_ok(streaming.ctl("restore", ck, "--lazy", "--output", out), "restore --lazy")
+    procs.add(res["pid"])
+    os.kill(res["pid"], signal.SIGKILL)
+    wait_until(lambda: _events(streaming, "restore.lazy_done"), 30, "restore.lazy_done")
+    done = _events(streaming, "restore.lazy_done")[-1]
+    fields = done["fields"]
+    assert isinstance(fields, dict) and fields["tree_ended"] is True, done
+    assert "ended with its tree" in str(done["message"]), done
+    assert float(fields["pages"]) < 256 * 256, f"every page came in, killed too late: {done}"
+    assert not _events(streaming, "restore.lazy_failed")
+
+
 def test_a_damaged_page_kills_the_lazily_restored_job_before_it_runs_on(
     streaming: Daemon, procs: Procs, tmp_path: Path
 ) -> None:

@@ -94,7 +94,7 @@ def test_done_waits_for_the_recipe_then_releases_everything_and_says_so(rig: Rig
     (event,) = rig.bus.recent()
     assert event.kind is EventKind.RESTORE_LAZY_DONE
     assert (event.pid, event.checkpoint_id, event.uid) == (ROOT, CHECKPOINT, 1000)
-    assert event.fields == {"pages": 1234, "seconds": 2.5}
+    assert event.fields == {"pages": 1234, "seconds": 2.5, "tree_ended": False}
     assert "all 1234 page(s) in" in event.message
     assert rig.watch.outcome == "done"
     assert rig.open_entries() == []  # the journal entry ended: nothing for a restart to undo
@@ -103,6 +103,23 @@ def test_done_waits_for_the_recipe_then_releases_everything_and_says_so(rig: Rig
     assert rig.held.pids == [] and all(h.closed for h in rig.processes.handles)
     assert rig.processes.signals == []  # the tree runs on
     assert [rig.processes.state(p) for p in (ROOT, CHILD)] == [PidState.RUNNING] * 2
+
+
+def test_done_after_the_tree_exited_says_the_tree_ended_not_that_every_page_came_in(
+    rig: Rig,
+) -> None:
+    """CRIU's page daemon also ends when the last task it serves exits (the job was killed,
+    or finished without touching the rest): that is no "all pages in"."""
+    rig.adopt()
+    for pid in (CHILD, ROOT):
+        rig.processes.remove(pid)
+    rig.watch.done(12, 0.05)
+    (event,) = rig.bus.recent()
+    assert event.kind is EventKind.RESTORE_LAZY_DONE
+    assert event.fields == {"pages": 12, "seconds": 0.05, "tree_ended": True}
+    assert "ended with its tree" in event.message and "all 12" not in event.message
+    assert rig.open_entries() == [] and rig.released == ["checkout"]
+    assert rig.processes.signals == []
 
 
 def test_failed_kills_the_tree_with_what_it_forked_since_then_says_so(rig: Rig) -> None:

@@ -298,7 +298,9 @@ def test_lazy_restores_all_in_time_and_failures() -> None:
     was killed), with its reason."""
     m = Metrics()
     assert value(m, "ckptd_restores_total", outcome="lazy_failed") == 0
-    m.on_event(event(EventKind.RESTORE_LAZY_DONE, pages=1000, seconds=2.5))
+    m.on_event(event(EventKind.RESTORE_LAZY_DONE, pages=1000, seconds=2.5, tree_ended=False))
+    # the tree exited before every page came in: no "all in" time to observe
+    m.on_event(event(EventKind.RESTORE_LAZY_DONE, pages=12, seconds=0.05, tree_ended=True))
     m.on_event(event(EventKind.RESTORE_LAZY_FAILED, error="CorruptCheckpoint"))
     assert value(m, "ckptd_lazy_restore_all_in_seconds_sum") == 2.5
     assert value(m, "ckptd_lazy_restore_all_in_seconds_count") == 1
