@@ -467,13 +467,11 @@ def memory_cgroup_refusal(ctx: Context, res: Result) -> None:
     to its memory cgroup. A job whose cgroup cannot take its device memory on top of what it
     holds is refused before anything is locked or frozen, with needed / free / limit in one
     line, and runs on; then, with room, the same job is checkpointed."""
-    from ckptd.adapters.procfs.cgroups import cgroup2_mounts
+    from ckptd.adapters.procfs.cgroups import cgroup2_root_with
 
-    mounts = [m for r, m in cgroup2_mounts(Path("/proc/self/mountinfo").read_text()) if r == "/"]
-    root = mounts[0] if mounts else Path("/sys/fs/cgroup")
-    controllers = root / "cgroup.controllers"
-    if not controllers.exists() or "memory" not in controllers.read_text().split():
-        raise Skipped(f"no memory controller in the cgroup2 hierarchy ({root})")
+    root = cgroup2_root_with("memory", Path("/proc/self/mountinfo").read_text())
+    if root is None:
+        raise Skipped("no memory controller in the cgroup2 hierarchy")
     if "memory" not in (root / "cgroup.subtree_control").read_text().split():
         (root / "cgroup.subtree_control").write_text("+memory")
     cg = root / f"ckptd-device-check-{os.getpid()}"

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from ckptd.adapters.procfs.cgroups import CgroupFs, cgroup2_mounts, cgroup_v2_path
+from ckptd.adapters.procfs.cgroups import (
+    CgroupFs,
+    cgroup2_mounts,
+    cgroup2_root_with,
+    cgroup_v2_path,
+)
 from ckptd.core.ports import Cgroups
 from ckptd.errors import CgroupUnavailable, ProcessNotFound
 from ckptd.testing import FakeCgroups, FakeProcessTable
@@ -248,6 +253,19 @@ def test_cgroup2_mounts_and_the_hierarchys_root(tmp_path: Path) -> None:
     info.write_text(MOUNTINFO.splitlines()[0] + "\n")
     assert CgroupFs.find(mountinfo=info) is None
     assert CgroupFs.find("/host/sys/fs/cgroup", info) is not None
+
+
+def test_the_cgroup2_root_with_a_controller(tmp_path: Path) -> None:
+    root = tmp_path / "cg root"
+    root.mkdir()
+    info = f"41 31 0:38 / {str(root).replace(' ', chr(92) + '040')} rw - cgroup2 cgroup2 rw\n"
+    assert cgroup2_root_with("memory", info) is None  # no cgroup.controllers
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    assert cgroup2_root_with("memory", info) == root
+    assert cgroup2_root_with("hugetlb", info) is None  # a hybrid host's: on v1
+    assert cgroup2_root_with("memory", "") is None
+    # a namespaced mount (root not "/") is not the hierarchy's root
+    assert cgroup2_root_with("memory", info.replace(" / ", " /kubepods/pod1 ", 1)) is None
 
 
 def test_a_cgroup_outside_the_daemons_namespace_cannot_be_placed(tmp_path: Path) -> None:

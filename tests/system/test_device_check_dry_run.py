@@ -34,13 +34,9 @@ def _criu() -> str | None:
 
 
 def _cgroup2_memory() -> bool:
-    from ckptd.adapters.procfs.cgroups import cgroup2_mounts
+    from ckptd.adapters.procfs.cgroups import cgroup2_root_with
 
-    for root, mount in cgroup2_mounts(Path("/proc/self/mountinfo").read_text()):
-        controllers = mount / "cgroup.controllers"
-        if root == "/" and controllers.exists():
-            return "memory" in controllers.read_text().split()
-    return False
+    return cgroup2_root_with("memory", Path("/proc/self/mountinfo").read_text()) is not None
 
 
 @pytest.mark.integration

@@ -52,6 +52,21 @@ def cgroup2_mounts(mountinfo: str) -> list[tuple[str, Path]]:
     return mounts
 
 
+def cgroup2_root_with(controller: str, mountinfo: str) -> Path | None:
+    """The mount point of the cgroup2 hierarchy's root when ``controller`` is available in
+    it (its ``cgroup.controllers``); None when there is no such mount or the controller is
+    elsewhere (a hybrid host's v1)."""
+    for root, mount in cgroup2_mounts(mountinfo):
+        if root != "/":
+            continue
+        try:
+            available = (mount / "cgroup.controllers").read_text().split()
+        except OSError:
+            return None
+        return mount if controller in available else None
+    return None
+
+
 def cgroup_v2_path(proc_cgroup: str) -> str | None:
     """The path of the ``0::`` line of a /proc/PID/cgroup text; None when there is none."""
     for line in proc_cgroup.splitlines():
