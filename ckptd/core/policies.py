@@ -158,17 +158,26 @@ class PolicyService:
         self._check_owner(caller, policy)
         return policy
 
-    def clear(self, caller: Caller, name: str) -> None:
+    def clear(self, caller: Caller, name: str, *, unless_drained: bool = False) -> str:
+        """Forget the policy ``name``; refused (Busy) while it is being checkpointed. With
+        ``unless_drained``, a policy whose job was drained is kept and its checkpoint id
+        returned instead (looked at and cleared under one lock: a drain that ends between a
+        caller's look and its clear is never forgotten); "" when cleared."""
         policy = self.get(caller, name)
         with self._lock:
-            if (policy.uid, name) in self._busy:
+            key = (policy.uid, name)
+            if key in self._busy:
                 raise Busy(f"job {name} is being checkpointed right now",
                            hint="retry when it is done (`ckptctl policy show`)")
-            self._policies.pop((policy.uid, name), None)
+            current = self._policies.get(key, policy)
+            if unless_drained and current.drained_checkpoint_id:
+                return current.drained_checkpoint_id
+            self._policies.pop(key, None)
             self._save()
         self._events.publish(EventKind.POLICY_CLEARED, pid=policy.pid, name=name,
                              uid=policy.uid,
                              message=f"policy of {name} cleared")
+        return ""
 
     # ---- periodic ---------------------------------------------------------------------------
 

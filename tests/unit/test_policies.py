@@ -213,6 +213,23 @@ def test_a_policy_cannot_be_cleared_while_its_job_is_being_checkpointed() -> Non
     assert n.policies.get(USER, "train").drained_checkpoint_id == "ck-1"
 
 
+def test_clear_unless_drained_keeps_a_drained_job_and_names_its_checkpoint() -> None:
+    """``ckptctl run``'s job ended: forget its policy unless a drain took it, in one step. A
+    look then a clear would lose a drain that ends between the two (the launcher then said
+    137, not 143, and a batch script would not requeue the job)."""
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, on_term=True))
+    n.policies.set(USER, Policy(name="other", pid=600, on_term=True))
+    drained, _ = n.policies.drain(USER, ["train"])
+    assert [p.name for p in drained] == ["train"]
+    assert n.policies.clear(USER, "train", unless_drained=True) == "ck-1"
+    assert n.policies.get(USER, "train").drained_checkpoint_id == "ck-1"  # kept: resume
+    assert n.policies.clear(USER, "other", unless_drained=True) == ""  # not drained: gone
+    assert [p.name for p in n.policies.list(USER)] == ["train"]
+    assert n.policies.clear(USER, "train") == ""  # plain clear: forgets even a drained one
+    assert n.policies.list(USER) == []
+
+
 def test_a_second_drain_of_a_job_waits_for_the_first_and_reports_it_drained() -> None:
     """A spot notice and a SIGTERM to `ckptctl run` at once: one checkpoint, both see it."""
     import threading

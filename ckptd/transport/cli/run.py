@@ -296,13 +296,10 @@ def _forget_unless_drained(ctx: Any, name: str, wait_s: float = 60.0) -> str:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            response = ctx.client.ListPolicies(pb.ListPoliciesRequest(), timeout=ctx.timeout)
-            drained = next((p.drained_checkpoint_id for p in response.policies
-                            if p.name == name), "")
-            if drained:
-                return str(drained)
-            ctx.client.ClearPolicy(pb.ClearPolicyRequest(name=name), timeout=ctx.timeout)
-            return ""
+            # one call: a look then a clear would forget a drain that ends between the two
+            response = ctx.client.ClearPolicy(
+                pb.ClearPolicyRequest(name=name, unless_drained=True), timeout=ctx.timeout)
+            return str(response.drained_checkpoint_id)
         except grpc.RpcError as exc:
             busy = exc.code() == grpc.StatusCode.ABORTED
             if not busy or time.monotonic() > deadline:

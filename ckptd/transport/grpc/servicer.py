@@ -231,8 +231,9 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
     def ClearPolicy(self, request: pb.ClearPolicyRequest, context: grpc.ServicerContext) -> Any:
         policies = self._policy_service(context)
         name = self._checked(context, lambda: v.name(request.name, "job name", required=True))
-        self._unary(context, lambda c: policies.clear(c, name))
-        return pb.ClearPolicyResponse(name=request.name)
+        drained = self._unary(
+            context, lambda c: policies.clear(c, name, unless_drained=request.unless_drained))
+        return pb.ClearPolicyResponse(name=request.name, drained_checkpoint_id=drained)
 
     def Drain(self, request: pb.DrainRequest, context: grpc.ServicerContext) -> Any:
         policies = self._policy_service(context)
