@@ -19,6 +19,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
@@ -33,13 +34,14 @@ struct state {
     size_t npages;
     int listen_fd; /* -1 without --port */
     int fork_readers;
+    int drop_page;
 };
 
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: " PROG " [--steps N] [--interval-ms M] [--mem-mib K] [--port P]\n"
-            "               [--fork-readers]\n"
+            "               [--fork-readers] [--drop-page]\n"
             WL_COMMON_USAGE
             "  --mem-mib K        also allocate K MiB, modify one page per step\n"
             "                     (default 0)\n"
@@ -47,7 +49,9 @@ static void usage(FILE *out)
             "                     pending connection \"" PROG " step <i> <checksum>\" and\n"
             "                     close it (default 0 = off; stdout is unchanged)\n"
             "  --fork-readers     each step, fork a child that hashes every page of the\n"
-            "                     --mem-mib buffer; its hash feeds the step's checksum\n",
+            "                     --mem-mib buffer; its hash feeds the step's checksum\n"
+            "  --drop-page        each step, madvise(MADV_DONTNEED) the page before it is\n"
+            "                     rewritten (it reads back as zeros: the kernel refills it)\n",
             "100");
 }
 
@@ -155,6 +159,9 @@ static uint64_t step(uint64_t i, void *ctx)
         uint64_t r = s->x ^ i;
         unsigned char *p = s->mem + pg * WL_PAGE;
 
+        if (s->drop_page && madvise(p, WL_PAGE, MADV_DONTNEED) != 0)
+            wl_die(PROG, "madvise(MADV_DONTNEED):");
+
         /* New content depends on the old content: history matters. */
         for (size_t off = 0; off < WL_PAGE; off += 8) {
             uint64_t w;
@@ -194,18 +201,25 @@ int main(int argc, char **argv)
             port = wl_u64(&c, "--port", v, 0, 65535);
         else if (strcmp(argv[c.i], "--fork-readers") == 0)
             s.fork_readers = 1;
+        else if (strcmp(argv[c.i], "--drop-page") == 0)
+            s.drop_page = 1;
         else
             wl_bad_arg(&c);
     }
-    if (s.fork_readers && !mem_mib)
-        wl_die(PROG, "--fork-readers needs --mem-mib K (the buffer the children read)");
+    if ((s.fork_readers || s.drop_page) && !mem_mib)
+        wl_die(PROG, "--fork-readers and --drop-page need --mem-mib K (the buffer)");
     wl_init_stdout();
 
     if (mem_mib) {
         size_t bytes = (size_t)mem_mib << 20;
         uint64_t seed = 0x6d656d;
 
-        s.mem = malloc(bytes);
+        /* --drop-page madvises single pages: page-aligned memory of its own */
+        s.mem = s.drop_page ? mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                            : malloc(bytes);
+        if (s.mem == MAP_FAILED)
+            s.mem = NULL;
         if (!s.mem)
             wl_die(PROG, "cannot allocate %" PRIu64 " MiB:", mem_mib);
         s.npages = bytes / WL_PAGE;
@@ -224,7 +238,10 @@ int main(int argc, char **argv)
     for (size_t pg = 0; pg < s.npages; pg++)
         extra = wl_mix(extra, page_hash(&s, pg));
     wl_print_done(PROG, wl_done_sum(o.steps, last, wl_mix(extra, wl_dbits(s.acc))));
-    free(s.mem);
+    if (s.drop_page)
+        munmap(s.mem, (size_t)mem_mib << 20);
+    else
+        free(s.mem);
     if (s.listen_fd >= 0)
         close(s.listen_fd);
     return 0;

@@ -243,6 +243,36 @@ def test_children_forked_before_the_pages_are_in_read_them_exactly(
     assert float(fields["seconds"]) > 0.05, f"all pages were in before any fork: {done}"
 
 
+def test_a_process_whose_pages_are_in_runs_on_while_another_s_still_come(
+    streaming: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    """Two processes restored lazily: a small one gets its pages first, then drops and
+    refills a page each step (madvise: a userfaultfd REMOVE event, then a fault on the
+    page), while the big one's 512 MiB still come in. CRIU closes the small one's
+    userfaultfd once its pages are in; nothing may keep the small one waiting then. (ckptd
+    held its copy of that userfaultfd until every page of the tree was in: the small one
+    waited forever in ``userfaultfd_event_wait_completion``, and so did a lazily restored
+    torchrun DDP job, ~1 run in 10.)"""
+    small = workload("counter", "--steps", 80, "--mem-mib", 8, "--drop-page")
+    big = workload("counter", "--steps", 80, "--mem-mib", 512)
+    refs = [reference(with_interval(small, 0)), reference(with_interval(big, 0))]
+    outs = [tmp_path / "small.out", tmp_path / "big.out"]
+    script = (f"{' '.join(with_interval(small, 30))} > {outs[0]} & "
+              f"{' '.join(with_interval(big, 30))} > {outs[1]} & wait")
+    pid = start_detached(procs, ["/bin/sh", "-c", script], tmp_path / "sh.out")
+    for out in outs:
+        wait_for_lines(out, 5)
+    ck = assert_ok(streaming.ctl("dump", pid), "dump")["id"]
+    pres = [out.read_text().splitlines() for out in outs]
+    res = assert_ok(streaming.ctl("restore", ck, "--lazy", "--output", tmp_path / "sh.out"),
+                    "restore --lazy")
+    procs.add(res["pid"])
+    for out, pre, ref in zip(outs, pres, refs, strict=True):
+        post = wait_for_done(out, timeout=30)[len(pre):]
+        assert_continuity(pre, post, ref)
+    wait_until(lambda: _events(streaming, "restore.lazy_done"), 30, "restore.lazy_done")
+
+
 def test_a_job_killed_before_its_pages_are_in_ends_the_restore_saying_so(
     streaming: Daemon, procs: Procs, tmp_path: Path
 ) -> None:

@@ -35,6 +35,7 @@ CASES: dict[str, Argv] = {
     "counter": lambda d: [str(BIN / "counter")],
     "counter-mem": lambda d: [str(BIN / "counter"), "--mem-mib", "4"],
     "counter-fork": lambda d: [str(BIN / "counter"), "--mem-mib", "4", "--fork-readers"],
+    "counter-drop": lambda d: [str(BIN / "counter"), "--mem-mib", "4", "--drop-page"],
     "threads": lambda d: [str(BIN / "threads")],
     "threads-1": lambda d: [str(BIN / "threads"), "--threads", "1"],
     "tree": lambda d: [str(BIN / "tree")],

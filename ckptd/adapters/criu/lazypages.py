@@ -237,16 +237,32 @@ ACCEPTCON = 0x00010000
 """``/proc/net/unix``'s flag of a listening socket (``__SO_ACCEPTCON``)."""
 SYS_PIDFD_GETFD = 438
 TAKE_WAIT_S = 5.0
+RELEASE_POLL_S = 0.005
+"""How often the daemon's userfaultfds are compared with our copies (``UffdCopies``): a task
+whose pages are all in waits at most this long on its next userfaultfd event."""
 
 
 class UffdCopies:
     """Our copies (``pidfd_getfd``) of the userfaultfds CRIU's lazy-pages daemon holds, taken
     at post-restore, before any restored task runs: if the daemon dies, the kernel releases
     nothing while we hold them, so a task touching a missing page waits (until killed) instead
-    of reading zeros. Closed once every page is served, or once the tree is dead."""
+    of reading zeros.
+
+    Invariant: a copy is held only while the daemon holds the same userfaultfd. CRIU closes a
+    task's userfaultfd once every page of that task is in (or it exited), while it goes on
+    serving the others; from then on that task's faults and events (madvise, munmap, mremap,
+    fork) must reach no one — the kernel then unregisters its memory and lets it run. A copy
+    held past that keeps the userfaultfd alive with no reader, and the task waits forever on
+    its next event. So ``release_closed`` (called every few ms while pages are served) closes
+    each copy whose file the daemon no longer holds, unless the daemon is exiting (a crash
+    closes them all, and then every copy is kept). All copies are closed once every page is
+    served, or once the tree is dead. Thread-safe."""
 
     def __init__(self) -> None:
         self.fds: list[int] = []
+        self._theirs: dict[int, int] = {}  # our copy -> the daemon's fd of the same file
+        self._pid = 0
+        self._lock = threading.Lock()
 
     def take(self, pid: int) -> int:
         """Copy every userfaultfd of ``pid`` once it has received all of them (its listening
@@ -264,17 +280,62 @@ class UffdCopies:
             time.sleep(0.002)
         pidfd = os.pidfd_open(pid)
         try:
-            for fd, target in targets.items():
-                if target == USERFAULTFD:
-                    self.fds.append(_pidfd_getfd(pidfd, fd))
+            with self._lock:
+                self._pid = pid
+                for fd, target in targets.items():
+                    if target == USERFAULTFD:
+                        copy = _pidfd_getfd(pidfd, fd)
+                        self.fds.append(copy)
+                        self._theirs[copy] = fd
         finally:
             os.close(pidfd)
         return len(self.fds)
 
+    def release_closed(self) -> int:
+        """Close each copy whose userfaultfd the (living, not exiting) daemon has closed;
+        returns how many were closed."""
+        with self._lock:
+            if not self._theirs:
+                return 0
+            closed = [ours for ours, theirs in self._theirs.items()
+                      if not _same_file(self._pid, ours, theirs)]
+            if not closed or _exiting(self._pid):
+                return 0
+            for ours in closed:
+                del self._theirs[ours]
+                self.fds.remove(ours)
+                os.close(ours)
+            return len(closed)
+
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        with self._lock:
+            for fd in self.fds:
+                os.close(fd)
+            self.fds = []
+            self._theirs.clear()
+
+
+SYS_KCMP = 272  # x86_64 and the generic table (arm64) alike
+KCMP_FILE = 0
+PF_EXITING = 0x4
+
+
+def _same_file(pid: int, ours: int, theirs: int) -> bool:
+    """Whether fd ``theirs`` of ``pid`` is the very file our fd ``ours`` is (kcmp): False
+    once the daemon closed it, or reused the number for another file."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.syscall(SYS_KCMP, os.getpid(), pid, KCMP_FILE, ours, theirs)) == 0
+
+
+def _exiting(pid: int) -> bool:
+    """Whether ``pid`` is gone or exiting (PF_EXITING, set before an exiting task's files
+    are closed): its fds then vanish because it dies, not because a task's pages are in."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    after_comm = stat.rsplit(")", 1)[1].split()
+    return after_comm[0] in ("Z", "X") or bool(int(after_comm[6]) & PF_EXITING)
 
 
 def _fd_targets(pid: int) -> dict[int, str]:
@@ -325,16 +386,34 @@ class LazyRun:
         self._failed = failed
         self._done = done
         self._thread = threading.Thread(target=self._main, name="lazy pages", daemon=True)
+        self._releaser = threading.Thread(target=self._release_loop, name="lazy uffds",
+                                          daemon=True)
+        self._serving_ended = threading.Event()
         self._begun = 0.0
 
     def begin(self) -> None:
         self._begun = time.monotonic()
         self._thread.start()
+        self._releaser.start()
+
+    def _release_loop(self) -> None:
+        """Let go of each task's userfaultfd as soon as CRIU has (``UffdCopies``)."""
+        while not self._serving_ended.wait(RELEASE_POLL_S):
+            try:
+                self._copies.release_closed()
+            except Exception:  # never let a task wait on it: close them all, as at the end
+                log.exception("lazy restore: checking CRIU's userfaultfds failed")
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
     def _main(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._serving_ended.set()
+
+    def _serve(self) -> None:
         try:
             pages = self._serving.run()
         except Exception as exc:
