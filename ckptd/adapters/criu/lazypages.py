@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
+import platform
 import select
 import socket
 import struct
@@ -315,7 +317,8 @@ class UffdCopies:
             self._theirs.clear()
 
 
-SYS_KCMP = 272  # x86_64 and the generic table (arm64) alike
+SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine(), 0)
+"""kcmp(2)'s number here (0: unknown, then no copy is released before the end)."""
 KCMP_FILE = 0
 PF_EXITING = 0x4
 
@@ -323,8 +326,15 @@ PF_EXITING = 0x4
 def _same_file(pid: int, ours: int, theirs: int) -> bool:
     """Whether fd ``theirs`` of ``pid`` is the very file our fd ``ours`` is (kcmp): False
     once the daemon closed it, or reused the number for another file."""
+    if not SYS_KCMP:
+        return True
     libc = ctypes.CDLL(None, use_errno=True)
-    return int(libc.syscall(SYS_KCMP, os.getpid(), pid, KCMP_FILE, ours, theirs)) == 0
+    result = int(libc.syscall(ctypes.c_long(SYS_KCMP), ctypes.c_int(os.getpid()),
+                              ctypes.c_int(pid), ctypes.c_int(KCMP_FILE),
+                              ctypes.c_ulong(ours), ctypes.c_ulong(theirs)))
+    if result < 0 and ctypes.get_errno() != errno.EBADF:  # EBADF: the daemon closed it
+        return True  # cannot tell (EPERM, ESRCH: exiting): keep the copy
+    return result == 0
 
 
 def _exiting(pid: int) -> bool:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptd.adapters.criu import lazyimages
+from ckptd.adapters.criu import lazyimages, lazypages
 from ckptd.adapters.criu.lazyimages import Entry, Pagemap, parse_pagemap, stage
-from ckptd.adapters.criu.lazypages import PageServing
+from ckptd.adapters.criu.lazypages import PageServing, UffdCopies
 from ckptd.adapters.criu.pageserver import (
     IMG_COMMON_MAGIC,
     PAGEMAP_MAGIC,
@@ -456,3 +456,92 @@ def test_the_41_layout_read_with_the_42_wire_is_not_served_as_pages(tmp_path: Pa
         assert served.peer.recv(1 << 16) == b""
     finally:
         served.close()
+
+
+# ---- UffdCopies: a copy is held only while the daemon holds the same file ------------------
+
+_HOLDER = r"""
+import os, sys
+fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+print(" ".join(map(str, fds)), flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "close":
+        os.close(int(arg))
+        print("ok", flush=True)
+    elif cmd == "reuse":  # the number freed, then taken by another file
+        os.close(int(arg))
+        os.open("/dev/zero", os.O_RDONLY)
+        print("ok", flush=True)
+"""
+
+
+class _Holder:
+    """A process holding three files, closing (or reusing) one on command: CRIU's lazy-pages
+    daemon as ``UffdCopies`` sees it."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.fds = [int(x) for x in self.proc.stdout.readline().split()]
+
+    def do(self, command: str) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
+
+    def copies(self) -> UffdCopies:
+        import os
+
+        copies = UffdCopies()
+        pidfd = os.pidfd_open(self.proc.pid)
+        try:
+            for fd in self.fds:  # as take() records them, without the userfaultfd filter
+                copy = lazypages._pidfd_getfd(pidfd, fd)
+                copies.fds.append(copy)
+                copies._theirs[copy] = fd
+        finally:
+            os.close(pidfd)
+        copies._pid = self.proc.pid
+        return copies
+
+
+@pytest.fixture
+def holder() -> Iterator[_Holder]:
+    h = _Holder()
+    yield h
+    h.proc.kill()
+    h.proc.wait()
+
+
+def test_a_copy_is_released_once_the_daemon_closes_its_file_and_only_that_one(
+    holder: _Holder,
+) -> None:
+    copies = holder.copies()
+    try:
+        assert copies.release_closed() == 0 and len(copies.fds) == 3
+        holder.do(f"close {holder.fds[0]}")
+        assert copies.release_closed() == 1 and len(copies.fds) == 2
+        holder.do(f"reuse {holder.fds[1]}")  # same number, another file: closed all the same
+        assert copies.release_closed() == 1 and len(copies.fds) == 1
+        assert copies.release_closed() == 0 and len(copies.fds) == 1
+    finally:
+        copies.close()
+    assert copies.fds == []
+
+
+def test_copies_are_kept_when_the_daemon_dies(holder: _Holder) -> None:
+    """A daemon that dies closes every file it holds; the tasks must then wait on their
+    next missing page (until ckptd kills them), not be let go to read zeros."""
+    copies = holder.copies()
+    try:
+        holder.proc.kill()
+        holder.proc.wait(10)  # reaped: its pid no longer names it
+        assert copies.release_closed() == 0 and len(copies.fds) == 3
+    finally:
+        copies.close()
