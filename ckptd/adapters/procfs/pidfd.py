@@ -31,8 +31,15 @@ def read_stat(pid: int, proc: Path) -> list[str] | None:
     return [raw[:lpar].strip(), raw[lpar + 1 : rpar], *raw[rpar + 2 :].split()]
 
 
+PF_EXITING = 0x4
+"""/proc/PID/stat's flags bit of a task in exit: it never runs user code again."""
+
+
 def state_of(fields: list[str]) -> PidState:
-    if fields[2] in ("Z", "X"):
+    """A task exiting (PF_EXITING: its memory may already be gone, it is not yet a zombie)
+    counts as a zombie: it is over, and what watched its memory (a userfaultfd) has seen it
+    end."""
+    if fields[2] in ("Z", "X") or int(fields[8]) & PF_EXITING:
         return PidState.ZOMBIE
     if fields[2] in _STOPPED:
         return PidState.STOPPED

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptd.adapters.procfs.pidfd import PF_EXITING, state_of
 from ckptd.adapters.procfs.proctable import ProcFsTable
 from ckptd.domain import PidState
 
@@ -47,3 +48,14 @@ def test_a_process_dying_while_read_is_gone_not_an_error(
     monkeypatch.setattr(Path, "read_text", read_text)
     assert ProcFsTable(proc).status(4243).state is PidState.FREE
     assert ProcFsTable(proc)._fact(4243) is None
+
+
+def test_a_task_in_exit_counts_as_a_zombie() -> None:
+    """PF_EXITING: the task runs no user code again (its memory may be gone already), though
+    /proc still says R or D until it is a zombie."""
+    fields = ["42", "job", "R", "1", "42", "42", "0", "-1", "4194304"]
+    assert state_of(fields) is PidState.RUNNING
+    fields[8] = str(4194304 | PF_EXITING)
+    assert state_of(fields) is PidState.ZOMBIE
+    fields[2], fields[8] = "T", "4194304"
+    assert state_of(fields) is PidState.STOPPED
