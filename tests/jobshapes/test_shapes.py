@@ -3,8 +3,8 @@ real daemon and CLI, and compared bit for bit — stdout, train.log, state.bin �
 uninterrupted run:
 
 (a) torchrun DDP (2 ranks, gloo) launched through ``ckptctl run``, checkpointed by name
-    (``ckptctl dump --name``, as a preStop hook does) and restored by name;
-(b) a training loop fed by a DataLoader with 2 worker processes;
+    (``ckptctl dump --name``, as a preStop hook does) and restored by name, also ``--lazy``;
+(b) a training loop fed by a DataLoader with 2 worker processes, also restored ``--lazy``;
 (c) the node failure: a leave-running checkpoint, the job writes on, ``kill -9``, restore —
     the files end as an uninterrupted run's, and the versions found on disk are kept aside;
 (d) just in time: ``ckptctl run --name J -- prog > job.log 2>&1``, SIGTERM to the launcher
@@ -97,9 +97,12 @@ def test_the_workloads_are_deterministic(references: References, kind: str, step
                         f"a second uninterrupted {kind} run")
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["restore", "restore-lazy"])
 def test_a_torchrun_ddp_under_ckptctl_run_dumped_and_restored_by_name(
-    daemon: Daemon, procs: Procs, references: References, tmp_path: Path
+    daemon: Daemon, procs: Procs, references: References, tmp_path: Path, lazy: bool
 ) -> None:
+    """With ``lazy``: ``ckptctl restore --name --lazy``: the agent, both ranks and their
+    loopback TCP mesh running before their memory is back."""
     want = references.get("ddp", DDP_STEPS)
     out_dir, stdout = tmp_path / "out", tmp_path / "stdout"
     launcher = launch_run(procs, daemon, "ddp-a", torchrun_cmd(out_dir, DDP_STEPS), stdout,
@@ -113,10 +116,12 @@ def test_a_torchrun_ddp_under_ckptctl_run_dumped_and_restored_by_name(
     timing("(a) dump --name", assert_ok(daemon.ctl("show", dumped.out["id"]), "show"))
     assert launcher.wait(timeout=60) == 143, "ckptctl run reports the job checkpointed"
     assert not is_alive(agent)
-    restored = assert_ok(daemon.ctl("restore", "--name", "ddp-a"), "restore --name ddp-a")
-    timing("(a) restore --name", restored)
+    extra = ["--lazy"] if lazy else []
+    restored = assert_ok(daemon.ctl("restore", "--name", "ddp-a", *extra),
+                         f"restore --name ddp-a {' '.join(extra)}")
+    timing(f"(a) restore --name{' --lazy' if lazy else ''}", restored)
     procs.add(restored["pid"])
-    assert restored["pid"] == agent
+    assert restored["pid"] == agent and restored["lazy"] is lazy
 
     wait_for_done(stdout, timeout=START_S)
     assert_same_outcome(Outcome.read(stdout, out_dir), want, "torchrun DDP restored by name")
