@@ -321,6 +321,7 @@ SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine(), 0)
 """kcmp(2)'s number here (0: unknown, then no copy is released before the end)."""
 KCMP_FILE = 0
 PF_EXITING = 0x4
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def _same_file(pid: int, ours: int, theirs: int) -> bool:
@@ -328,8 +329,7 @@ def _same_file(pid: int, ours: int, theirs: int) -> bool:
     once the daemon closed it, or reused the number for another file."""
     if not SYS_KCMP:
         return True
-    libc = ctypes.CDLL(None, use_errno=True)
-    result = int(libc.syscall(ctypes.c_long(SYS_KCMP), ctypes.c_int(os.getpid()),
+    result = int(_LIBC.syscall(ctypes.c_long(SYS_KCMP), ctypes.c_int(os.getpid()),
                               ctypes.c_int(pid), ctypes.c_int(KCMP_FILE),
                               ctypes.c_ulong(ours), ctypes.c_ulong(theirs)))
     if result < 0 and ctypes.get_errno() != errno.EBADF:  # EBADF: the daemon closed it
@@ -411,7 +411,7 @@ class LazyRun:
         while not self._serving_ended.wait(RELEASE_POLL_S):
             try:
                 self._copies.release_closed()
-            except Exception:  # never let a task wait on it: close them all, as at the end
+            except Exception:  # keep them (never let a task read zeros); try again
                 log.exception("lazy restore: checking CRIU's userfaultfds failed")
 
     def join(self, timeout: float | None = None) -> None:
