@@ -140,7 +140,10 @@ def dump_into_directory(criu: CriuSwrk, procs: Procs, cmd: list[str], root: Path
 
 
 def criu_tables() -> list[str]:
-    """CRIU's nftables tables (its network locks) on this node."""
+    """CRIU's nftables tables (its network locks) on this node. A test compares them with
+    those there before it: a checkpoint of a tree with connections that is never restored
+    here leaves its table on the node by design (docs/limits.md), so an earlier run's may be
+    there."""
     from pyroute2.netlink.nfnetlink.nftsocket import NFPROTO_INET
     from pyroute2.nftables.main import NFTables
 
