@@ -266,6 +266,8 @@ class RestoreRecipe:
     def run(self, ctx: RestoreContext, progress: ProgressSink) -> RestoreOutcome:
         if ctx.undo_log is not None and ctx.gate is not None:
             ctx.undo_log.op = "held-restore"
+        if ctx.undo_log is not None and ctx.record is not None:  # resolved before
+            ctx.undo_log.checkpoint_id = ctx.record.id
         try:
             run_steps(self.steps, ctx, progress, ctx.undo_log)
         except Exception as exc:
@@ -347,6 +349,8 @@ class RestoreRecipe:
         if not status.ok:
             raise CriuUnavailable(f"cannot restore: {status.message}", checkpoint_id=record.id)
         ctx.record = record
+        if ctx.undo_log is not None:  # its journal entry names it (recovery's line too)
+            ctx.undo_log.checkpoint_id = record.id
 
     def check(
         self, record: CheckpointRecord, gpu_map: Mapping[str, str] | None = None

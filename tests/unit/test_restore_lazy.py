@@ -79,6 +79,26 @@ def test_the_store_s_checkout_is_held_until_the_last_page_is_served(world: World
     assert world.store.open_checkouts == 0
 
 
+def test_a_daemon_killed_during_a_lazy_restore_recovers_naming_its_checkpoint(
+    world: World,
+) -> None:
+    """Issue 33 (7): the journal entry of a restore names its checkpoint, so that the next
+    start's line says which restore it undid (it said ``restore of : killed [...]``)."""
+    checkpoint_id = _dumped(world)
+    world.criu.pages_served.clear()  # the daemon dies while pages are still served
+    try:
+        _lazy(world, checkpoint_id)
+        (entry,) = [facts for _, facts in world.journal.pending()]
+        assert entry["checkpoint_id"] == checkpoint_id
+        done = world.new_service().recover()
+    finally:
+        world.criu.pages_served.set()
+        world.criu.join_lazy()
+    (line,) = [d for d in done if "restore of" in d]
+    assert f"undid interrupted restore of {checkpoint_id}: killed [" in line, line
+    assert world.states(*JOB_TREE) == ["free"] * 3
+
+
 def test_a_page_that_cannot_be_served_kills_the_tree(world: World) -> None:
     checkpoint_id = _dumped(world)
     mark = len(world.processes.signals)
