@@ -130,6 +130,30 @@ def test_a_connection_flood_is_bounded_and_roots_dump_completes(
     assert "connection refused: uid 65534 holds" in d.log()
 
 
+def test_a_user_at_its_connection_limit_is_told_so_and_what_to_do(open_daemon: Daemon) -> None:
+    """Issue 33 (7): uid 65534 holds its ``max_connections_per_uid`` connections; its
+    ``ckptctl list`` is refused by the relay, and says so in one line naming the setting and
+    what to do (it said "ckptd went away ... check that it runs"). Root is still served."""
+    d = open_daemon
+    holder = as_nobody(HOLD.format(n=PER_UID, path=str(d.socket)))
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().split() == [str(PER_UID), "0"]
+        refused = d.ctl("list", user=NOBODY)
+        assert_ok(d.ctl("list"), "root's list beside a user at its limit")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused.rc != 0
+    line = refused.err.strip()
+    assert "\n" not in line, refused.err
+    assert line == (f"ckptctl: ckptd refused this connection: uid {NOBODY} holds {PER_UID} "
+                    f"connections to ckptd already (max_connections_per_uid {PER_UID}); close "
+                    "some of them (other ckptctl or clients of this uid still connected) and "
+                    "retry, or raise it in the daemon's configuration"), line
+    assert_ok(d.ctl("list", user=NOBODY), "the user's list once its connections closed")
+
+
 def test_a_users_calls_beyond_its_limit_are_refused_and_root_is_served(
     open_daemon: Daemon
 ) -> None:

@@ -655,9 +655,16 @@ def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
     meta_fn = getattr(err, "trailing_metadata", None)
     metadata = (meta_fn() or ()) if callable(meta_fn) else ()
     from_daemon = any(key == ERROR_KIND_KEY for key, _ in metadata)
+    refused = ""
+    if code == grpc.StatusCode.UNAVAILABLE and not from_daemon:
+        from ckptd.transport.grpc.peercred import refusal_of
+
+        refused = refusal_of(socket)  # the relay's line: this uid is at its limit
     if code == grpc.StatusCode.UNAVAILABLE and from_daemon:
         _err(details)  # the daemon could not reach another daemon (migration)
         exit_code = EXIT_FAILURE
+    elif refused:
+        _err(refused)
     elif code == grpc.StatusCode.UNAVAILABLE and _CONNECTION_LOST.search(details):
         _err(_went_away(args, details))
     elif code == grpc.StatusCode.UNAVAILABLE:

@@ -120,6 +120,42 @@ def peer_start_time(conn: socket.socket, pid: int, proc: Path = Path("/proc")) -
         os.close(pidfd)
 
 
+REFUSED = b"ckptd refused this connection: "
+"""How the relay's one line to a connection it refuses begins (``refusal_line``): a client
+whose call failed reads it with ``refusal_of`` (gRPC itself only sees a closed socket)."""
+
+
+def refusal_line(why: str) -> bytes:
+    """The line a refused connection gets before it is closed: why, and what to do."""
+    todo = ("close some of them (other ckptctl or clients of this uid still connected) and "
+            "retry, or raise it in the daemon's configuration"
+            if "max_connections_per_uid" in why else
+            "retry later, or raise it in the daemon's configuration")
+    return REFUSED + f"{why}; {todo}\n".encode()
+
+
+def refusal_of(public: str, timeout_s: float = 0.5) -> str:
+    """Why the relay at ``public`` refuses this process's uid now ("" when it does not, or
+    cannot be told): a fresh connection is refused the same way while the uid is at its
+    limit, and then reads the relay's line. An admitted connection reads nothing (the gRPC
+    server waits for a client's first bytes) or gRPC's frames: ""."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(timeout_s)
+            probe.connect(public)
+            data = b""
+            while len(data) < 1024 and not data.endswith(b"\n"):
+                chunk = probe.recv(1024 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:  # not there, not ours to reach, or nothing said within the timeout
+        return ""
+    if not data.startswith(REFUSED):
+        return ""
+    return data.decode(errors="replace").strip()
+
+
 CHUNK = 256 * 1024
 """Largest read from one side; also the most bytes held for the other side."""
 
@@ -240,11 +276,12 @@ class PeerCredProxy:
         if uid == 0:
             return ""
         if self._by_uid[uid] >= self._limits.per_uid:
-            return (f"uid {uid} holds {self._by_uid[uid]} connections already "
+            return (f"uid {uid} holds {self._by_uid[uid]} connections to ckptd already "
                     f"(max_connections_per_uid {self._limits.per_uid})")
         others = sum(n for u, n in self._by_uid.items() if u != 0)
         if others >= self._limits.total:
-            return f"{others} connections from users already (max_connections)"
+            return (f"users hold {others} connections to ckptd already (max_connections "
+                    f"{self._limits.total})")
         return ""
 
     def _relay(self, conn: socket.socket) -> None:
@@ -253,6 +290,9 @@ class PeerCredProxy:
         why = self._admit(uid)
         if why:
             self._refused(why)
+            with contextlib.suppress(OSError):  # said, never waited for: then closed
+                conn.setblocking(False)
+                conn.send(refusal_line(why))
             conn.close()
             return
         start = peer_start_time(conn, pid)
