@@ -15,8 +15,10 @@ a failed restore puts every file back as it found it).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ from ckptd.core.config import CoreConfig
 from ckptd.core.ports import JobFiles, Precopy, PutBack, WrittenFile
 from ckptd.core.undo import Member, UndoLog, UndoPutBack
 from ckptd.domain import CapturedFile, CheckpointRecord, ProcessFact
-from ckptd.errors import TargetRefused
+from ckptd.errors import PreconditionFailed, TargetRefused
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,45 @@ def aside_path(path: str, op_id: str) -> str:
     return f"{path}.ckptd-{op_id}"
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_RACED = (errno.EEXIST, errno.ESTALE, errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR,
+          errno.EXDEV, errno.ENOTEMPTY)
+_UNDONE = "the restore is undone, every file as it was found"
+
+
+def put_back_failed(path: str, exc: OSError) -> PreconditionFailed:
+    """One line for a file that could not be put back (``exc``, from the port): what was
+    wrong and what to do, never ``[Errno N]``. A port's refusal (a message of its own that
+    names the file) is kept as it is; a full file system, a file or directory changed while
+    it was put back (a name that appeared, a link or directory swapped in, a file gone), a
+    read-only file system and a denied write each say so. The restore is then undone."""
+    said = " ".join(str(exc.strerror or exc).split())
+    why = said[:1].lower() + said[1:]
+    name = f" ({os.fsdecode(exc.filename)})" if exc.filename else ""
+    if said.startswith("cannot put back"):
+        return PreconditionFailed(said, hint=f"{_UNDONE}; restore again once that is fixed")
+    if exc.errno in _FULL:
+        return PreconditionFailed(
+            f"cannot put back {path}: {why} on its file system (the version found is "
+            "copied aside beside it first, then the checkpoint's written)",
+            hint=f"{_UNDONE}; free space there (or raise the quota) and restore again")
+    if exc.errno in _RACED:
+        return PreconditionFailed(
+            f"cannot put back {path}: it or its directory changed while it was put back "
+            f"({why}{name})",
+            hint=f"{_UNDONE}; stop what changes it (another process of the job's user) and "
+            "restore again")
+    if exc.errno == errno.EROFS:
+        return PreconditionFailed(f"cannot put back {path}: its file system is read-only",
+                                  hint=f"{_UNDONE}; make it writable and restore again")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return PreconditionFailed(
+            f"cannot put back {path}: {why}{name} for the job's owner",
+            hint=f"{_UNDONE}; make it writable by the job's owner and restore again")
+    return PreconditionFailed(f"cannot put back {path}: {why}{name}",
+                              hint=f"{_UNDONE}; restore again once that is fixed")
+
+
 @dataclass
 class PutBackAll:
     """Every captured file of a checkpoint put back, in order; ``undo`` reverses them all.
@@ -152,10 +193,13 @@ class PutBackAll:
         uid, gid = self._owner()
         for index, captured in enumerate(self.record.files):
             before = self._journal(f"files/{index}", uid, gid)
-            result = self.files.put_back(
-                captured, images_dir / captured.image, aside_path(captured.path, op_id),
-                uid, gid, before,
-            )
+            try:
+                result = self.files.put_back(
+                    captured, images_dir / captured.image, aside_path(captured.path, op_id),
+                    uid, gid, before,
+                )
+            except OSError as exc:
+                raise put_back_failed(captured.path, exc) from exc
             if result is not None:
                 self.done.append(result)
                 self.put_back.append(captured.path)

@@ -97,3 +97,27 @@ def test_a_state_dir_gone_read_only_under_a_running_daemon_is_one_clear_line(
                                  "make it writable", "--state-dir")
     assert "Errno" not in line and "internal error" not in line, line
     assert_running(job.pid, "after a dump refused by a read-only state dir")
+
+
+def test_a_state_dir_gone_full_under_a_running_daemon_is_one_clear_line(
+    start_daemon: Callable[..., Daemon], procs: Procs
+) -> None:
+    """Issue 33 (7): its work directory full (a tmpfs with no inode left) while it runs: a
+    dump says where and what to do, not `internal error: [Errno 28] ...`."""
+    d = start_daemon()
+    job = procs.popen(workload("counter", "--steps", 0, "--interval-ms", 50),
+                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL, start_new_session=True)
+    work = d.state_dir / "work"
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=1", "tmpfs",
+                           str(work)], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        res = d.ctl("dump", "--leave-running", job.pid)
+    finally:
+        subprocess.run(["umount", str(work)], check=False)
+    line = assert_one_line_error(res, 1, f"cannot write in {work}", "file system is full",
+                                 "free space there", "--state-dir")
+    assert "Errno" not in line and "internal error" not in line, line
+    assert_running(job.pid, "after a dump refused by a full state dir")

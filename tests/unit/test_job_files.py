@@ -3,13 +3,18 @@ CRIU restores it, the version found kept aside, everything undone when the resto
 
 from __future__ import annotations
 
+import errno
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ckptd.domain import PidState
-from ckptd.errors import CriuFailed, Incompatible, TargetRefused
+from ckptd.core.ports import PutBack
+from ckptd.domain import CapturedFile, PidState
+from ckptd.errors import CriuFailed, Incompatible, PreconditionFailed, TargetRefused
+from ckptd.transport.grpc.status import details_for
 
 from .world import JOB, JOB_TREE, World, make_world
 
@@ -96,7 +101,7 @@ def test_a_file_that_cannot_be_put_back_undoes_those_before_it(world: World) -> 
     second.write_bytes(b"second, later")
     _die(world)
     world.files.fail_put_back.add(str(second))
-    with pytest.raises(OSError, match="cannot put back"):
+    with pytest.raises(PreconditionFailed, match="cannot put back"):
         world.restore(checkpoint_id=record.id)
     assert first.read_bytes() == b"first, later"
     assert second.read_bytes() == b"second, later"
@@ -220,3 +225,67 @@ def test_after_each_restore_only_the_newest_asides_are_kept(tmp_path: Path) -> N
     assert left == sorted(kept[1:]), "the oldest copy is removed, the two newest kept"
     assert Path(kept[-1]).read_bytes() == b"later 2\n"
     assert any(e.startswith("files.prune_asides") for e in world.events)
+
+
+def _put_back_meets(world: World, effect: Callable[[PutBack], None]) -> None:
+    """``effect`` runs each time the put-back is about to make what ``PutBack`` names (the
+    exact point a racing process or a filling disk would act)."""
+    real = world.files.put_back
+
+    def put_back(captured: CapturedFile, content: Path, aside: str, uid: int, gid: int,
+                 before: Callable[[PutBack], None]) -> PutBack | None:
+        def hooked(done: PutBack) -> None:
+            before(done)
+            effect(done)
+        return real(captured, content, aside, uid, gid, hooked)
+
+    setattr(world.files, "put_back", put_back)  # noqa: B010 (an instance's method replaced)
+
+
+def test_a_name_taken_while_the_file_is_put_back_is_one_line_saying_what_to_do(
+    world: World,
+) -> None:
+    """Issue 33 (7): a race met at put-back (here the aside's temporary name taken by another
+    process just before the put-back creates it: EEXIST) came back `internal error: [Errno
+    17] ...`; now one line: what changed and what to do. Every file is as it was found."""
+    log = _log(world)
+    record = world.dump(JOB, leave_running=True)
+    log.write_bytes(b"written on")
+    _die(world)
+
+    def plant(done: PutBack) -> None:
+        if done.temp:
+            Path(done.temp).write_bytes(b"someone else's")
+
+    _put_back_meets(world, plant)
+    with pytest.raises(PreconditionFailed) as info:
+        world.restore(checkpoint_id=record.id)
+    line = details_for(info.value)
+    assert line.startswith(f"cannot put back {log}: it or its directory changed while it was "
+                           "put back (file exists ("), line
+    assert "restore again" in line and "every file as it was found" in line
+    assert "Errno" not in line and "internal error" not in line and "\n" not in line
+    assert isinstance(info.value.__cause__, OSError)
+    assert info.value.__cause__.errno == errno.EEXIST
+    assert log.read_bytes() == b"written on"
+    assert world.criu.restore_jobs == []
+
+
+def test_a_full_file_system_at_put_back_is_one_line_saying_what_to_do(world: World) -> None:
+    log = _log(world)
+    record = world.dump(JOB, leave_running=True)
+    log.write_bytes(b"written on")
+    _die(world)
+
+    def full(done: PutBack) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), done.temp)
+
+    _put_back_meets(world, full)
+    with pytest.raises(PreconditionFailed) as info:
+        world.restore(checkpoint_id=record.id)
+    line = details_for(info.value)
+    assert line.startswith(f"cannot put back {log}: no space left on device on its file "
+                           "system"), line
+    assert "free space there" in line and "restore again" in line
+    assert "Errno" not in line and "internal error" not in line
+    assert log.read_bytes() == b"written on"

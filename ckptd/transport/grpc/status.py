@@ -64,27 +64,35 @@ def error_for(code: grpc.StatusCode, details: str) -> errors.CkptdError:
 
 
 def details_for(exc: BaseException) -> str:
-    """One line for the caller: ckptd errors say themselves; a file system gone read-only
-    under the daemon says which directory and what to do; others are internal errors."""
+    """One line for the caller: ckptd errors say themselves; a file system gone read-only or
+    full under the daemon says which directory and what to do; others are internal errors."""
     if isinstance(exc, errors.CkptdError):
         return str(exc)
-    read_only = _read_only(exc)
-    if read_only is not None:
-        where = os.path.dirname(os.fsdecode(read_only.filename)) or "its state dir"
-        return (f"the daemon cannot write in {where} (read-only file system); make it "
-                "writable, or point the daemon's --state-dir elsewhere (--store if it is "
-                "the store's)")
+    unwritable = _cannot_write(exc)
+    if unwritable is not None:
+        where = os.path.dirname(os.fsdecode(unwritable.filename)) or "its state dir"
+        why, todo = _CANNOT_WRITE[unwritable.errno or 0]
+        return (f"the daemon cannot write in {where} ({why}); {todo}, or point the daemon's "
+                "--state-dir elsewhere (--store if it is the store's)")
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"internal error: {text}; see the daemon's log (journalctl -u ckptd)"
 
 
-def _read_only(exc: BaseException) -> OSError | None:
-    """The EROFS error (with a file name) ``exc`` is or was caused by, if any."""
+_CANNOT_WRITE = {
+    errno.EROFS: ("read-only file system", "make it writable"),
+    errno.ENOSPC: ("its file system is full", "free space there"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space there or raise the quota"),
+}
+"""Why the daemon cannot write where its own files are, and what to do: one line each."""
+
+
+def _cannot_write(exc: BaseException) -> OSError | None:
+    """The EROFS, ENOSPC or EDQUOT error (with a file name) ``exc`` is or was caused by."""
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
             return None
-        if isinstance(seen, OSError) and seen.errno == errno.EROFS and seen.filename:
+        if isinstance(seen, OSError) and seen.errno in _CANNOT_WRITE and seen.filename:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
