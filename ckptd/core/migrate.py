@@ -20,14 +20,22 @@ contacted):
 Durable undo (``core.undo``, with a journal): the dump's gate, before its commit, journals
 RestoreHere of the checkpoint; ``finish``, before it asks the target, replaces it with InDoubt.
 A daemon killed after the dump has the tree restored here at its restart (after the dump's
-own entry was recovered); one killed during ``finish`` restores nothing twice and logs where
-to look. The target forgets a transfer session its source never finished (its TTL): the
-``open`` step's undo needs no record.
+own entry was recovered); one killed during ``finish`` asks the target after its restart
+(``core.settle``). The target forgets a transfer session its source never finished (its TTL):
+the ``open`` step's undo needs no record.
+
+When the link breaks during ``finish`` (the target may have restored the tree, or died while
+restoring it), the target is asked what it did (``core.settle``: until it answers, with
+backoff, for ``Settler.within_s``): it restored it — the migration succeeded; it did not (and
+from that answer on never will) — the tree is restored here, as after any other failure; no
+answer in time — nothing is restored, the entry stays journaled, the next start asks again.
+An event ``migrate.settled`` says which side runs it.
 
 Invariants: the tree is killed only once its checkpoint is durable here; whatever fails after
 that, the tree runs again here (restored from that checkpoint), except when the target may have
-restored it already (the link broke during ``finish``): then nothing is restored twice, and the
-error says where to look. The checkpoint stays in this node's store either way. Every page the
+restored it already (the link broke during ``finish``): then it is restored here only once the
+target said it never restored it (a durable fence there), so it never runs twice. The
+checkpoint stays in this node's store either way. Every page the
 target restores was verified there against the hash offered for its place, which this node
 computed from content verified against its own store (``ckptd.core.store.export``): a frame
 damaged on the way fails ``send``, and the job runs here again.
@@ -53,6 +61,7 @@ from ckptd.core.ports import (
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
 from ckptd.core.rollback import BackHere
+from ckptd.core.settle import SETTLE_WITHIN_S, Settled, Settler, publish
 from ckptd.core.store.pagehash import HASH_SIZE
 from ckptd.core.undo import InDoubt, RestoreHere, UndoLog
 from ckptd.domain import (
@@ -106,7 +115,10 @@ class MigrateContext:
     session: PeerSession | None = None
     remote: RemoteRestore | None = None
     in_doubt: bool = False
-    """The link broke while the target was restoring: it may be running there."""
+    """The link broke while the target was restoring and it did not say whether it restored
+    the tree: it may be running there."""
+    not_there: InDoubt | None = None
+    """The link broke while the target was restoring, and it said it never restored it."""
     restored_here: RestoreOutcome | None = None
     pages_total: int = 0
     pages_sent: int = 0
@@ -131,8 +143,11 @@ class MigrateRecipe:
         clock: Clock,
         events: EventBus | None = None,
         journal: Journal | None = None,
+        settle_within_s: float = SETTLE_WITHIN_S,
     ) -> None:
         self._journal = journal
+        self.settler = Settler(connector=connector, restore_here=restore_here, clock=clock,
+                               journal=journal, events=events, within_s=settle_within_s)
         self._events = events
         self._preview = preview
         self._dump = dump
@@ -168,7 +183,7 @@ class MigrateRecipe:
             ctx.preview = self._preview(caller, self._dump_request(ctx))
             run_steps(self.steps, ctx, progress, ctx.undo_log)
         except Exception as exc:
-            if ctx.undo_log is not None:
+            if ctx.undo_log is not None and not ctx.in_doubt:
                 ctx.undo_log.end()  # rolled back (a dying daemon never gets here)
             if not isinstance(exc, CkptdError):
                 raise
@@ -271,12 +286,19 @@ class MigrateRecipe:
         if ctx.record is None:
             return  # the dump failed: its own rollback left the tree running
         if ctx.in_doubt:
-            ctx.notes.append(self._back_here.in_doubt(
-                InDoubt(ctx.record.id, ctx.request.to), "the link broke", ctx.record.pid))
+            ctx.notes.append(
+                f"the link broke while {ctx.request.to} was restoring, and it did not answer "
+                f"within {self.settler.within_s:.0f}s whether it restored pid {ctx.record.pid}: "
+                "the checkpoint is kept, and this daemon asks again at its next start "
+                "(restoring it here only if it was not restored there)")
             return
         ctx.restored_here, note = self._back_here.restore(
             RestoreHere(ctx.record.id, ctx.caller.uid, ctx.request.to), ctx.caller)
         ctx.notes.append(note)
+        if ctx.not_there is not None:
+            publish(self._events, ctx.not_there, Settled(
+                "source" if ctx.restored_here is not None else "neither",
+                f"it never restored it; {note}", here=ctx.restored_here))
 
     def _open(self, ctx: MigrateContext) -> None:
         assert ctx.link is not None and ctx.record is not None
@@ -315,13 +337,29 @@ class MigrateRecipe:
 
     def _finish(self, ctx: MigrateContext) -> None:
         assert ctx.session is not None and ctx.record is not None
+        doubt = InDoubt(ctx.record.id, ctx.request.to, ctx.caller.uid, self._clock.time())
         if ctx.undo_log is not None:  # from now on the target may run it: never twice
-            ctx.undo_log.record("dump", InDoubt(ctx.record.id, ctx.request.to))
+            ctx.undo_log.record("dump", doubt)
         try:
             ctx.remote = ctx.session.finish(ctx.request.output_path)
         except PeerError as exc:
-            ctx.in_doubt = exc.in_doubt
-            raise
+            if not exc.in_doubt:
+                raise
+            state = self.settler.ask(doubt)  # until it answers (bounded)
+            if state is None:
+                ctx.in_doubt = True
+                raise
+            if not state.restored:  # and never will: the dump's undo restores it here
+                ctx.not_there = doubt
+                exc.message = (f"{exc.message}; asked after that, {state.node or doubt.to} "
+                               "said it never restored it")
+                raise
+            ctx.remote = RemoteRestore(ctx.record.id, state.pid, state.output_path,
+                                       state.node)
+            log.warning("migration of %s: the link broke while %s restored it; asked, it said "
+                        "it runs there as pid %d", ctx.record.id, doubt.to, state.pid)
+            publish(self._events, doubt, Settled("target", f"{state.node} restored it as "
+                                                 f"pid {state.pid}", state))
 
     # ---- helpers ----------------------------------------------------------------------------
 

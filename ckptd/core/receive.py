@@ -19,6 +19,14 @@ to the reference offered for its place, so a checkpoint assembled here restores 
 was dumped there — a damaged frame fails the transfer, and the sender restores the job at
 home; when the record's id is already in this store (a shared store) nothing is sent and
 ``finish`` only restores it.
+
+What the target did with each checkpoint it was sent is durable (``core.undo.Received``, in its
+journal): the restore's own journal entry ends into "restored" in one atomic write once the tree
+runs, so a target killed while restoring (its tree killed at its restart, its entry replayed)
+has no record of it. A source whose link broke during ``finish`` asks (``received``): restored
+(it runs here), still restoring (ask again), or not: then a fence is written first, and a
+fenced checkpoint is never restored here (``finish`` refuses it). The answer and the start of a
+restore exclude each other (one lock): the job never runs on both nodes.
 """
 
 from __future__ import annotations
@@ -41,15 +49,18 @@ from ckptd.core.ports import (
     CheckpointStaging,
     Clock,
     FrameKeeper,
+    Journal,
     PageExchange,
     PageFrame,
 )
 from ckptd.core.store import pagepath
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_REF, PageHasher
+from ckptd.core.undo import Received, received_op_id
 from ckptd.domain import (
     CheckpointRecord,
     CompatReport,
     PeerProbe,
+    ReceivedState,
     RemoteRestore,
     RestoreOutcome,
     RestoreRequest,
@@ -60,6 +71,7 @@ from ckptd.errors import (
     CheckpointNotFound,
     CorruptCheckpoint,
     InvalidTarget,
+    PreconditionFailed,
     StoreError,
 )
 
@@ -74,8 +86,10 @@ MAX_FILE_IMAGE = 1 << 32
 """Largest image other than a pages image accepted whole (``offer_file``): what a zstd frame
 of unknown content size may be decompressed into."""
 
-Restorer = Callable[[RestoreRequest, "tuple[CheckpointRecord, Path] | None"], RestoreOutcome]
-"""Restore a request; with (record, images): from those staged images."""
+Restorer = Callable[
+    [RestoreRequest, "tuple[CheckpointRecord, Path] | None", Received], RestoreOutcome]
+"""Restore a request; with (record, images): from those staged images; its journal entry ends
+into the ``Received`` record once the tree runs (``CheckpointService.restore``)."""
 Checker = Callable[[CheckpointRecord], CompatReport]
 
 
@@ -115,7 +129,10 @@ class Receiver:
         clock: Clock,
         node: str,
         session_ttl_s: float = 600.0,
+        journal: Journal | None = None,
     ) -> None:
+        """``journal``: where the ``Received`` records live (without one, in memory: they
+        do not outlive this object)."""
         self._store = store
         self._pages = pages
         self._check = check
@@ -126,6 +143,11 @@ class Receiver:
         self._sessions: dict[str, _Session] = {}
         self._commits: list[threading.Thread] = []
         self._mutex = threading.Lock()
+        self._journal = journal
+        self._records: dict[str, Received] = {}
+        """Without a journal: the records."""
+        self._finishing: set[str] = set()
+        """Checkpoint ids whose ``finish`` runs now (assembling or restoring)."""
 
     # ---- before anything is sent ------------------------------------------------------------
 
@@ -312,6 +334,24 @@ class Receiver:
         to this store in the background (the job does not wait for the ingest). The session
         ends whatever happens; a failed restore keeps nothing."""
         s = self._session(session_id)
+        cid = s.record.id
+        with self._mutex:
+            fenced = self._record(cid)
+            if fenced is not None and not fenced.restored:
+                self._sessions.pop(session_id, None)
+            elif cid in self._finishing:
+                raise Busy(f"checkpoint {cid} is being restored already", checkpoint_id=cid)
+            else:
+                self._finishing.add(cid)
+        if fenced is not None and not fenced.restored:
+            if s.images is not None:
+                self._store.abort(cid)
+            raise PreconditionFailed(
+                f"checkpoint {cid} is settled as not restored on {self.node}: its source "
+                "asked after the link broke, and restores it itself",
+                hint="nothing was restored here; see the source's migrate.settled event",
+                checkpoint_id=cid,
+            )
         s.touched = float("inf")  # finishing: never expired while the restore runs
         staged: tuple[CheckpointRecord, Path] | None = None
         try:
@@ -323,7 +363,10 @@ class Receiver:
             started = self._clock.monotonic()
             request = RestoreRequest(checkpoint_id=s.record.id, output_path=output_path,
                                      ignore_warnings=True)  # warnings were accepted at open
-            outcome = self._restore(request, staged)
+            outcome = self._restore(request, staged, Received(
+                cid, restored=True, output_path=output_path, time=self._clock.time()))
+            self._put(Received(cid, restored=True, pid=outcome.pid,
+                               output_path=outcome.output_path, time=self._clock.time()))
             if staged is not None:
                 s.images = None  # the background commit owns the staging now
                 self._commit_later(s.record)
@@ -337,7 +380,42 @@ class Receiver:
                 restore_s=self._clock.monotonic() - started,
             )
         finally:
+            with self._mutex:
+                self._finishing.discard(cid)
             self._drop(session_id)
+
+    def received(self, checkpoint_id: str) -> ReceivedState:
+        """What this node did with ``checkpoint_id`` (a migration's source asks after its link
+        broke during ``finish``), from its durable records: restored, still restoring (a
+        ``finish`` of it runs now), or neither: then a fence is written before the answer, and
+        ``finish`` refuses that checkpoint from now on."""
+        _check_record_id(checkpoint_id)
+        with self._mutex:
+            if checkpoint_id in self._finishing:
+                return ReceivedState(checkpoint_id, self.node, restoring=True)
+            record = self._record(checkpoint_id)
+            if record is None:  # never restored here (a restore killed with us left none)
+                record = Received(checkpoint_id, restored=False, time=self._clock.time())
+                self._put(record)
+                log.warning("migrated checkpoint %s was never restored here: fenced (its "
+                            "source restores it)", checkpoint_id)
+        return ReceivedState(checkpoint_id, self.node, restored=record.restored,
+                             pid=record.pid, output_path=record.output_path)
+
+    def _record(self, checkpoint_id: str) -> Received | None:
+        if self._journal is None:
+            return self._records.get(checkpoint_id)
+        op_id = received_op_id(checkpoint_id)
+        for pending, facts in self._journal.pending():
+            if pending == op_id:
+                return Received.from_facts(facts)  # None: a restore's entry, not ended
+        return None
+
+    def _put(self, record: Received) -> None:
+        if self._journal is None:
+            self._records[record.checkpoint_id] = record
+        else:
+            self._journal.begin(received_op_id(record.checkpoint_id), record.facts())
 
     def _assemble(self, s: _Session, images: Path) -> None:
         for name, refs in s.refs.items():
@@ -422,8 +500,12 @@ class Receiver:
 
 def _check_record(record: CheckpointRecord) -> None:
     """A record from another daemon names files here by its id: only a well-formed one."""
-    if not is_checkpoint_id(record.id):
-        raise InvalidTarget(f"bad checkpoint id {record.id[:80]!r} from the sender")
+    _check_record_id(record.id)
+
+
+def _check_record_id(checkpoint_id: str) -> None:
+    if not is_checkpoint_id(checkpoint_id):
+        raise InvalidTarget(f"bad checkpoint id {checkpoint_id[:80]!r} from the sender")
 
 
 def _decompress(zdata: bytes, size: int, what: str, checkpoint_id: str) -> bytes:

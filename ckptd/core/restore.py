@@ -48,7 +48,8 @@ run (until then CRIU undoes a restore it cannot finish, its daemon killed includ
 member: only while it is still stopped). The entry ends once the whole tree runs (or the
 restore is rolled back): a daemon killed before has the half-restored tree killed, every
 file made again as found and its empty output file removed at its restart, the checkpoint
-untouched; one killed after touches nothing of a tree that runs.
+untouched; one killed after touches nothing of a tree that runs. A migration target's restore
+(``kept``: ``core.undo.Received``) ends its entry into that record, in the same atomic write.
 
 Invariants: the restored processes are held (``core.held``) from CRIU's post-restore
 notification on, before they run, and signalled only through those handles; nothing on the
@@ -284,7 +285,7 @@ class RestoreRecipe:
                 ctx.lazy.adopt(ctx.checkout.pop_all(), ctx.held, ctx.pid, ctx.undo_log)
                 ctx.held = None
             elif ctx.undo_log is not None:
-                ctx.undo_log.end()  # the tree runs
+                ctx.undo_log.end(done=True)  # the tree runs
             if ctx.files is not None:
                 ctx.files.prune(self._config.aside_keep, self._config.aside_max_age_s)
         finally:  # what the steps hold until the restore ends (their undos release it too)
@@ -663,7 +664,7 @@ class RestoreRecipe:
         if ctx.held is not None:
             ctx.held.signal_all(signal.SIGCONT)
         if ctx.undo_log is not None:
-            ctx.undo_log.end()
+            ctx.undo_log.end(done=True)
 
 
 class _HoldOnPostRestore(ForwardingHooks):

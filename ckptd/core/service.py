@@ -29,7 +29,14 @@ from ckptd.core.ports import Cgroups, CheckpointStore, Clock, Journal, ProcessTa
 from ckptd.core.recipe import ProgressSink, no_progress
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.targets import container_job, container_of_cgroup
-from ckptd.core.undo import BadEntry, Entry, decode_entry
+from ckptd.core.undo import (
+    BadEntry,
+    Entry,
+    InDoubt,
+    Received,
+    decode_entry,
+    received_op_id,
+)
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
@@ -54,6 +61,11 @@ from ckptd.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+RECEIVED_KEEP_S = 30 * 86400.0
+"""How long a migration target keeps what it did with a checkpoint it was sent (its answer
+to a source asking after a broken link); a source stops asking about a migration older than
+``core.settle.SETTLE_MAX_AGE_S``, far less."""
 
 
 class CheckpointService:
@@ -90,6 +102,8 @@ class CheckpointService:
         self._in_flight_lock = threading.Condition()
         self._closing = False
         self._undoer = restore.parts.undoer(restore_here=self._restore_here)
+        self.unsettled: builtins.list[tuple[str, InDoubt]] = []
+        """Migrations in doubt that ``recover`` left journaled, for ``core.settle``."""
 
     # ---- operations -------------------------------------------------------------------------
 
@@ -155,11 +169,17 @@ class CheckpointService:
         progress: ProgressSink = no_progress,
         gate: Callable[[int], None] | None = None,
         staged: tuple[CheckpointRecord, Path] | None = None,
+        received: Received | None = None,
     ) -> RestoreOutcome:
         """``gate``: see ``RestoreContext.gate`` (group restores). ``staged``: restore this
         record from these images, verified but not yet committed (a migration's target, which
-        commits them once the tree runs)."""
-        ctx = self._restore.new_context(caller, request, f"r{secrets.token_hex(4)}")
+        commits them once the tree runs). ``received``: a migration target's restore, whose
+        journal entry (``received_op_id``) ends into that record once the tree runs."""
+        op_id = (received_op_id(received.checkpoint_id) if received is not None
+                 else f"r{secrets.token_hex(4)}")
+        ctx = self._restore.new_context(caller, request, op_id)
+        if received is not None and ctx.undo_log is not None:
+            ctx.undo_log.kept = received.facts()
         if staged is not None:
             ctx.record, ctx.images_dir = staged
         record = self._restore.resolve(ctx)
@@ -311,10 +331,18 @@ class CheckpointService:
         undo records (``core.undo``) run newest first through ``core.rollback.Undoer``, the
         code the recipes roll back with. Dumps and restores first, migrations last (a
         migration restores its tree here only once its dump's own entry was dealt with).
-        An entry that cannot be read is logged and forgotten. Returns what was done."""
+        A migration in doubt (the link broke while its target restored) stays journaled, in
+        ``unsettled``: its target is asked after the start (``core.settle``). A migration
+        target's ``Received`` records stay (those older than ``RECEIVED_KEEP_S`` go). An entry
+        that cannot be read is logged and forgotten. Returns what was done."""
         done: builtins.list[str] = []
         entries: builtins.list[tuple[str, Entry]] = []
         for op_id, facts in list(self._journal.pending()):
+            received = Received.from_facts(facts)
+            if received is not None:
+                if self._clock.time() - received.time > RECEIVED_KEEP_S:
+                    self._journal.end(op_id)
+                continue
             try:
                 entries.append((op_id, decode_entry(facts)))
             except BadEntry as exc:
@@ -322,6 +350,12 @@ class CheckpointService:
                 self._journal.end(op_id)
         entries.sort(key=lambda e: e[1].op == "migrate")
         for op_id, entry in entries:
+            doubt = entry.undos[-1] if entry.op == "migrate" and entry.undos else None
+            if isinstance(doubt, InDoubt) and doubt.uid >= 0:
+                self.unsettled.append((op_id, doubt))
+                done.append(f"migration of {doubt.checkpoint_id} to {doubt.to} in doubt: "
+                            "its target is asked whether it restored it")
+                continue
             line = self._undoer.replay(entry)
             if line:
                 done.append(line)

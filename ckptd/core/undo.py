@@ -21,6 +21,9 @@ The journal entry of an operation (``Journal.begin`` facts, JSON)::
     {"version": 2, "op": "dump" | "restore" | "held-restore" | "migrate",
      "checkpoint_id": "...", "undo": [{"step": NAME, "kind": KIND, ...fields}, ...]}
 
+A migration target's restore ends its entry into a ``Received`` record (op "received", kept:
+what the target answers its source, ``core.receive``) instead of forgetting it.
+
 The dump's guard (docs/adr/0016), once the daemon is dead, may append one record of its own
 (``with_guard_resumed``) before it resumes a tree whose commit was unsure.
 
@@ -103,11 +106,16 @@ class RestoreHere:
 @dataclass(frozen=True)
 class InDoubt:
     """A migration was finishing on ``to``: the target may run the tree already, so nothing
-    is restored here twice; the checkpoint stays, and the log says where to look."""
+    is restored here until the target says it did not (``core.settle``: asked until it
+    answers); the checkpoint stays. ``uid``: whose tree (-1 in entries of daemons before
+    settlement, which are left to the operator); ``since``: when (wall clock) the target
+    began restoring."""
 
     kind: ClassVar[str] = "in-doubt"
     checkpoint_id: str
     to: str
+    uid: int = -1
+    since: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,48 @@ KINDS: dict[str, type[Undo]] = {
     c.kind: c for c in (AbortStaging, ResumeCuda, ResumeTree, KillTree, RestoreHere, InDoubt,
                         GuardResumed, UndoPutBack, RemoveOutput)
 }
+
+RECEIVED = "received"
+"""The op of a migration target's record of what it did with a checkpoint it was sent
+(``Received``): not an operation in flight, kept by recovery (pruned when old)."""
+
+
+def received_op_id(checkpoint_id: str) -> str:
+    """The journal entry of a target's restore of a migrated ``checkpoint_id``, which its end
+    turns into the ``Received`` record (one atomic replace)."""
+    return f"v-{checkpoint_id}"
+
+
+@dataclass(frozen=True)
+class Received:
+    """A migration target's durable answer for ``checkpoint_id``: ``restored`` (its restore
+    let the tree run, as ``pid``), or not (a fence: written when the source asked and no
+    restore of it was under way or done; a fenced checkpoint is never restored here). ``time``
+    (wall clock) lets recovery prune old records."""
+
+    checkpoint_id: str
+    restored: bool
+    pid: int = 0
+    output_path: str = ""
+    time: float = 0.0
+
+    def facts(self) -> dict[str, Any]:
+        return {"version": VERSION, "op": RECEIVED, "checkpoint_id": self.checkpoint_id,
+                "restored": self.restored, "pid": self.pid, "output_path": self.output_path,
+                "time": self.time, "undo": []}
+
+    @classmethod
+    def from_facts(cls, facts: dict[str, Any]) -> Received | None:
+        """The record a journal entry holds; None for an entry that is not one."""
+        if facts.get("op") != RECEIVED or facts.get("version") != VERSION:
+            return None
+        try:
+            return cls(str(facts["checkpoint_id"]), bool(facts["restored"]),
+                       int(facts.get("pid", 0)), str(facts.get("output_path", "")),
+                       float(facts.get("time", 0.0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
 
 GUARD_STEP = "guard"
 """The step name the guard's record is journaled under (no recipe step has it)."""
@@ -243,6 +293,8 @@ def _typed(name: str, value: Any) -> Any:
         return tuple(int(p) for p in value)
     if name in ("uid", "gid", "dev", "ino", "mode"):
         return int(value)
+    if name == "since":
+        return float(value)
     if name in ("only_stopped", "created"):
         return bool(value)
     if name == "root":
@@ -294,8 +346,10 @@ class UndoLog:
     ``record`` writes the whole entry again (the journal replaces it atomically) before it
     returns: call it before the effect it undoes can exist. A step records at most one undo;
     recording again under the same step replaces it in place (a step that learns more, e.g.
-    the pids CRIU actually froze). ``end`` forgets the operation. Not thread-safe: one
-    operation owns it."""
+    the pids CRIU actually froze). ``end`` forgets the operation; ``end(done=True)`` (it
+    succeeded) writes ``kept`` in its place when set, in one atomic replace (a migration
+    target's ``Received``: never a moment where neither the undo nor the record is there).
+    Not thread-safe: one operation owns it."""
 
     def __init__(self, journal: Journal | None, op_id: str, op: str, checkpoint_id: str = ""):
         self._journal = journal
@@ -304,6 +358,8 @@ class UndoLog:
         self.checkpoint_id = checkpoint_id
         self._steps: dict[str, Undo] = {}
         self.begun = False
+        self.kept: dict[str, Any] | None = None
+        """The entry left when the operation succeeded (``end(done=True)``)."""
 
     @property
     def undos(self) -> tuple[Undo, ...]:
@@ -317,8 +373,10 @@ class UndoLog:
         self._steps[step] = undo
         self._write()
 
-    def end(self) -> None:
-        if self._journal is not None and self.begun:
+    def end(self, done: bool = False) -> None:
+        if self._journal is not None and done and self.kept is not None:
+            self._journal.begin(self.op_id, self.kept)
+        elif self._journal is not None and self.begun:
             self._journal.end(self.op_id)
         self.begun = False
 

@@ -189,12 +189,15 @@ class Daemon:
         return server
 
     def _start_up(self, wired: Wired) -> None:
-        """Before serving: a killed daemon's operations recovered, the guard started, what
-        ended trees and crashes left removed; CRIU and the GPUs said in the log."""
+        """Before serving: a killed daemon's operations recovered (its migrations in doubt
+        settled in the background, ``core.settle``), the guard started, what ended trees and
+        crashes left removed; CRIU and the GPUs said in the log."""
         cfg = self.config
         for line in wired.service.recover():
             log.warning("recovered: %s", line)
         wired.guard.start()
+        # migrations in doubt: their targets asked in the background (a start never waits)
+        wired.migrate.settler.settle_later(wired.service.unsettled)
         if wired.cgroups is not None and cfg.jobs_cgroup:
             wired.cgroups.remove_empty(cfg.jobs_cgroup)  # trees restored earlier have ended
         for leftover in wired.store.clean():

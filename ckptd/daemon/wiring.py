@@ -241,10 +241,12 @@ def wire(config: DaemonConfig) -> Wired:
         store=store,
         pages=store,
         check=restore.check,
-        restore=lambda request, staged: service.restore(ROOT, request, staged=staged),
+        restore=lambda request, staged, received: service.restore(
+            ROOT, request, staged=staged, received=received),
         clock=clock,
         node=core.node,
         session_ttl_s=config.peer_session_ttl_s,
+        journal=journal,
     )
     tls = tls_files(config)
     migrate = MigrateRecipe(

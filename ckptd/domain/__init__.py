@@ -2,7 +2,13 @@
 
 from ckptd.domain.events import Event, EventKind
 from ckptd.domain.group import GroupMember, GroupRecord
-from ckptd.domain.migration import MigrateOutcome, MigrateRequest, PeerProbe, RemoteRestore
+from ckptd.domain.migration import (
+    MigrateOutcome,
+    MigrateRequest,
+    PeerProbe,
+    ReceivedState,
+    RemoteRestore,
+)
 from ckptd.domain.model import (
     HASH_LIMIT,
     Caller,
@@ -71,6 +77,7 @@ __all__ = [
     "Policy",
     "ProcessFact",
     "Progress",
+    "ReceivedState",
     "RemoteRestore",
     "RestoreOutcome",
     "RestoreRequest",

@@ -20,6 +20,9 @@ class EventKind(enum.StrEnum):
     RESTORE_LAZY_FAILED = "restore.lazy_failed"
     MIGRATE_DONE = "migrate.done"
     MIGRATE_FAILED = "migrate.failed"
+    MIGRATE_SETTLED = "migrate.settled"
+    """A migration whose link broke while the target restored: which side runs the job now
+    (field ``restored_on``: "target", "source" or "neither")."""
     POLICY_SET = "policy.set"
     POLICY_CLEARED = "policy.cleared"
     POLICY_FIRED = "policy.fired"

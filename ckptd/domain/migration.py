@@ -42,6 +42,21 @@ class RemoteRestore:
 
 
 @dataclass(frozen=True)
+class ReceivedState:
+    """What a migration's target says it did with a checkpoint it was sent (``PeerLink.
+    received``), from its durable records: ``restored`` (it runs there, as ``pid``), still
+    ``restoring`` (ask again), or neither: it never committed a restore of it, and from this
+    answer on it never will (the answer is a durable fence there)."""
+
+    checkpoint_id: str
+    node: str
+    restored: bool = False
+    restoring: bool = False
+    pid: int = 0
+    output_path: str = ""
+
+
+@dataclass(frozen=True)
 class MigrateOutcome:
     checkpoint_id: str
     node: str

@@ -73,7 +73,8 @@ def make_target(tmp: Path, clock: FakeClock) -> Target:
     def check(record: CheckpointRecord) -> CompatReport:
         return CompatReport(blocking=tuple(holder[0].blocking))
 
-    def restore(request: RestoreRequest, staged: object = None) -> RestoreOutcome:
+    def restore(request: RestoreRequest, staged: object = None,
+                received: object = None) -> RestoreOutcome:
         holder[0].restored.append(request)
         return RestoreOutcome(request.checkpoint_id, 4321, request.output_path, 0.01)
 
@@ -323,3 +324,28 @@ def test_a_damaged_frame_among_many_ends_the_sending(peer: Peer) -> None:
         session.send(iter(frames))
     session.abort()
     assert peer.target.store.list() == [] and peer.target.restored == []
+
+
+def test_asked_after_a_restore_it_says_restored_with_the_pid(peer: Peer) -> None:
+    record = a_record()
+    transfer(peer, record, {"pages-1.img": pages_image(8, 4), "core-1.img": b"core"})
+    state = peer.link.received(record.id)
+    assert (state.checkpoint_id, state.node, state.restored, state.restoring) == (
+        record.id, "node-b", True, False)
+    assert (state.pid, state.output_path) == (4321, "/tmp/out")
+
+
+def test_asked_about_one_it_never_restored_it_says_so_and_never_restores_it(peer: Peer) -> None:
+    """The answer is a fence: a finish of that checkpoint afterwards is refused, and nothing
+    is restored or listed."""
+    record = a_record()
+    session = peer.link.open(record, False)
+    session.offer_file("core-1.img", b"core")
+    state = peer.link.received(record.id)
+    assert (state.node, state.restored, state.restoring, state.pid) == ("node-b", False, False, 0)
+    with pytest.raises(PreconditionFailed, match="settled as not restored on node-b"):
+        session.finish("/tmp/out")
+    assert peer.target.restored == [] and peer.target.store.list() == []
+    assert not peer.link.received(record.id).restored
+    with pytest.raises(InvalidTarget, match="bad checkpoint id"):
+        peer.link.received("../evil")

@@ -7,7 +7,10 @@ process does nothing more); the journal is left as it was. A new service over th
 checkpoint was committed has its tree killed, else the tree runs as before with nothing
 listed; nothing is left staged or journaled; an interrupted restore's tree is killed (a group
 member only while its group never let it run), its checkpoint untouched; a migration
-interrupted after its dump has the tree restored here, unless the target may run it.
+interrupted after its dump has the tree restored here, unless the target may run it: then its
+target is asked after the restart, and the tree restored here only if it says it never
+restored it; a migration target killed during its restore says "not restored" after its
+restart (and never restores it afterwards).
 """
 
 from __future__ import annotations
@@ -19,16 +22,24 @@ from typing import Any
 
 import pytest
 
+from ckptd.core.events import EventBus
 from ckptd.core.migrate import MigrateRecipe
+from ckptd.core.receive import Receiver
+from ckptd.core.settle import Settler
+from ckptd.core.undo import InDoubt, Received, received_op_id
 from ckptd.domain import (
     CheckpointRecord,
     CompatReport,
+    EventKind,
     MigrateRequest,
     PeerProbe,
+    ReceivedState,
     RemoteRestore,
     RestoreRequest,
 )
 from ckptd.domain.model import ROOT
+from ckptd.errors import PreconditionFailed
+from ckptd.testing import MemoryPageExchange
 
 from .crashes import Death, Died, dying, step_names
 from .world import JOB, JOB_TREE, World, guarded_world, make_world
@@ -210,6 +221,9 @@ class _Target:
     def __init__(self) -> None:
         self.finished: list[str] = []
         self.aborted = 0
+        self.asked: list[str] = []
+        self.restored_there = True
+        """What it answers when asked about a checkpoint it finished."""
 
     # PeerConnector / PeerLink
     address = "b:7443"
@@ -223,6 +237,12 @@ class _Target:
     def open(self, record: CheckpointRecord, ignore_warnings: bool) -> _Target:
         self.record = record
         return self
+
+    def received(self, checkpoint_id: str) -> ReceivedState:
+        self.asked.append(checkpoint_id)
+        restored = checkpoint_id in self.finished and self.restored_there
+        return ReceivedState(checkpoint_id, "node-b", restored=restored,
+                             pid=4321 if restored else 0)
 
     def close(self) -> None:
         pass
@@ -263,7 +283,7 @@ def _migrate(world: World, target: _Target) -> MigrateRecipe:
     )
 
 
-@pytest.mark.parametrize("step", MIGRATE_STEPS)
+@pytest.mark.parametrize("step", [s for s in MIGRATE_STEPS if s != "finish"])
 def test_a_migration_killed_after_any_step(world: World, step: str) -> None:
     target = _Target()
     recipe = _migrate(world, target)
@@ -276,13 +296,10 @@ def test_a_migration_killed_after_any_step(world: World, step: str) -> None:
     done = _restarted(world)
 
     assert len(world.store.list()) == (1 if dumped else 0)
-    if step == "finish":  # the target may run it: never restored twice
-        assert target.finished and world.states(*JOB_TREE) == ["free"] * 3
-        assert any("check there" in line for line in done)
-    else:  # not touched, or back here from its checkpoint
-        assert world.states(*JOB_TREE) == ["running"] * 3
-        assert not target.finished
-        assert any("restored on this node" in line for line in done) == dumped
+    # not touched, or back here from its checkpoint (killed in finish: the test below)
+    assert world.states(*JOB_TREE) == ["running"] * 3
+    assert not target.finished
+    assert any("restored on this node" in line for line in done) == dumped
 
 
 def test_a_migration_rolled_back_in_process_leaves_nothing_journaled(world: World) -> None:
@@ -298,3 +315,108 @@ def test_a_migration_rolled_back_in_process_leaves_nothing_journaled(world: Worl
         recipe.run(ROOT, MigrateRequest(pid=JOB, to="b:7443"), lambda _p: None)
     assert list(world.journal.pending()) == []
     assert world.states(*JOB_TREE) == ["running"] * 3  # restored here in-process
+
+
+@pytest.mark.parametrize("there", [True, False], ids=["restored-there", "not-there"])
+def test_a_migration_killed_in_finish_asks_its_target_after_the_restart(
+    world: World, there: bool,
+) -> None:
+    """Killed once the target began restoring: the restart leaves the InDoubt entry for
+    settlement (nothing restored yet); the target asked says whether it restored it: if it
+    did, nothing runs here; if not, the tree is restored here. Either way the entry ends and
+    ``migrate.settled`` names the side."""
+    target = _Target()
+    target.restored_there = there
+    recipe = _migrate(world, target)
+    recipe.steps = dying(recipe.steps, Death("finish"))
+    with pytest.raises(Died):
+        recipe.run(ROOT, MigrateRequest(pid=JOB, to="b:7443"), lambda _p: None)
+    [record] = world.store.list()
+
+    service = world.new_service()
+    done = service.recover()
+    [(op_id, doubt)] = service.unsettled
+    assert isinstance(doubt, InDoubt) and (doubt.checkpoint_id, doubt.to) == (record.id, "b:7443")
+    assert [op for op, _ in world.journal.pending()] == [op_id], "kept until settled"
+    assert world.states(*JOB_TREE) == ["free"] * 3 and target.asked == []
+    assert "in doubt" in done[0]
+
+    events = EventBus(world.clock)
+    settler = Settler(connector=target, restore_here=service.restore,
+                      clock=world.clock, journal=world.journal, events=events)
+    settled = settler.settle(op_id, doubt)
+
+    assert target.asked == [record.id]
+    assert list(world.journal.pending()) == []
+    assert world.states(*JOB_TREE) == (["free"] * 3 if there else ["running"] * 3)
+    assert settled.restored_on == ("target" if there else "source")
+    [event] = [e for e in events.recent() if e.kind is EventKind.MIGRATE_SETTLED]
+    assert event.fields["restored_on"] == settled.restored_on
+    assert [r.id for r in world.store.list()] == [record.id]  # kept either way
+    assert world.new_service().recover() == []  # settled once
+
+
+def _target_of(world: World, service: object) -> Receiver:
+    """A migration target over ``world``'s store (shared with its source: ``finish`` only
+    restores), restoring through ``service`` with the journal of ``world``."""
+    return Receiver(
+        store=world.store, pages=MemoryPageExchange(), check=lambda _r: CompatReport(),
+        restore=lambda request, staged, received: service.restore(  # type: ignore[attr-defined]
+            ROOT, request, staged=staged, received=received),
+        clock=world.clock, node="node-b", journal=world.journal,
+    )
+
+
+@pytest.mark.parametrize("step", RESTORE_STEPS)
+def test_a_migration_target_killed_after_any_step_of_its_restore(
+    world: World, step: str,
+) -> None:
+    """The target dies while restoring a migrated checkpoint: at its restart the half-done
+    restore is undone, and asked about it, it says "not restored" and fences it (a later
+    ``finish`` is refused): it has no record of a restore that did not end with the tree
+    running."""
+    record = world.dump(JOB)
+    receiver = _target_of(world, world.service)
+    session, _seed = receiver.open(record, ignore_warnings=False)
+    original = world.restore_recipe.steps
+    world.restore_recipe.steps = dying(original, Death(step))
+    with pytest.raises(Died):
+        receiver.finish(session, "")
+    world.restore_recipe.steps = original
+
+    service = world.new_service()
+    service.recover()
+    assert world.states(*JOB_TREE) == ["free"] * 3
+    restarted = _target_of(world, service)
+    state = restarted.received(record.id)
+
+    assert (state.restored, state.restoring) == (False, False)
+    [(op_id, facts)] = world.journal.pending()
+    assert op_id == received_op_id(record.id)
+    assert Received.from_facts(facts) == Received(record.id, restored=False,
+                                                  time=world.clock.time())
+    again, _seed = restarted.open(record, ignore_warnings=False)
+    with pytest.raises(PreconditionFailed, match="settled as not restored"):
+        restarted.finish(again, "")
+    assert world.states(*JOB_TREE) == ["free"] * 3, "fenced: never restored after the answer"
+    assert _target_of(world, world.new_service()).received(record.id) == state
+
+
+def test_a_migration_target_whose_restore_ran_says_so_after_a_restart(world: World) -> None:
+    """The restore's journal entry ended into the ``Received`` record (one write): a target
+    restarted after it answers "restored" with the pid, from that record alone."""
+    record = world.dump(JOB)
+    receiver = _target_of(world, world.service)
+    session, _seed = receiver.open(record, ignore_warnings=False)
+    done = receiver.finish(session, "")
+    assert world.states(*JOB_TREE) == ["running"] * 3
+
+    service = world.new_service()
+    assert service.recover() == []
+    state = _target_of(world, service).received(record.id)
+
+    assert (state.restored, state.pid, state.node) == (True, done.pid, "node-b")
+    assert [op for op, _ in world.journal.pending()] == [received_op_id(record.id)]
+    world.clock.advance(31 * 86400)  # a month later: forgotten at a start
+    assert world.new_service().recover() == []
+    assert list(world.journal.pending()) == []

@@ -4,7 +4,8 @@ dump, the preview and the local restore: every step's undo, and the bytes that t
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from ckptd.adapters.criu.images import is_pages_image
 from ckptd.adapters.storage import LocalBlobStore
+from ckptd.core.events import EventBus
 from ckptd.core.migrate import MigrateRecipe
 from ckptd.core.ports import PageFrame
 from ckptd.core.receive import Receiver
@@ -20,11 +22,14 @@ from ckptd.core.store import packs as packs_module
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.core.store.index import pack_key
 from ckptd.core.store.keys import ManifestKeys
+from ckptd.core.undo import InDoubt, decode_entry
 from ckptd.domain import (
     Caller,
     CheckpointRecord,
     CompatReport,
     DumpRequest,
+    Event,
+    EventKind,
     MigrateOutcome,
     MigrateRequest,
     ProcessFact,
@@ -32,8 +37,14 @@ from ckptd.domain import (
     RestoreRequest,
     new_checkpoint_id,
 )
-from ckptd.errors import CorruptCheckpoint, Incompatible, PeerError, TargetRefused
-from ckptd.testing import FakeClock, LoopbackPeerConnector, LoopbackPeerSession
+from ckptd.errors import (
+    CorruptCheckpoint,
+    Incompatible,
+    PeerError,
+    PreconditionFailed,
+    TargetRefused,
+)
+from ckptd.testing import FakeClock, LoopbackPeerConnector, LoopbackPeerSession, MemoryJournal
 
 PAGE = 4096
 KEYS = ManifestKeys.generate()
@@ -59,6 +70,8 @@ class Node:
     blocking: list[str] = field(default_factory=list)
     fail_restore: bool = False
     receiver: Receiver | None = None
+    hold: threading.Event | None = None
+    """Set: a restore waits for it (a restore under way)."""
 
     def preview(self, caller: Caller, request: DumpRequest) -> CheckpointRecord:
         return CheckpointRecord(
@@ -66,8 +79,8 @@ class Node:
             processes=(ProcessFact(request.pid, 1, "job", ("job",), caller.uid, caller.uid),),
         )
 
-    def dump(self, caller: Caller, request: DumpRequest, progress: ProgressSink
-             ) -> CheckpointRecord:
+    def dump(self, caller: Caller, request: DumpRequest, progress: ProgressSink,
+             gate: Callable[[str], None] | None = None) -> CheckpointRecord:
         del progress
         self.clock.advance(1)
         record = self.preview(caller, request)
@@ -76,14 +89,18 @@ class Node:
         images = self.store.begin(record.id)
         (images / "pages-1.img").write_bytes(bytes(self.memory))
         (images / "core-1.img").write_bytes(b"core" * 100)
+        if gate is not None:
+            gate(record.id)
         committed = self.store.commit(record)
         self.dumps.append(committed)
         return committed
 
-    def restore(self, caller: Caller | RestoreRequest, request: object = None
-                ) -> RestoreOutcome:
+    def restore(self, caller: Caller | RestoreRequest, request: object = None,
+                _received: object = None) -> RestoreOutcome:
         req = request if isinstance(request, RestoreRequest) else caller
         assert isinstance(req, RestoreRequest)
+        if self.hold is not None:
+            assert self.hold.wait(30)
         if self.fail_restore:
             from ckptd.errors import CriuFailed
             raise CriuFailed("CRIU restore failed: pid 4321 in use")
@@ -179,13 +196,157 @@ def test_a_failure_after_the_dump_restores_the_job_here(world) -> None:  # type:
     assert getattr(info.value, "checkpoint_id", None) == a.dumps[0].id
 
 
-def test_a_link_lost_during_finish_restores_nothing_twice(world) -> None:  # type: ignore[no-untyped-def]
-    a, b, connector, recipe = world
-    connector.break_finish = True
-    with pytest.raises(PeerError, match="check there whether pid 4321 runs"):
-        run(recipe)
-    assert len(b.restored) == 1, "the target did restore it"
-    assert a.restored == [], "so it must not run here as well"
+# ---- the link lost during finish: the target asked (core.settle) ----------------------------
+
+
+@dataclass
+class Journaled:
+    a: Node
+    b: Node
+    connector: LoopbackPeerConnector
+    recipe: MigrateRecipe
+    journal: MemoryJournal
+    events: EventBus
+
+    def settled(self) -> list[Event]:
+        return [e for e in self.events.recent() if e.kind is EventKind.MIGRATE_SETTLED]
+
+    def failed(self) -> list[Event]:
+        return [e for e in self.events.recent() if e.kind is EventKind.MIGRATE_FAILED]
+
+
+@pytest.fixture
+def journaled(world) -> Journaled:  # type: ignore[no-untyped-def]
+    """``world``'s nodes, the migration journaled and its events published (as a daemon)."""
+    a, b, connector, _recipe = world
+    journal, events = MemoryJournal(), EventBus(a.clock)
+    recipe = MigrateRecipe(
+        preview=a.preview, dump=a.dump, restore_here=a.restore, pages=a.store,
+        connector=connector, clock=a.clock, events=events, journal=journal,
+        settle_within_s=60,
+    )
+    return Journaled(a, b, connector, recipe, journal, events)
+
+
+def test_a_link_lost_after_the_target_restored_asks_it_and_the_job_runs_there(
+    journaled: Journaled,
+) -> None:
+    j = journaled
+    j.connector.break_finish = True
+    out = run(j.recipe)
+    assert isinstance(out, MigrateOutcome) and (out.node, out.pid) == ("node-b", 4321)
+    assert len(j.b.restored) == 1 and j.a.restored == [], "it runs there, and only there"
+    assert j.connector.asked == [out.checkpoint_id] and j.a.clock.sleeps == []
+    assert list(j.journal.pending()) == []
+    [settled] = j.settled()
+    assert settled.fields["restored_on"] == "target" and settled.pid == 4321
+    assert j.failed() == []
+
+
+def test_a_target_that_died_while_restoring_is_asked_until_back_and_the_job_runs_here(
+    journaled: Journaled,
+) -> None:
+    """Its restore never ran (its session gone with it); it is unreachable three times while
+    it restarts (asked again after 0.5, 1, 2 s), then says "not restored": restored here."""
+    j = journaled
+    j.connector.lose_finish, j.connector.restarting = "dead", 3
+    with pytest.raises(PeerError, match=r"said it never restored it.*the tree was restored "
+                                        "on this node as pid 4321"):
+        run(j.recipe)
+    [dumped] = j.a.dumps
+    assert j.b.restored == [] and [r.checkpoint_id for r in j.a.restored] == [dumped.id]
+    assert j.a.clock.sleeps == [0.5, 1.0, 2.0]
+    assert j.connector.asked == [dumped.id]
+    assert list(j.journal.pending()) == []
+    [settled] = j.settled()
+    assert settled.fields["restored_on"] == "source" and settled.checkpoint_id == dumped.id
+    [failed] = j.failed()
+    assert "restored on this node" in failed.message
+    assert j.b.receiver is not None
+    assert not j.b.receiver.received(dumped.id).restored, "fenced there: never restored"
+
+
+def test_a_target_still_restoring_is_asked_again_until_it_has(journaled: Journaled) -> None:
+    """The link breaks while the target's restore goes on: "restoring" (not a fence) twice,
+    then "restored": the migration succeeded, nothing runs here."""
+    j = journaled
+    j.b.hold = threading.Event()
+    j.connector.lose_finish = "detached"
+
+    def restore_ends(_s: float) -> None:
+        if len(j.a.clock.sleeps) == 2 and j.b.hold is not None:
+            j.b.hold.set()
+            assert j.connector.finishing is not None
+            j.connector.finishing.join(30)
+
+    j.a.clock.on_sleep(restore_ends)
+    out = run(j.recipe)
+    assert isinstance(out, MigrateOutcome) and out.node == "node-b"
+    assert j.a.clock.sleeps == [0.5, 1.0] and len(j.connector.asked) == 3
+    assert len(j.b.restored) == 1 and j.a.restored == []
+    assert [e.fields["restored_on"] for e in j.settled()] == ["target"]
+
+
+def test_no_answer_in_time_keeps_the_entry_and_restores_nothing_until_asked_again(
+    journaled: Journaled,
+) -> None:
+    j = journaled
+    j.connector.lose_finish, j.connector.restarting = "dead", 1_000_000
+    with pytest.raises(PeerError, match=r"did not answer within 60s.*next start"):
+        run(j.recipe)
+    assert j.a.restored == [] and j.b.restored == [], "in doubt: nowhere yet"
+    assert sum(j.a.clock.sleeps) == pytest.approx(60) and max(j.a.clock.sleeps) == 10.0
+    [(op_id, facts)] = j.journal.pending()
+    [doubt] = decode_entry(facts).undos
+    assert isinstance(doubt, InDoubt) and doubt.uid == USER.uid and doubt.to == "b:7443"
+    assert j.settled() == []
+
+    j.connector.unreachable = 0  # back (what a next start does with the entry)
+    settled = j.recipe.settler.settle(op_id, doubt)
+    assert settled.restored_on == "source" and settled.here is not None
+    assert [r.checkpoint_id for r in j.a.restored] == [doubt.checkpoint_id]
+    assert list(j.journal.pending()) == []
+    assert [e.fields["restored_on"] for e in j.settled()] == ["source"]
+
+
+def test_a_failed_restore_here_after_not_restored_there_says_neither(
+    journaled: Journaled,
+) -> None:
+    j = journaled
+    j.connector.lose_finish = "dead"
+    j.a.fail_restore = True
+    with pytest.raises(PeerError, match=r"restoring it on this node failed too.*ckptctl restore"):
+        run(j.recipe)
+    [settled] = j.settled()
+    assert settled.fields["restored_on"] == "neither"
+    assert [d.id for d in j.a.dumps] and list(j.journal.pending()) == []
+
+
+def test_a_target_that_cannot_answer_is_not_asked_again(
+    journaled: Journaled, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refusal (an older daemon without the question) is no answer: nothing restored."""
+    j = journaled
+    assert j.b.receiver is not None
+
+    def refuse(checkpoint_id: str) -> None:
+        raise PreconditionFailed("unknown method MigrationOutcome")
+
+    monkeypatch.setattr(j.b.receiver, "received", refuse)
+    j.connector.lose_finish = "dead"
+    with pytest.raises(PeerError, match="did not answer"):
+        run(j.recipe)
+    assert j.a.clock.sleeps == [] and j.a.restored == []
+    assert len(list(j.journal.pending())) == 1, "in doubt: kept for the next start"
+
+
+def test_an_entry_too_old_is_left_to_the_operator(journaled: Journaled) -> None:
+    j = journaled
+    doubt = InDoubt("ck-20260101T000000-aaaaaa", "b:7443", USER.uid,
+                    since=j.a.clock.time() - 8 * 86400)
+    settled = j.recipe.settler.settle("m-1", doubt)
+    assert settled.restored_on == "" and "too long ago" in settled.note
+    assert j.connector.asked == [] and j.a.restored == []
 
 
 def test_a_shared_store_sends_nothing(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ckptd.domain import CheckpointRecord, PeerProbe, RemoteRestore
+from ckptd.domain import CheckpointRecord, PeerProbe, ReceivedState, RemoteRestore
 
 PlaceRun = tuple[str, int, int, int]
 """Where pages of a frame go: (image, first page in the image, first page in the frame,
@@ -151,6 +151,12 @@ class PeerLink(Protocol):
     def probe(self, record: CheckpointRecord) -> PeerProbe: ...
 
     def open(self, record: CheckpointRecord, ignore_warnings: bool) -> PeerSession: ...
+
+    def received(self, checkpoint_id: str) -> ReceivedState:
+        """What the target did with ``checkpoint_id``, from its durable records (the source
+        of a migration whose link broke during ``finish`` asks); an answer neither restored
+        nor restoring fences it there: the target never restores it afterwards."""
+        ...
 
     def close(self) -> None: ...
 

@@ -25,7 +25,14 @@ from ckptd._gen.ckptd.v1 import peer_pb2_grpc as pb_grpc
 from ckptd.core.groups import GroupMembers
 from ckptd.core.ports import PageFrame, PlaceRun
 from ckptd.core.receive import Receiver
-from ckptd.domain import Caller, CheckpointRecord, CompatReport, PeerProbe, RemoteRestore
+from ckptd.domain import (
+    Caller,
+    CheckpointRecord,
+    CompatReport,
+    PeerProbe,
+    ReceivedState,
+    RemoteRestore,
+)
 from ckptd.domain.model import ROOT
 from ckptd.errors import InvalidTarget, PeerError
 from ckptd.transport.grpc.group_rpcs import GroupRpcs
@@ -209,6 +216,17 @@ class PeerServicer(GroupRpcs, pb_grpc.PeerServicer):
         self._call(context, lambda: self._receiver.abort(request.session))
         return pb.AbortResponse()
 
+    def MigrationOutcome(self, request: pb.MigrationOutcomeRequest,
+                         context: grpc.ServicerContext) -> Any:
+        state = self._call(context, lambda: self._receiver.received(request.checkpoint_id))
+        log.info("asked by %s about migrated checkpoint %s: %s", context.peer(),
+                 state.checkpoint_id, "restored" if state.restored else
+                 "still restoring" if state.restoring else "not restored (fenced)")
+        return pb.MigrationOutcomeResponse(
+            node=state.node, restored=state.restored, restoring=state.restoring,
+            pid=state.pid, output_path=state.output_path,
+        )
+
 
 def serve_peer(
     server: grpc.Server, receiver: Receiver, listen: str, tls: TlsFiles,
@@ -277,6 +295,12 @@ class GrpcPeerLink:
             pb.OpenRequest(record_json=record_bytes(record), ignore_warnings=ignore_warnings),
             timeout=CALL_TIMEOUT_S))
         return GrpcPeerSession(self, r.session, r.page_seed)
+
+    def received(self, checkpoint_id: str) -> ReceivedState:
+        r = self._rpc(lambda: self._stub.MigrationOutcome(
+            pb.MigrationOutcomeRequest(checkpoint_id=checkpoint_id), timeout=CALL_TIMEOUT_S))
+        return ReceivedState(checkpoint_id, r.node, restored=r.restored,
+                             restoring=r.restoring, pid=r.pid, output_path=r.output_path)
 
     def close(self) -> None:
         self._channel.close()

@@ -12,6 +12,9 @@ the target tells the page-hash seed of its store for the checkpoint's uid), Offe
 Send the missing pages (the source store's frames as they are, with the places of their
 pages; every page verified against the hash offered for each place), Finish (the target commits the checkpoint to its store and restores
 it). Abort drops a session; sessions idle too long are dropped by the target.
+MigrationOutcome: a source whose link broke during Finish asks what the target did with the
+checkpoint (from the target's durable records); a "not restored" answer is a durable fence
+there: that checkpoint is never restored by the target afterwards.
 """
 
 from collections import abc as _abc
@@ -349,3 +352,59 @@ class AbortResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AbortResponse: _TypeAlias = AbortResponse  # noqa: Y015
+
+@_typing.final
+class MigrationOutcomeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrationOutcomeRequest: _TypeAlias = MigrationOutcomeRequest  # noqa: Y015
+
+@_typing.final
+class MigrationOutcomeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    RESTORED_FIELD_NUMBER: _builtins.int
+    RESTORING_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    OUTPUT_PATH_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    restored: _builtins.bool
+    """the target restored it (it runs there, or ran): never here too"""
+    restoring: _builtins.bool
+    """a restore of it is under way there: ask again"""
+    pid: _builtins.int
+    """restored: its root pid there (0: not known)"""
+    output_path: _builtins.str
+    """neither restored nor restoring: the target never committed a restore of it, and from
+    this answer on never will; the source restores it
+    """
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        restored: _builtins.bool = ...,
+        restoring: _builtins.bool = ...,
+        pid: _builtins.int = ...,
+        output_path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "output_path", b"output_path", "pid", b"pid", "restored", b"restored", "restoring", b"restoring"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrationOutcomeResponse: _TypeAlias = MigrationOutcomeResponse  # noqa: Y015

@@ -66,6 +66,11 @@ class PeerStub:
                 request_serializer=ckptd_dot_v1_dot_peer__pb2.AbortRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_peer__pb2.AbortResponse.FromString,
                 _registered_method=True)
+        self.MigrationOutcome = channel.unary_unary(
+                '/ckptd.v1.Peer/MigrationOutcome',
+                request_serializer=ckptd_dot_v1_dot_peer__pb2.MigrationOutcomeRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_peer__pb2.MigrationOutcomeResponse.FromString,
+                _registered_method=True)
         self.GroupPrepare = channel.unary_unary(
                 '/ckptd.v1.Peer/GroupPrepare',
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.GroupPrepareRequest.SerializeToString,
@@ -132,6 +137,12 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrationOutcome(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -207,6 +218,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=ckptd_dot_v1_dot_peer__pb2.AbortRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_peer__pb2.AbortResponse.SerializeToString,
+            ),
+            'MigrationOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrationOutcome,
+                    request_deserializer=ckptd_dot_v1_dot_peer__pb2.MigrationOutcomeRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_peer__pb2.MigrationOutcomeResponse.SerializeToString,
             ),
             'GroupPrepare': grpc.unary_unary_rpc_method_handler(
                     servicer.GroupPrepare,
@@ -401,6 +417,33 @@ class Peer:
             '/ckptd.v1.Peer/Abort',
             ckptd_dot_v1_dot_peer__pb2.AbortRequest.SerializeToString,
             ckptd_dot_v1_dot_peer__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrationOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Peer/MigrationOutcome',
+            ckptd_dot_v1_dot_peer__pb2.MigrationOutcomeRequest.SerializeToString,
+            ckptd_dot_v1_dot_peer__pb2.MigrationOutcomeResponse.FromString,
             options,
             channel_credentials,
             insecure,
