@@ -657,7 +657,7 @@ def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
     from_daemon = any(key == ERROR_KIND_KEY for key, _ in metadata)
     refused = ""
     if code == grpc.StatusCode.UNAVAILABLE and not from_daemon:
-        from ckptd.transport.grpc.peercred import refusal_of
+        from ckptd.transport.grpc.refusal import refusal_of
 
         refused = refusal_of(socket)  # the relay's line: this uid is at its limit
     if code == grpc.StatusCode.UNAVAILABLE and from_daemon:

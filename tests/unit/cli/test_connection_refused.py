@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ckptd.transport.cli import main as cli
-from ckptd.transport.grpc.peercred import refusal_line, refusal_of
+from ckptd.transport.grpc.refusal import refusal_line, refusal_of
 
 WHY = "uid 1000 holds 64 connections to ckptd already (max_connections_per_uid 64)"
 
