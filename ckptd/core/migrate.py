@@ -72,6 +72,7 @@ from ckptd.domain import (
     MigrateOutcome,
     MigrateRequest,
     PeerProbe,
+    ReceivedState,
     RemoteRestore,
     RestoreOutcome,
     RestoreRequest,
@@ -117,7 +118,7 @@ class MigrateContext:
     in_doubt: bool = False
     """The link broke while the target was restoring and it did not say whether it restored
     the tree: it may be running there."""
-    not_there: InDoubt | None = None
+    not_there: tuple[InDoubt, ReceivedState] | None = None
     """The link broke while the target was restoring, and it said it never restored it."""
     restored_here: RestoreOutcome | None = None
     pages_total: int = 0
@@ -296,9 +297,10 @@ class MigrateRecipe:
             RestoreHere(ctx.record.id, ctx.caller.uid, ctx.request.to), ctx.caller)
         ctx.notes.append(note)
         if ctx.not_there is not None:
-            publish(self._events, ctx.not_there, Settled(
+            doubt, state = ctx.not_there
+            publish(self._events, doubt, Settled(
                 "source" if ctx.restored_here is not None else "neither",
-                f"it never restored it; {note}", here=ctx.restored_here))
+                f"{state.node or doubt.to} never restored it; {note}", state, ctx.restored_here))
 
     def _open(self, ctx: MigrateContext) -> None:
         assert ctx.link is not None and ctx.record is not None
@@ -350,7 +352,7 @@ class MigrateRecipe:
                 ctx.in_doubt = True
                 raise
             if not state.restored:  # and never will: the dump's undo restores it here
-                ctx.not_there = doubt
+                ctx.not_there = (doubt, state)
                 exc.message = (f"{exc.message}; asked after that, {state.node or doubt.to} "
                                "said it never restored it")
                 raise

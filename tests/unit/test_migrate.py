@@ -260,6 +260,7 @@ def test_a_target_that_died_while_restoring_is_asked_until_back_and_the_job_runs
     assert list(j.journal.pending()) == []
     [settled] = j.settled()
     assert settled.fields["restored_on"] == "source" and settled.checkpoint_id == dumped.id
+    assert settled.fields["node"] == "node-b" and settled.pid == 4321
     [failed] = j.failed()
     assert "restored on this node" in failed.message
     assert j.b.receiver is not None
