@@ -320,6 +320,67 @@ class FinishResponse(_message.Message):
 Global___FinishResponse: _TypeAlias = FinishResponse  # noqa: Y015
 
 @_typing.final
+class MigrationOutcomeRequest(_message.Message):
+    """What a source asks after its link broke during Finish (MigrationOutcome)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    """the checkpoint the source sent"""
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrationOutcomeRequest: _TypeAlias = MigrationOutcomeRequest  # noqa: Y015
+
+@_typing.final
+class MigrationOutcomeResponse(_message.Message):
+    """Neither restored nor restoring: this daemon never committed a restore of it, and from this
+    answer on never will (a durable fence); the source restores it itself.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    RESTORED_FIELD_NUMBER: _builtins.int
+    RESTORING_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    OUTPUT_PATH_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    restored: _builtins.bool
+    """restored here (it runs here, or ran): never on the source too"""
+    restoring: _builtins.bool
+    """a restore of it is under way here: ask again"""
+    pid: _builtins.int
+    """restored: its root pid here (0: not known)"""
+    output_path: _builtins.str
+    """restored: where its stdout/stderr go"""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        restored: _builtins.bool = ...,
+        restoring: _builtins.bool = ...,
+        pid: _builtins.int = ...,
+        output_path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "output_path", b"output_path", "pid", b"pid", "restored", b"restored", "restoring", b"restoring"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrationOutcomeResponse: _TypeAlias = MigrationOutcomeResponse  # noqa: Y015
+
+@_typing.final
 class AbortRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -352,59 +413,3 @@ class AbortResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AbortResponse: _TypeAlias = AbortResponse  # noqa: Y015
-
-@_typing.final
-class MigrationOutcomeRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
-    checkpoint_id: _builtins.str
-    def __init__(
-        self,
-        *,
-        checkpoint_id: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___MigrationOutcomeRequest: _TypeAlias = MigrationOutcomeRequest  # noqa: Y015
-
-@_typing.final
-class MigrationOutcomeResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    NODE_FIELD_NUMBER: _builtins.int
-    RESTORED_FIELD_NUMBER: _builtins.int
-    RESTORING_FIELD_NUMBER: _builtins.int
-    PID_FIELD_NUMBER: _builtins.int
-    OUTPUT_PATH_FIELD_NUMBER: _builtins.int
-    node: _builtins.str
-    restored: _builtins.bool
-    """the target restored it (it runs there, or ran): never here too"""
-    restoring: _builtins.bool
-    """a restore of it is under way there: ask again"""
-    pid: _builtins.int
-    """restored: its root pid there (0: not known)"""
-    output_path: _builtins.str
-    """neither restored nor restoring: the target never committed a restore of it, and from
-    this answer on never will; the source restores it
-    """
-    def __init__(
-        self,
-        *,
-        node: _builtins.str = ...,
-        restored: _builtins.bool = ...,
-        restoring: _builtins.bool = ...,
-        pid: _builtins.int = ...,
-        output_path: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "output_path", b"output_path", "pid", b"pid", "restored", b"restored", "restoring", b"restoring"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___MigrationOutcomeResponse: _TypeAlias = MigrationOutcomeResponse  # noqa: Y015

@@ -143,7 +143,10 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def MigrationOutcome(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """What this daemon did with a checkpoint it was sent, from its durable records (asked by a
+        source whose link broke during Finish): restored, still restoring, or neither; "neither"
+        is a durable fence: that checkpoint is never restored here afterwards.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
