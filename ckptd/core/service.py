@@ -292,13 +292,15 @@ class CheckpointService:
             )
         return self._store.verify(checkpoint_id)
 
-    def gc(self, caller: Caller, keep_last: int = 0, name: str = "") -> GcReport:
+    def gc(self, caller: Caller, keep_last: int = 0, name: str = "", *,
+           compact: bool = True) -> GcReport:
         """Apply retention (``keep_last`` newest per name, or of ``name``), then collect what
-        no checkpoint needs. Root only: it touches every user's data."""
+        no checkpoint needs, and (``compact``) rewrite what is mostly garbage. Root only: it
+        touches every user's data."""
         if not caller.is_root:
             raise PermissionDenied("only root may collect garbage")
         doomed = self._beyond_retention(keep_last, name) if keep_last > 0 else ()
-        report = self._store.collect_garbage(doomed)
+        report = self._store.collect_garbage(doomed, compact=compact)
         self.events.publish(EventKind.GC_DONE, message="garbage collected",
                             bytes_freed=report.bytes_freed,
                             checkpoints_deleted=len(report.deleted_checkpoints))
@@ -307,6 +309,8 @@ class CheckpointService:
             len(report.deleted_checkpoints), report.packs_deleted, report.blobs_deleted,
             report.bytes_freed,
         )
+        for line in report.skipped:
+            log.warning("gc: %s", line)
         return report
 
     def _beyond_retention(self, keep_last: int, name: str = "",

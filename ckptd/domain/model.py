@@ -577,6 +577,9 @@ class GcReport:
     bytes_condemned: int = 0
     """Of ``bytes_kept``: packs no checkpoint needs, deleted once the grace period passed."""
     pinned: tuple[PinnedBy, ...] = ()
+    skipped: tuple[str, ...] = ()
+    """What this run could not do, one line each, saying why and what to do (a full store:
+    compaction, condemning); what was freed was freed all the same."""
 
 
 @dataclass(frozen=True)

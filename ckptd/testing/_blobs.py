@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import builtins
+import errno
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ckptd.errors import BlobNotFound, StoreError
 
@@ -44,6 +46,11 @@ class MemoryBlobStore:
     - ``fail_put_after = n``: the next ``n`` puts succeed, every later one raises
       ``StoreError`` without storing anything (counted from when it is set; None: off);
     - ``fail_on_key_prefix = "packs/"``: every put of a key with that prefix raises;
+    - ``fail_errno = errno.ENOSPC``: those injected failures are raised from an ``OSError``
+      with that errno, as ``LocalBlobStore`` raises them (None: from nothing);
+    - ``capacity = n``: a full file system of ``n`` bytes: a put that would make the objects
+      (the one it replaces still counted, as a temporary file renamed over it needs room
+      first) hold more raises ``StoreError`` from ``OSError(ENOSPC)``; deletes free room;
     - ``on_put(key)``: called before each put is carried out (to interleave another
       operation, e.g. a GC from another node, at an exact point);
     - ``corrupt(key, offset)`` flips bits of one byte of a stored object.
@@ -61,6 +68,8 @@ class MemoryBlobStore:
         self._fail_put_after: int | None = None
         self._puts_since_armed = 0
         self.fail_on_key_prefix: str | None = None
+        self.fail_errno: int | None = None
+        self.capacity: int | None = None
         self.on_put: PutHook | None = None
         self.puts: builtins.list[str] = []
         self.failed_puts: builtins.list[str] = []
@@ -124,11 +133,13 @@ class MemoryBlobStore:
         with self._lock:
             limit = self._fail_put_after
             if limit is not None and self._puts_since_armed >= limit:
-                self.failed_puts.append(key)
-                raise StoreError(f"cannot write {key}: injected failure (fail_put_after)")
+                self._fail(key, "injected failure (fail_put_after)", self.fail_errno)
             if self.fail_on_key_prefix is not None and key.startswith(self.fail_on_key_prefix):
-                self.failed_puts.append(key)
-                raise StoreError(f"cannot write {key}: injected failure (fail_on_key_prefix)")
+                self._fail(key, "injected failure (fail_on_key_prefix)", self.fail_errno)
+            if self.capacity is not None and (
+                sum(len(d) for d, _ in self._objects.values()) + len(data) > self.capacity
+            ):
+                self._fail(key, f"no room left ({self.capacity} bytes)", errno.ENOSPC)
             self._check_no_clash(key)
             if limit is not None:
                 self._puts_since_armed += 1
@@ -178,6 +189,11 @@ class MemoryBlobStore:
             self.flushes += 1
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _fail(self, key: str, why: str, code: int | None) -> NoReturn:
+        self.failed_puts.append(key)
+        cause = OSError(code, os.strerror(code)) if code is not None else None
+        raise StoreError(f"cannot write {key}: {why}") from cause
 
     def _now(self) -> float:
         return self._clock.time() if self._clock is not None else time.time()

@@ -59,6 +59,7 @@ class MemoryStore:
         self.fail_commit: Exception | None = None
         self.fail_checkout: Exception | None = None
         self.open_checkouts = 0
+        self.gc_compact: list[bool] = []
         for sub in ("staging", "checkpoints"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -206,8 +207,12 @@ class MemoryStore:
         )
         return VerifyReport(checked=tuple(ids), problems=problems)
 
-    def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
-        """Deletes ``delete_first``; a memory store has no other garbage."""
+    def collect_garbage(
+        self, delete_first: tuple[str, ...] = (), *, compact: bool = True
+    ) -> GcReport:
+        """Deletes ``delete_first``; a memory store has no other garbage (``compact``, as
+        asked, is recorded in ``gc_compact``)."""
+        self.gc_compact.append(compact)
         for cid in delete_first:
             self.delete(cid)
         return GcReport(deleted_checkpoints=delete_first)

@@ -266,3 +266,10 @@ def test_recover_forgets_an_entry_it_cannot_read(world: World) -> None:
     assert world.new_service().recover() == []
     assert list(world.journal.pending()) == []
     assert world.processes.signals == []
+
+
+def test_gc_passes_no_compact_to_the_store(world: World) -> None:
+    """``ckptctl gc --no-compact`` reaches the store as ``compact=False``; plain gc compacts."""
+    world.service.gc(ROOT)
+    world.service.gc(ROOT, compact=False)
+    assert world.store.gc_compact == [True, False]

@@ -78,9 +78,12 @@ class StoreMaintenance(Protocol):
         """Read back one checkpoint (or everything) and name every damaged object."""
         ...
 
-    def collect_garbage(self, delete_first: tuple[str, ...] = ()) -> GcReport:
+    def collect_garbage(
+        self, delete_first: tuple[str, ...] = (), *, compact: bool = True
+    ) -> GcReport:
         """Delete ``delete_first``, then every object no checkpoint needs (a dump in
-        progress keeps what it wrote)."""
+        progress keeps what it wrote); then, if ``compact``, rewrite what is mostly garbage
+        (that needs new space: a full store skips it, ``GcReport.skipped``)."""
         ...
 
 

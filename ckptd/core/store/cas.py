@@ -643,18 +643,21 @@ class ContentStore:
         delete_first: tuple[str, ...] = (),
         *,
         grace_s: float | None = None,
+        compact: bool = True,
         compact_below: float = COMPACT_BELOW,
     ) -> GcReport:
-        """Delete ``delete_first``, rewrite the packs whose live share is below
-        ``compact_below`` (``compact``), condemn what no manifest names, and delete what was
-        condemned ``grace_s`` (default ``gc_grace_s``) ago and is still unreferenced."""
+        """Delete ``delete_first``, condemn what no manifest names and delete what was
+        condemned ``grace_s`` (default ``gc_grace_s``) ago and is still unreferenced; then,
+        unless not ``compact``, rewrite the packs whose live share is below ``compact_below``
+        (``compact``) and condemn (or delete) the packs that left unreferenced. A full store
+        frees what it can and skips the rest (``GcReport.skipped``)."""
         return maintenance.collect_garbage(
             self,
             self._blobs,
             self._clock,
             delete_first=delete_first,
             grace_s=self.gc_grace_s if grace_s is None else grace_s,
-            compact_below=compact_below,
+            compact_below=compact_below if compact else 0.0,
         )
 
     def clean(self) -> builtins.list[str]:

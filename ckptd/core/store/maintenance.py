@@ -15,6 +15,15 @@ less than the lease TTL or finds the object due when it re-checks before its man
 GC runs under the store's exclusive lock, so no dump of this daemon is between "found a page
 in the index" and "manifest written" while it sweeps.
 
+Order: what needs no new space comes first (issue 33, 3). A run marks, condemns and sweeps,
+then compacts (``compact``: it writes new packs), then marks, condemns and sweeps again (what
+compaction left unreferenced). A store whose filesystem is full (ENOSPC, EDQUOT) is freed all
+the same: a compaction that finds no room is skipped (one line in ``GcReport.skipped``), and so
+is a condemned list that cannot be written; each stops where a SIGKILL at that point would
+(compaction's module docstring; a condemned list not written condemns nothing, one not yet
+shrunk names objects that are no candidates: the sweep checks both), so no listed checkpoint
+is left unrestorable, and the next run, once there is room, does the rest.
+
 Dependencies point one way: ``cas.ContentStore`` calls this module; this module sees the store
 only through ``MaintainedStore`` (what GC and verify need of it) and never imports ``cas``.
 """
@@ -23,6 +32,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
+import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,9 +46,11 @@ from ckptd.core.store.objects import BLOB_PREFIX, LEASE_PREFIX, MANIFEST_PREFIX
 from ckptd.core.store.reader import CheckpointReader
 from ckptd.core.store.rwlock import RWLock
 from ckptd.domain import CheckpointRecord, GcReport, PinnedBy, VerifyReport
-from ckptd.errors import BlobNotFound, CkptdError, CorruptCheckpoint
+from ckptd.errors import BlobNotFound, CkptdError, CorruptCheckpoint, StoreError
 
 DEFAULT_LEASE_TTL_S = 6 * 3600.0
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+"""What a full file system (or a spent quota) fails a write with."""
 
 
 class MaintainedStore(CompactedStore, Protocol):
@@ -72,28 +85,35 @@ def collect_garbage(
     delete_first: tuple[str, ...] = (),
     compact_below: float = COMPACT_BELOW,
 ) -> GcReport:
-    """Delete ``delete_first``; compact (``compact``: rewrite the packs whose live share is
-    below ``compact_below``, 0: never); then mark, condemn and sweep (module docstring)."""
+    """Delete ``delete_first``; mark, condemn and sweep; compact (``compact``: rewrite the
+    packs whose live share is below ``compact_below``, 0: never); then mark, condemn and sweep
+    what compaction left unreferenced (module docstring). A full store (``NO_SPACE``) skips
+    what needs new space, one line each in ``skipped``; any other failure raises."""
     for checkpoint_id in delete_first:
         store.delete(checkpoint_id)
     with store.rw.exclusive():
-        compaction = Compaction()
+        skipped: builtins.list[str] = []
+        swept = _sweep(store, blobs, clock, lease_ttl_s, grace_s, skipped)
+        freed_first = swept.freed
+        compaction, stopped = Compaction(), False
         if compact_below > 0:
-            compaction = _compact(store, blobs, clock, lease_ttl_s, compact_below)
-        live = _mark(store, blobs)
-        now = clock.time()
-        keep_after = _keep_after(blobs, clock, lease_ttl_s)
-        condemned = load_condemned(blobs)
-        swept = _Swept()
-        swept.packs(blobs, live, keep_after, grace_s, condemned.due_packs(now))
-        swept.blobs(blobs, live, keep_after, grace_s, condemned.due_blobs(now))
-        blobs.flush()
-        store.index.drop_packs(swept.gone_packs)
-        _update_condemned(blobs, condemned.lists, swept.pending_packs, swept.pending_blobs,
-                          now, grace_s)
-        for key in condemned.damaged:  # it condemned nothing; its objects are condemned anew
-            blobs.delete(key)
-        blobs.flush()
+            try:
+                compaction = _compact(store, blobs, clock, lease_ttl_s, compact_below)
+            except StoreError as exc:
+                full = no_space(exc)
+                if full is None:
+                    raise
+                # what it wrote before it stopped is what a SIGKILL there leaves (packs
+                # nothing names yet, manifests naming the new packs): the sweep below
+                # collects (or condemns) the packs nothing names
+                stopped = True
+                skipped.append(
+                    f"compaction skipped: the store's filesystem is full "
+                    f"({os.strerror(full.errno or errno.ENOSPC)}); freed {freed_first} bytes "
+                    "first; run gc again once there is room"
+                )
+            if compaction.packs_rewritten or compaction.packs_written or stopped:
+                swept = _sweep(store, blobs, clock, lease_ttl_s, grace_s, skipped, swept)
         store.refresh_condemned()
     return GcReport(
         deleted_checkpoints=delete_first,
@@ -107,8 +127,70 @@ def collect_garbage(
         packs_written=compaction.packs_written,
         bytes_written=compaction.bytes_written,
         bytes_condemned=swept.condemned_bytes,
-        pinned=_pinned(live.named, swept.sizes),
+        pinned=_pinned(swept.named, swept.sizes),
+        skipped=tuple(skipped),
     )
+
+
+def no_space(exc: BaseException) -> OSError | None:
+    """The ``OSError`` with a ``NO_SPACE`` errno that caused ``exc`` (``exc`` itself, or the
+    error it was raised from: ``LocalBlobStore`` raises ``StoreError`` from the ``OSError``),
+    else None."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain, never a cycle to follow for ever
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in NO_SPACE:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _sweep(
+    store: MaintainedStore,
+    blobs: BlobStore,
+    clock: Clock,
+    lease_ttl_s: float,
+    grace_s: float,
+    skipped: builtins.list[str],
+    earlier: _Swept | None = None,
+) -> _Swept:
+    """Mark, condemn and sweep (module docstring); deletes first, then the one write (a new
+    condemned list, then the old ones shrunk): a full store skips that write with a line in
+    ``skipped`` (once per run). ``earlier``: this run's first sweep, whose deletions are
+    added to this one's (what is kept is counted anew)."""
+    live = _mark(store, blobs)
+    now = clock.time()
+    keep_after = _keep_after(blobs, clock, lease_ttl_s)
+    condemned = load_condemned(blobs)
+    swept = _Swept(named=live.named)
+    if earlier is not None:
+        swept.packs_deleted, swept.blobs_deleted = earlier.packs_deleted, earlier.blobs_deleted
+        swept.freed = earlier.freed
+    swept.packs(blobs, live, keep_after, grace_s, condemned.due_packs(now))
+    swept.blobs(blobs, live, keep_after, grace_s, condemned.due_blobs(now))
+    blobs.flush()
+    store.index.drop_packs(swept.gone_packs)
+    try:
+        _update_condemned(blobs, condemned.lists, swept.pending_packs, swept.pending_blobs,
+                          now, grace_s)
+    except StoreError as exc:
+        full = no_space(exc)
+        if full is None:
+            raise
+        line = (f"condemning skipped: the store's filesystem is full "
+                f"({os.strerror(full.errno or errno.ENOSPC)}); what no checkpoint needs is "
+                "condemned by a run that finds room")
+        if line not in skipped:
+            skipped.append(line)
+        # condemned: what a list names now (the new one may not have been written)
+        listed = load_condemned(blobs).packs
+        swept.condemned_bytes = sum(swept.sizes.get(p, 0) for p in swept.pending_packs
+                                    if p in listed)
+    for key in condemned.damaged:  # it condemned nothing; its objects are condemned anew
+        blobs.delete(key)
+    blobs.flush()
+    return swept
 
 
 def _compact(store: MaintainedStore, blobs: BlobStore, clock: Clock, lease_ttl_s: float,
@@ -166,6 +248,8 @@ class _Swept:
     kept_bytes: int = 0
     condemned_bytes: int = 0
     sizes: dict[str, int] = field(default_factory=dict)
+    named: dict[str, builtins.list[str]] = field(default_factory=dict)
+    """Listed checkpoint -> the packs it names (the mark's)."""
     gone_packs: set[str] = field(default_factory=set)
     pending_packs: set[str] = field(default_factory=set)
     pending_blobs: set[str] = field(default_factory=set)

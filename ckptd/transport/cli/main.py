@@ -323,7 +323,8 @@ def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_gc(ctx: Context, args: argparse.Namespace) -> int:
-    request = pb.GcRequest(keep_last=args.keep_last or 0, name=args.name or "")
+    request = pb.GcRequest(keep_last=args.keep_last or 0, name=args.name or "",
+                           no_compact=bool(args.no_compact))
     report = convert.message_to_dict(ctx.client.Gc(request, timeout=ctx.timeout))
     if ctx.json:
         _print_json(report)
@@ -573,6 +574,9 @@ def _add_gc(command: Command) -> None:
     )
     gc.add_argument("--name", metavar="NAME", type=types.name,
                     help="apply --keep-last to this name only")
+    gc.add_argument("--no-compact", action="store_true",
+                    help="only free what no checkpoint needs: do not rewrite packs mostly "
+                    "garbage (that writes new packs first; a full store skips it anyway)")
 
 
 # --------------------------------------------------------------------------------------------

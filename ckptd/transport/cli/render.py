@@ -139,6 +139,7 @@ def gc_report(report: Mapping[str, Any]) -> str:
         f"kept {report.get('packs_kept', 0)} pack(s), "
         f"{human_bytes(int(report.get('bytes_kept', 0)))}"
     )
+    lines.extend(str(line) for line in report.get("skipped") or ())
     if int(report.get("packs_rewritten", 0)):
         lines.append(
             f"compacted {report['packs_rewritten']} pack(s), "

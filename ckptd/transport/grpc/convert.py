@@ -75,6 +75,7 @@ def gc_response(r: GcReport) -> pb.GcResponse:
                         bytes_alone=p.bytes_alone)
             for p in r.pinned
         ],
+        skipped=list(r.skipped),
     )
 
 

@@ -288,5 +288,8 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
     def Gc(self, request: pb.GcRequest, context: grpc.ServicerContext) -> Any:
         keep = self._checked(context, lambda: v.count(request.keep_last, "keep-last"))
         name = self._checked(context, lambda: v.name(request.name))
-        report = self._unary(context, lambda c: self._service.gc(c, keep_last=keep, name=name))
+        compact = not request.no_compact
+        report = self._unary(
+            context, lambda c: self._service.gc(c, keep_last=keep, name=name, compact=compact)
+        )
         return convert.gc_response(report)

@@ -113,6 +113,7 @@ class FakeCheckpointer(ckptd_pb2_grpc.CheckpointerServicer):
     compat: pb.CheckRestoreResponse = field(
         default_factory=lambda: pb.CheckRestoreResponse(compatible=True)
     )
+    gc: pb.GcResponse = field(default_factory=pb.GcResponse)
 
     def _enter(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
         self.requests.append((method, request))
@@ -170,6 +171,10 @@ class FakeCheckpointer(ckptd_pb2_grpc.CheckpointerServicer):
     ) -> pb.CheckRestoreResponse:
         self._enter("CheckRestore", request, context)
         return self.compat
+
+    def Gc(self, request: pb.GcRequest, context: grpc.ServicerContext) -> pb.GcResponse:
+        self._enter("Gc", request, context)
+        return self.gc
 
 
 @dataclass
@@ -1007,3 +1012,30 @@ def test_gc_human_reports_compaction_and_what_each_checkpoint_pins() -> None:
     assert lines[2].startswith("pinned by checkpoint")
     assert lines[3].split()[:4] == ["ck-b", "5.0", "MiB", "in"]
     assert lines[4].startswith("  ck-a")
+
+
+FULL_LINE = ("compaction skipped: the store's filesystem is full (No space left on device); "
+             "freed 1048576 bytes first; run gc again once there is room")
+
+
+def test_gc_on_a_full_store_says_compaction_was_skipped(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    daemon.servicer.gc = pb.GcResponse(packs_deleted=1, bytes_freed=1 << 20, packs_kept=3,
+                                       bytes_kept=9 << 20, skipped=[FULL_LINE])
+    code, out, err = run(capsys, daemon, "gc")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[:2] == [
+        "freed 1.0 MiB: 1 pack(s), 0 blob(s); kept 3 pack(s), 9.0 MiB", FULL_LINE]
+    assert daemon.last("Gc").no_compact is False
+    code, out, _ = run(capsys, daemon, "--json", "gc")
+    assert code == 0 and json.loads(out)["skipped"] == [FULL_LINE]
+
+
+def test_gc_no_compact_asks_for_no_compaction(
+    capsys: pytest.CaptureFixture[str], daemon: Daemon
+) -> None:
+    code, _, _ = run(capsys, daemon, "gc", "--no-compact", "--keep-last", "2")
+    assert code == 0
+    request = daemon.last("Gc")
+    assert (request.no_compact, request.keep_last) == (True, 2)

@@ -1816,19 +1816,23 @@ class GcRequest(_message.Message):
 
     KEEP_LAST_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    NO_COMPACT_FIELD_NUMBER: _builtins.int
     keep_last: _builtins.int
     """0: no retention, only unreferenced data"""
     name: _builtins.str
     """retention for this name only (empty: every name)"""
+    no_compact: _builtins.bool
+    """only free (and condemn) what no checkpoint needs: no new pack written"""
     def __init__(
         self,
         *,
         keep_last: _builtins.int = ...,
         name: _builtins.str = ...,
+        no_compact: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep_last", b"keep_last", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep_last", b"keep_last", "name", b"name", "no_compact", b"no_compact"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1850,6 +1854,7 @@ class GcResponse(_message.Message):
     BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
     BYTES_CONDEMNED_FIELD_NUMBER: _builtins.int
     PINNED_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
     packs_deleted: _builtins.int
     blobs_deleted: _builtins.int
     bytes_freed: _builtins.int
@@ -1870,6 +1875,12 @@ class GcResponse(_message.Message):
     def pinned(self) -> _containers.RepeatedCompositeFieldContainer[Global___GcPinned]:
         """what each checkpoint keeps, largest first"""
 
+    @_builtins.property
+    def skipped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the run could not do, one line each (a full store: compaction skipped, after
+        freeing what needs no new space); empty when it did everything.
+        """
+
     def __init__(
         self,
         *,
@@ -1885,10 +1896,11 @@ class GcResponse(_message.Message):
         bytes_written: _builtins.int = ...,
         bytes_condemned: _builtins.int = ...,
         pinned: _abc.Iterable[Global___GcPinned] | None = ...,
+        skipped: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs_deleted", b"blobs_deleted", "bytes_condemned", b"bytes_condemned", "bytes_freed", b"bytes_freed", "bytes_kept", b"bytes_kept", "bytes_rewritten", b"bytes_rewritten", "bytes_written", b"bytes_written", "deleted_checkpoints", b"deleted_checkpoints", "packs_deleted", b"packs_deleted", "packs_kept", b"packs_kept", "packs_rewritten", b"packs_rewritten", "packs_written", b"packs_written", "pinned", b"pinned"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs_deleted", b"blobs_deleted", "bytes_condemned", b"bytes_condemned", "bytes_freed", b"bytes_freed", "bytes_kept", b"bytes_kept", "bytes_rewritten", b"bytes_rewritten", "bytes_written", b"bytes_written", "deleted_checkpoints", b"deleted_checkpoints", "packs_deleted", b"packs_deleted", "packs_kept", b"packs_kept", "packs_rewritten", b"packs_rewritten", "packs_written", b"packs_written", "pinned", b"pinned", "skipped", b"skipped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
