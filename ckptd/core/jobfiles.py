@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ckptd.core.config import CoreConfig
 from ckptd.core.ports import JobFiles, Precopy, PutBack, WrittenFile
+from ckptd.core.ports.asides import AsideLog, AsideRecord
 from ckptd.core.undo import Member, UndoLog, UndoPutBack
 from ckptd.domain import CapturedFile, CheckpointRecord, ProcessFact
 from ckptd.errors import PreconditionFailed, TargetRefused
@@ -179,17 +180,24 @@ class PutBackAll:
 
     Invariant: before each effect on a file exists (its aside, a created file), its
     ``UndoPutBack`` is in ``undo_log`` (when there is one): a daemon killed during the
-    put-back has its successor finish the undo (``core.rollback``)."""
+    put-back has its successor finish the undo (``core.rollback``). Once the restore stands,
+    each copy it kept aside is recorded in ``asides`` (``prune``): only recorded copies are
+    ever removed on request (``ckptctl asides``)."""
 
     files: JobFiles
     record: CheckpointRecord
     undo_log: UndoLog | None = None
     root: Member = (0, 0)
     """The container's init whose root the files are put back in ((0, 0): the node's)."""
+    asides: AsideLog | None = None
+    made: float = 0.0
+    """When the restore put the files back (the copies' records say so)."""
     done: list[PutBack] = field(default_factory=list)
     put_back: list[str] = field(default_factory=list)
+    op_id: str = ""
 
     def run(self, images_dir: Path, op_id: str) -> None:
+        self.op_id = op_id
         uid, gid = self._owner()
         for index, captured in enumerate(self.record.files):
             before = self._journal(f"files/{index}", uid, gid)
@@ -213,10 +221,28 @@ class PutBackAll:
             done = self.done.pop()
             self.files.undo(done, uid, gid)
 
+    def recorded(self) -> tuple[AsideRecord, ...]:
+        """The copies this restore kept aside, as made (those whose identity the port told)."""
+        return tuple(
+            AsideRecord(path=d.aside, dev=d.dev, ino=d.aside_ino, uid=d.aside_uid,
+                        restore_id=self.op_id, checkpoint_id=self.record.id,
+                        owner=self.record.uid, made=self.made, in_container=self.root != (0, 0))
+            for d in self.done if d.aside and d.aside_ino and d.aside_uid >= 0)
+
     def prune(self, keep: int, max_age_s: float) -> tuple[str, ...]:
-        """After the restore succeeded: each file's copies kept aside beyond the ``keep``
-        newest, and those older than ``max_age_s``, removed (a failure is logged: the
-        restore stands). The paths removed."""
+        """After the restore succeeded: the copies it kept aside recorded (``asides``; a
+        failure is logged: the restore stands, those copies are then the user's to remove);
+        then each file's copies kept aside beyond the ``keep`` newest, and those older than
+        ``max_age_s``, removed (a failure is logged) and their records forgotten. The paths
+        removed."""
+        made = self.recorded()
+        if self.asides is not None and made:
+            try:
+                self.asides.add(made)
+            except (OSError, ValueError) as exc:
+                log.warning("restore of %s: the copies kept aside (%s) were not recorded (%s): "
+                            "`ckptctl asides --remove` will not remove them; their owner may",
+                            self.record.id, ", ".join(r.path for r in made), exc)
         uid, gid = self._owner()
         removed: list[str] = []
         for captured in self.record.files:
@@ -228,7 +254,20 @@ class PutBackAll:
         if removed:
             log.info("restore of %s: removed %d older copies kept aside (aside_keep, "
                      "aside_max_age_s): %s", self.record.id, len(removed), ", ".join(removed))
+            self._forget(removed)
         return tuple(removed)
+
+    def _forget(self, removed: Sequence[str]) -> None:
+        if self.asides is None:
+            return
+        here = self.root != (0, 0)
+        gone = set(removed)
+        try:
+            self.asides.forget([r for r in self.asides.records()
+                                if r.path in gone and r.in_container == here])
+        except (OSError, ValueError) as exc:
+            log.warning("restore of %s: the records of the copies removed were not "
+                        "forgotten (%s)", self.record.id, exc)
 
     @property
     def kept(self) -> tuple[str, ...]:

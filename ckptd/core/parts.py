@@ -19,6 +19,7 @@ from ckptd.core.ports import (
     NodeInspector,
     ProcessTable,
 )
+from ckptd.core.ports.asides import AsideLog
 from ckptd.core.rollback import RestoreHereFn, Undoer
 
 
@@ -38,6 +39,9 @@ class RecipeParts:
     """Files the job writes, captured and put back (None: not captured)."""
     cgroups: Cgroups | None = None
     """Where restored trees are placed (None: a node without cgroup v2)."""
+    asides: AsideLog | None = None
+    """The record of the copies restores kept aside (None: none recorded; then none is
+    removed on request)."""
 
     def undoer(self, restore_here: RestoreHereFn | None = None) -> Undoer:
         """The ``Undoer`` over these parts (``restore_here``: recovery's, to restore a

@@ -544,7 +544,8 @@ class RestoreRecipe:
             return
         files = self._files if ctx.into is None else self._files.seen_by(ctx.into.init)
         root = (ctx.into.init, ctx.into.start_time) if ctx.into is not None else (0, 0)
-        ctx.files = PutBackAll(files, ctx.record, ctx.undo_log, root)
+        ctx.files = PutBackAll(files, ctx.record, ctx.undo_log, root,
+                               asides=self.parts.asides, made=self._clock.time())
         ctx.files.run(ctx.images_dir, ctx.op_id)
 
     def _undo_files(self, ctx: RestoreContext) -> None:

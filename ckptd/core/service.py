@@ -26,6 +26,7 @@ from ckptd.core.events import EventBus
 from ckptd.core.gpu import GpuSteps
 from ckptd.core.locks import PidLocks
 from ckptd.core.ports import Cgroups, CheckpointStore, Clock, Journal, ProcessTable
+from ckptd.core.ports.asides import AsideRecord
 from ckptd.core.recipe import ProgressSink, no_progress
 from ckptd.core.restore import RestoreRecipe
 from ckptd.core.targets import container_job, container_of_cgroup
@@ -236,6 +237,16 @@ class CheckpointService:
             and (not pid or r.pid == pid)
             and (not name or r.name == name)
         ]
+
+    def asides(self, caller: Caller, checkpoint_id: str = "") -> builtins.list[AsideRecord]:
+        """The copies restores kept aside, as recorded: of the caller's checkpoints (every
+        one for root), of ``checkpoint_id``'s restores only when given; oldest first."""
+        log = self._restore.parts.asides
+        if log is None:
+            return []
+        return [r for r in log.records()
+                if (caller.is_root or r.owner == caller.uid)
+                and (not checkpoint_id or r.checkpoint_id == checkpoint_id)]
 
     def get(self, caller: Caller, checkpoint_id: str) -> CheckpointRecord:
         record = self._store.get(checkpoint_id)

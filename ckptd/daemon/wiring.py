@@ -32,6 +32,7 @@ from ckptd.adapters.storage import (
     keyfile,
     open_blob_store,
 )
+from ckptd.adapters.storage.asidelog import FileAsideLog
 from ckptd.core.config import CoreConfig
 from ckptd.core.dump import DumpRecipe
 from ckptd.core.gpu import GpuSteps
@@ -222,6 +223,7 @@ def wire(config: DaemonConfig) -> Wired:
     parts = RecipeParts(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock, config=core,
         gpu=gpu, node=ProcNodeInspector(), files=files, cgroups=cgroups,
+        asides=FileAsideLog(state / "asides"),
     )
     dump = DumpRecipe(parts, guard=guard)
     restore = RestoreRecipe(parts, stdio=LocalStdioProvider(config.open_timeout_s))

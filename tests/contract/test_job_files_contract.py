@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,10 @@ def test_put_back_keeps_the_version_found_and_undo_restores_it(
     journaled: list[PutBack] = []
     done = harness.files.put_back(captured, tmp_path / "img", aside, 0, 0, journaled.append)
     assert done is not None and done.aside == aside
-    assert journaled == [done]  # told before the aside existed
+    # told before the aside existed; the aside as made (its identity, for the record)
+    assert journaled == [replace(done, aside_ino=0, aside_uid=-1)]
+    made = os.stat(aside)
+    assert (done.dev, done.aside_ino, done.aside_uid) == (made.st_dev, made.st_ino, made.st_uid)
     assert path.read_bytes() == b"line 1\n"
     assert Path(aside).read_bytes() == b"line 1\nline 2\n"
     assert not harness.files.check(captured, 0, 0).differs

@@ -28,7 +28,7 @@ import pytest
 
 from .conftest import criu_path
 from .store_support import Daemons
-from .support import Daemon, Procs, assert_ok, assert_one_line_error, wait_until
+from .support import CKPTCTL, Daemon, Procs, assert_ok, assert_one_line_error, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -305,3 +305,57 @@ def test_restore_output_keeps_what_the_file_held_and_refuses_magic_links(
     procs.add(res3["pid"])
     os.kill(res3["pid"], signal.SIGKILL)
     assert Path(res3["output_path"]).stat().st_mode & 0o777 == 0o600
+
+
+def test_roots_asides_remove_leaves_files_only_named_like_asides(
+    daemon: Daemon, procs: Procs, area: Path, attacker: int
+) -> None:
+    """Issue 33 (6): in a sticky shared directory a root job's files are put back and the
+    versions found kept aside. The attacker plants a file named like an aside of the job's
+    file, and puts another at the name of a recorded copy once that one is gone. Root's
+    ``ckptctl asides --remove`` removes only the copies the restore recorded, by identity:
+    both planted files stay, the second refused in one line; a name holding a newline is
+    printed quoted."""
+    shared = area / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    log = shared / "job.log"
+    odd = shared / "odd\nname.log"
+    other = shared / "other.log"
+    ck = checkpoint_then_crash(daemon, procs, log, odd, other)
+    res = assert_ok(daemon.ctl("restore", ck["id"]), "restore")
+    procs.add(res["pid"])
+    os.kill(res["pid"], signal.SIGKILL)
+    kept = {Path(k).name.split(".ckptd-")[0]: Path(k) for k in res["files_kept"]}
+    assert sorted(kept) == ["job.log", "odd\nname.log", "other.log"], kept
+
+    planted = shared / "job.log.ckptd-planted"
+    as_user(attacker, "import sys; open(sys.argv[1], 'w').write('mine\\n')", planted)
+    kept["other.log"].unlink()  # the recorded copy gone (its owner removed it) ...
+    as_user(attacker, "import sys; open(sys.argv[1], 'w').write('mine too\\n')",
+            kept["other.log"])  # ... and the attacker's file at its name
+
+    shown = subprocess.run([str(CKPTCTL), "--socket", str(daemon.socket), "asides"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown
+    assert repr(str(kept["odd\nname.log"])) in shown.stdout, shown.stdout
+    assert str(kept["odd\nname.log"]) not in shown.stdout, shown.stdout  # never raw
+    assert str(planted) not in shown.stdout, shown.stdout
+
+    removed = daemon.ctl("asides", "--remove")
+    assert removed.rc == 1, removed
+    assert sorted(removed.out["removed"]) == sorted(
+        str(kept[n]) for n in ("job.log", "odd\nname.log")), removed.out
+    (refused,) = removed.out["problems"]
+    assert refused == (f"{kept['other.log']}: another file than the copy restore "
+                       f"{kept['other.log'].name.split('.ckptd-')[1]} kept has its name now: "
+                       "left alone"), refused
+    assert planted.read_bytes() == b"mine\n" and planted.stat().st_uid == attacker
+    assert kept["other.log"].read_bytes() == b"mine too\n"
+    assert not kept["job.log"].exists() and not kept["odd\nname.log"].exists()
+
+    human = subprocess.run([str(CKPTCTL), "--socket", str(daemon.socket), "asides",
+                            "--remove"], capture_output=True, text=True, timeout=60, check=False)
+    assert human.returncode == 1, human
+    assert human.stderr == f"not removed: {refused}\n", human.stderr
+    assert kept["other.log"].read_bytes() == b"mine too\n" and planted.exists()

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from ckptd.core.ports import PutBack
-from ckptd.domain import CapturedFile, PidState
+from ckptd.core.ports.asides import AsideRecord
+from ckptd.domain import Caller, CapturedFile, PidState
+from ckptd.domain.model import ROOT
 from ckptd.errors import CriuFailed, Incompatible, PreconditionFailed, TargetRefused
+from ckptd.testing._asides import FakeAsideLog
 from ckptd.transport.grpc.status import details_for
 
 from .world import JOB, JOB_TREE, World, make_world
@@ -225,6 +228,59 @@ def test_after_each_restore_only_the_newest_asides_are_kept(tmp_path: Path) -> N
     assert left == sorted(kept[1:]), "the oldest copy is removed, the two newest kept"
     assert Path(kept[-1]).read_bytes() == b"later 2\n"
     assert any(e.startswith("files.prune_asides") for e in world.events)
+
+
+def _aside_log(world: World) -> FakeAsideLog:
+    log = world.restore_recipe.parts.asides
+    assert isinstance(log, FakeAsideLog)
+    return log
+
+
+def test_a_restore_records_each_copy_it_kept_aside_as_made(world: World) -> None:
+    """Issue 33 (6): the copies a restore kept aside are recorded (path, identity, owner,
+    restore, checkpoint) before its result is given: ``ckptctl asides`` acts only on those.
+    A caller sees the records of its own checkpoints; root every one."""
+    log = _log(world)
+    record = world.dump(JOB, leave_running=True)
+    log.write_bytes(b"written on")
+    _die(world)
+    before = world.clock.time()
+    outcome = world.restore(checkpoint_id=record.id)
+    (aside,) = outcome.files_kept
+    made = os.stat(aside)
+    (recorded,) = _aside_log(world).records()
+    assert before < recorded.made <= world.clock.time()  # when it was put back
+    assert recorded == AsideRecord(
+        path=aside, dev=made.st_dev, ino=made.st_ino, uid=made.st_uid,
+        restore_id=aside.rsplit(".ckptd-", 1)[1], checkpoint_id=record.id, owner=record.uid,
+        made=recorded.made, in_container=False)
+    assert world.service.asides(ROOT) == [recorded]
+    assert world.service.asides(ROOT, record.id) == [recorded]
+    assert world.service.asides(ROOT, "ck-20200101T000000-000000") == []
+    assert world.service.asides(Caller(uid=record.uid + 1, pid=4242)) == []
+
+
+def test_the_copies_retention_removes_are_forgotten_and_a_record_failure_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    world = make_world(tmp_path, aside_keep=1)
+    log = _log(world)
+    record = world.dump(JOB, leave_running=True)
+    kept: list[str] = []
+    for i in range(2):
+        log.write_bytes(b"later %d\n" % i)
+        _die(world)
+        kept += world.restore(checkpoint_id=record.id).files_kept
+        time.sleep(0.01)  # distinct mtimes
+    assert not Path(kept[0]).exists()
+    assert [r.path for r in _aside_log(world).records()] == [kept[1]]  # the removed forgotten
+
+    _aside_log(world).fail_add = OSError(errno.ENOSPC, "No space left on device")
+    log.write_bytes(b"later 2\n")
+    _die(world)
+    outcome = world.restore(checkpoint_id=record.id)  # the restore stands
+    assert outcome.files_kept and Path(outcome.files_kept[0]).exists()
+    assert "were not recorded" in caplog.text and outcome.files_kept[0] in caplog.text
 
 
 def _put_back_meets(world: World, effect: Callable[[PutBack], None]) -> None:

@@ -53,6 +53,7 @@ from ckptd.testing import (
     MemoryJournal,
     MemoryStore,
 )
+from ckptd.testing._asides import FakeAsideLog
 
 DAEMON_PID = 100
 DAEMON_PARENT = 50
@@ -239,7 +240,7 @@ def make_world(
     parts = RecipeParts(
         criu=criu, processes=processes, store=store, journal=journal, clock=clock,
         config=config, hooks=hooks, gpu=gpu_steps, node=node, files=files,
-        cgroups=cgroups if place_cgroups else None,
+        cgroups=cgroups if place_cgroups else None, asides=FakeAsideLog(),
     )
     dump_recipe = DumpRecipe(replace(parts, cgroups=cgroups))
     restore_recipe = RestoreRecipe(parts, stdio=stdio)

@@ -32,6 +32,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ckptd.adapters.procfs.filecopy import BLOCK, copy_range, hash_fd
@@ -143,7 +144,7 @@ def put_back(
             done = PutBack(path=captured.path, aside=aside, dev=st.st_dev, ino=st.st_ino,
                            temp=aside + PART, mode=found_mode)
             before(done)
-            _write_aside(root, loc, fd, st, aside_name)
+            made = _write_aside(root, loc, fd, st, aside_name)
             try:
                 _write_differing(fd, content, captured.size)
                 os.fchmod(fd, want_mode)
@@ -151,7 +152,7 @@ def put_back(
                 _copy_aside_back(root, loc, fd, aside_name)
                 os.fchmod(fd, found_mode)
                 raise
-            return done
+            return replace(done, aside_ino=made.st_ino, aside_uid=made.st_uid)
         finally:
             os.close(fd)
 
@@ -269,7 +270,9 @@ def follow_rotation(
     def move(old: str, new: str, aside: bool) -> None:
         st = family[old]
         before(PutBack(path=f"{folder}/{new}", aside=f"{folder}/{new}" if aside else "",
-                       dev=st.st_dev, ino=st.st_ino, moved_from=f"{folder}/{old}"))
+                       dev=st.st_dev, ino=st.st_ino, moved_from=f"{folder}/{old}",
+                       aside_ino=st.st_ino if aside else 0,
+                       aside_uid=st.st_uid if aside else -1))
         rename_noreplace(loc.dirfd, old, new)
         occupied.discard(old)
         occupied.add(new)
@@ -362,9 +365,11 @@ def _unlink_if_present(loc: Located, name: str) -> None:
         os.unlink(name, dir_fd=loc.dirfd)
 
 
-def _write_aside(root: Root, loc: Located, fd: int, st: os.stat_result, name: str) -> None:
+def _write_aside(
+    root: Root, loc: Located, fd: int, st: os.stat_result, name: str
+) -> os.stat_result:
     """A copy of ``fd`` as ``name`` beside it: 0600, the file's owner's, complete and
-    durable before it gets its name."""
+    durable before it gets its name; what it is (its identity and owner, as made)."""
     part = name + PART
     out = root.open_in(loc, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, name=part)
     try:
@@ -375,12 +380,14 @@ def _write_aside(root: Root, loc: Located, fd: int, st: os.stat_result, name: st
             os.ftruncate(out, st.st_size)
             copy_range(fd, 0, st.st_size, out, _NoDigest())
             os.fsync(out)
+            made = os.fstat(out)
             rename_noreplace(loc.dirfd, part, name)
         except BaseException:
             _unlink_if_present(loc, part)
             raise
     finally:
         os.close(out)
+    return made
 
 
 def _copy_aside_back(root: Root, loc: Located, fd: int, name: str) -> None:

@@ -58,7 +58,9 @@ class PutBack:
     ``temp`` is the temporary a crash may have left beside it (removed by the undo);
     ``mode`` the permission bits found (put back by the undo; 0 for a created file);
     ``moved_from``: the file (``dev``/``ino``) was only renamed from that path to ``path``
-    (following a log rotation): the undo renames it back."""
+    (following a log rotation): the undo renames it back. ``aside_ino``/``aside_uid``: the
+    copy kept aside once made (same ``st_dev`` as the file: the same directory), for the
+    record of what this restore made (``ports.asides``); 0/-1 until then."""
 
     path: str
     aside: str
@@ -68,6 +70,8 @@ class PutBack:
     temp: str = ""
     mode: int = 0
     moved_from: str = ""
+    aside_ino: int = 0
+    aside_uid: int = -1
 
 
 class JobFiles(Protocol):

@@ -26,6 +26,15 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def shown_path(path: str) -> str:
+    """A path for a line of human output: as it is when every character prints and none is a
+    quote or backslash, else quoted like a Python string (``'a\\nb'``: a newline, an escape
+    sequence or a byte that is no UTF-8 never reaches the terminal raw)."""
+    if path.isprintable() and not any(c in path for c in "'\"\\"):
+        return path
+    return repr(path)
+
+
 def seconds(value: float) -> str:
     """A duration in seconds with two decimals, without the unit: ``1.234`` -> ``1.23``."""
     return f"{value:.2f}"
@@ -171,9 +180,9 @@ def restore_summary(result: Mapping[str, Any]) -> str:
     if result.get("output_path"):
         line += f"\noutput: {result['output_path']}"
     for path in result.get("files_put_back", ()):
-        line += f"\nput back: {path} (as at the checkpoint)"
+        line += f"\nput back: {shown_path(path)} (as at the checkpoint)"
     for path in result.get("files_kept", ()):
-        line += f"\nkept: {path} (the version found on disk)"
+        line += f"\nkept: {shown_path(path)} (the version found on disk)"
     return line
 
 

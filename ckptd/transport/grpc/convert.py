@@ -8,6 +8,7 @@ from google.protobuf import struct_pb2
 
 from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
 from ckptd.core.policies import MIN_EVERY_S
+from ckptd.core.ports.asides import AsideRecord
 from ckptd.domain import (
     CheckpointRecord,
     CompatReport,
@@ -267,7 +268,13 @@ def policy(p: Policy) -> pb.Policy:
         name=p.name, pid=p.pid, every_s=p.every_s, keep=p.keep, on_term=p.on_term, uid=p.uid,
         last_fired=p.last_fired, last_checkpoint_id=p.last_checkpoint_id,
         last_error=p.last_error, drained_checkpoint_id=p.drained_checkpoint_id,
+        started=max(0, p.started),
     )
+
+
+def aside(r: AsideRecord) -> pb.Aside:
+    return pb.Aside(path=r.path, dev=r.dev, ino=r.ino, uid=r.uid, restore_id=r.restore_id,
+                    checkpoint_id=r.checkpoint_id, made=r.made, in_container=r.in_container)
 
 
 def policy_from(msg: pb.Policy) -> Policy:

@@ -222,6 +222,12 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
             c, policy, callers_child=request.callers_child))
         return convert.policy(p)
 
+    def ListAsides(self, request: pb.ListAsidesRequest, context: grpc.ServicerContext) -> Any:
+        checkpoint_id = self._checked(
+            context, lambda: v.checkpoint_id(request.checkpoint_id, required=False))
+        found = self._unary(context, lambda c: self._service.asides(c, checkpoint_id))
+        return pb.ListAsidesResponse(asides=[convert.aside(r) for r in found])
+
     def ListPolicies(self, request: pb.ListPoliciesRequest, context: grpc.ServicerContext
                      ) -> Any:
         policies = self._policy_service(context)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -113,9 +114,10 @@ def test_a_crash_at_any_point_of_the_put_back_is_undone_from_the_journal(
     captured = _capture(path, tmp_path / "img")
     path.write_bytes(b"found at restore")
     done, journal = _put(captured, tmp_path / "img", str(path) + ".ckptd-r1")
-    assert done is not None and journal == [done]
+    assert done is not None and journal == [replace(done, aside_ino=0, aside_uid=-1)]
     assert path.read_bytes() == b"checkpointed"
     aside = Path(done.aside)
+    assert done.aside_ino == aside.stat().st_ino and done.aside_uid == aside.stat().st_uid
     assert aside.read_bytes() == b"found at restore" and aside.stat().st_mode & 0o777 == 0o600
     # a crash after the aside was complete and the file rewritten: the record undoes it
     _undo(journal[-1])

@@ -29,6 +29,93 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ListAsidesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    """only those of restores of this checkpoint (empty: every one)"""
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAsidesRequest: _TypeAlias = ListAsidesRequest  # noqa: Y015
+
+@_typing.final
+class Aside(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    DEV_FIELD_NUMBER: _builtins.int
+    INO_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    RESTORE_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    MADE_FIELD_NUMBER: _builtins.int
+    IN_CONTAINER_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """beside the file put back, as the restored tree saw it"""
+    dev: _builtins.int
+    """the copy as made: st_dev, st_ino, owner"""
+    ino: _builtins.int
+    uid: _builtins.int
+    restore_id: _builtins.str
+    """the restore that made it (its name's suffix)"""
+    checkpoint_id: _builtins.str
+    made: _builtins.float
+    """seconds since the epoch"""
+    in_container: _builtins.bool
+    """made in a container's root (path as the container saw it)"""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        dev: _builtins.int = ...,
+        ino: _builtins.int = ...,
+        uid: _builtins.int = ...,
+        restore_id: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+        made: _builtins.float = ...,
+        in_container: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "dev", b"dev", "in_container", b"in_container", "ino", b"ino", "made", b"made", "path", b"path", "restore_id", b"restore_id", "uid", b"uid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Aside: _TypeAlias = Aside  # noqa: Y015
+
+@_typing.final
+class ListAsidesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASIDES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def asides(self) -> _containers.RepeatedCompositeFieldContainer[Global___Aside]:
+        """oldest first"""
+
+    def __init__(
+        self,
+        *,
+        asides: _abc.Iterable[Global___Aside] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asides", b"asides"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAsidesResponse: _TypeAlias = ListAsidesResponse  # noqa: Y015
+
+@_typing.final
 class GroupPrepareRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -394,6 +481,7 @@ class Policy(_message.Message):
     LAST_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     DRAINED_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """the job's name: its checkpoints are named so"""
     pid: _builtins.int
@@ -411,6 +499,10 @@ class Policy(_message.Message):
     last_error: _builtins.str
     drained_checkpoint_id: _builtins.str
     """set while drained: Resume restores it"""
+    started: _builtins.int
+    """The start time of pid (clock ticks since boot: field 22 of /proc/PID/stat) when it was
+    recorded; 0: unknown. A process at pid with another start time is not the job.
+    """
     def __init__(
         self,
         *,
@@ -424,10 +516,11 @@ class Policy(_message.Message):
         last_checkpoint_id: _builtins.str = ...,
         last_error: _builtins.str = ...,
         drained_checkpoint_id: _builtins.str = ...,
+        started: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "every_s", b"every_s", "keep", b"keep", "last_checkpoint_id", b"last_checkpoint_id", "last_error", b"last_error", "last_fired", b"last_fired", "name", b"name", "on_term", b"on_term", "pid", b"pid", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "every_s", b"every_s", "keep", b"keep", "last_checkpoint_id", b"last_checkpoint_id", "last_error", b"last_error", "last_fired", b"last_fired", "name", b"name", "on_term", b"on_term", "pid", b"pid", "started", b"started", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

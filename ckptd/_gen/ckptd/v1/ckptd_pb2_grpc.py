@@ -150,6 +150,11 @@ class CheckpointerStub:
                 request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.SerializeToString,
                 response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.FromString,
                 _registered_method=True)
+        self.ListAsides = channel.unary_unary(
+                '/ckptd.v1.Checkpointer/ListAsides',
+                request_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListAsidesRequest.SerializeToString,
+                response_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListAsidesResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointerServicer:
@@ -319,6 +324,15 @@ class CheckpointerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAsides(self, request, context):
+        """The copies of files restores kept aside (RestoreResult.files_kept), each as the restore
+        that made it recorded it: the caller's (every one for root). `ckptctl asides` removes
+        only these, and only while the file at the path is still the one recorded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -436,6 +450,11 @@ def add_CheckpointerServicer_to_server(servicer, server):
                     servicer.ListGroups,
                     request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.FromString,
                     response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'ListAsides': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAsides,
+                    request_deserializer=ckptd_dot_v1_dot_ckptd__pb2.ListAsidesRequest.FromString,
+                    response_serializer=ckptd_dot_v1_dot_ckptd__pb2.ListAsidesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1059,6 +1078,33 @@ class Checkpointer:
             '/ckptd.v1.Checkpointer/ListGroups',
             ckptd_dot_v1_dot_ckptd__pb2.ListGroupsRequest.SerializeToString,
             ckptd_dot_v1_dot_ckptd__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAsides(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ckptd.v1.Checkpointer/ListAsides',
+            ckptd_dot_v1_dot_ckptd__pb2.ListAsidesRequest.SerializeToString,
+            ckptd_dot_v1_dot_ckptd__pb2.ListAsidesResponse.FromString,
             options,
             channel_credentials,
             insecure,
