@@ -131,7 +131,7 @@ class Sampler:
 def daemon_at(root: Path, setting: str = "") -> Iterator[tuple[Path, int, list[Path]]]:
     """A daemon with a store and state of its own under ``root``, ``setting`` (``K=V``) in its
     configuration: (socket, pid, its staging directories: the state directory's and its own
-    under /dev/shm/ckptd)."""
+    under /run/ckptd/staging, ``<tag>-<random>``)."""
     root.mkdir(parents=True)
     sock, state = root / "ckptd.sock", root / "state"
     config: list[str] = []
@@ -150,7 +150,8 @@ def daemon_at(root: Path, setting: str = "") -> Iterator[tuple[Path, int, list[P
                 raise SystemExit(f"ckptd exited: see {root / 'ckptd.log'}")
             time.sleep(0.05)
         tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
-        yield sock, daemon.pid, [state / "staging", Path("/dev/shm/ckptd") / tag]
+        yield sock, daemon.pid, [state / "staging",
+                                 *sorted(Path("/run/ckptd/staging").glob(f"{tag}-*"))]
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=120)

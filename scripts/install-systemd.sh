@@ -159,8 +159,9 @@ else
 
 # Journal of operations in flight, CRIU logs, restored jobs' output.
 # state_dir = "/var/lib/ckptd/state"
-# RAM-backed staging for dumps that fit ("" : always on disk under state_dir).
-# fast_staging_dir = "/dev/shm/ckptd"
+# RAM-backed staging for dumps that fit ("" : always on disk under state_dir); root's alone
+# (made root:root 0700; a link or another owner on the way stops the start).
+# fast_staging_dir = "/run/ckptd/staging"
 
 # Page compression (zstd level; threads, 0 = one per CPU).
 # compress_level = 1

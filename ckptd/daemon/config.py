@@ -55,10 +55,15 @@ class DaemonConfig:
     restored, and the start-up log counts them. Set it for one start, after an upgrade."""
     state_dir: Path = Path("/var/lib/ckptd/state")
     """Journal of operations in flight, CRIU logs, restored jobs' output."""
-    fast_staging_dir: str = "/dev/shm/ckptd"
+    fast_staging_dir: str = "/run/ckptd/staging"
     """RAM-backed directory where CRIU writes a dump before it is ingested, when it fits
-    (else ``state_dir/staging``); each daemon uses its own subdirectory. Empty: always on
-    disk."""
+    (else ``state_dir/staging``). Root's alone: made root:root 0700 (no link followed on the
+    way); every directory above it must be root's, and sticky where others may write it
+    (``/dev/shm``), and one owned by anyone else — or a link anywhere — stops the start
+    (ckptd/adapters/procfs/staging.py). The default lies under the runtime directory the
+    systemd unit and the DaemonSet provide (a tmpfs). Each daemon uses its own subdirectory,
+    with an unpredictable name, locked while it lives; at start, those of daemons no longer
+    running are removed (only directories of root's). Empty: always on disk."""
     stream_pages: bool = True
     """CRIU sends a dump's pages to the daemon as it dumps (its page-server protocol), and they
     go into the store at once: the staging holds only the other images, and the memory the

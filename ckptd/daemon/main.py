@@ -325,6 +325,8 @@ class Daemon:
             pass
 
         self._shut_down(wired, health_servicer, background, proxy, peer_server, server)
+        if wired.fast_staging is not None:  # its own RAM staging goes with a clean stop
+            wired.fast_staging.release()
         with contextlib.suppress(FileNotFoundError):
             inner.unlink()
         os.close(lock_fd)

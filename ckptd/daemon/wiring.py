@@ -20,6 +20,7 @@ from ckptd.adapters.procfs import (
     ProcFsTable,
     ProcNodeInspector,
     RuntimeProbe,
+    staging,
 )
 from ckptd.adapters.procfs.cgroups import CgroupFs
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
@@ -72,6 +73,8 @@ class Wired:
     cgroups: CgroupFs | None = None
     keys_created: bool = False
     """The manifest key file was created by this start (it adopts nothing by itself)."""
+    fast_staging: staging.FastStaging | None = None
+    """This daemon's RAM staging subdirectory, its lock held while the daemon lives."""
 
 
 def tls_files(config: DaemonConfig) -> TlsFiles | None:
@@ -162,10 +165,12 @@ def core_config(config: DaemonConfig) -> CoreConfig:
     )
 
 
-def _open_store(config: DaemonConfig, clock: SystemClock,
-                node: str) -> tuple[ContentStore, LocalBlobStore | ObjectBlobStore, bool]:
+def _open_store(
+    config: DaemonConfig, clock: SystemClock, node: str,
+) -> tuple[ContentStore, LocalBlobStore | ObjectBlobStore, bool, staging.FastStaging | None]:
     """The content store over the configured blob store, with this node's manifest keys;
-    whether the key file was created now."""
+    whether the key file was created now; this daemon's RAM staging (held while it lives).
+    Raises ValueError (one line) for a staging directory that is not root's alone."""
     state = config.state_dir
     chunked = chunked_images(is_pages_image)
     blobs = open_blob_store(
@@ -177,12 +182,19 @@ def _open_store(config: DaemonConfig, clock: SystemClock,
     if not isinstance(blobs, LocalBlobStore | ObjectBlobStore):  # pragma: no cover
         raise TypeError(f"unexpected blob store {type(blobs).__name__} for {config.store}")
     keys, keys_created = manifest_keys(config, blobs)
-    # One daemon's staging must never be another's (each cleans its own at start-up).
-    tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
-    fast = Path(config.fast_staging_dir) / tag if config.fast_staging_dir else None
+    # One daemon's staging must never be another's, nor a user's (adapters/procfs/staging):
+    # its own unpredictable subdirectory, locked while it lives; dead daemons' are removed.
+    fast = None
+    if config.fast_staging_dir:
+        tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:12]
+        fast = staging.claim(config.fast_staging_dir, tag)
+        for path in fast.removed:
+            log.warning("removed the staging of a daemon no longer running: %s", path)
+        for path in fast.left:
+            log.warning("left alone in fast_staging_dir (not a directory of root's): %s", path)
     store = ContentStore(
         blobs,
-        StagingPolicy(fast=fast, disk=state / "staging"),
+        StagingPolicy(fast=fast.path if fast else None, disk=state / "staging"),
         clock=clock,
         is_pages_file=chunked,
         keys=keys,
@@ -192,7 +204,7 @@ def _open_store(config: DaemonConfig, clock: SystemClock,
         gc_grace_s=config.gc_grace_s,
         stream_pages=config.stream_pages,
     )
-    return store, blobs, keys_created
+    return store, blobs, keys_created, fast
 
 
 def wire(config: DaemonConfig) -> Wired:
@@ -212,7 +224,7 @@ def wire(config: DaemonConfig) -> Wired:
     )
     # what CRIU can do is asked once (a `criu check` each): now, not in the first restore
     threading.Thread(target=criu.warm_up, name="criu features", daemon=True).start()
-    store, blobs, keys_created = _open_store(config, clock, core.node)
+    store, blobs, keys_created, fast = _open_store(config, clock, core.node)
     journal = FileJournal(state / "journal")
     guard = PidfdTreeGuard(state, state / "journal")
     gpu = GpuSteps(
@@ -274,5 +286,5 @@ def wire(config: DaemonConfig) -> Wired:
         service=service, store=store, blobs=blobs, criu=criu, receiver=receiver,
         migrate=migrate, tls=tls, policies=policies,
         groups=GroupMembers(service.dump, store, service.restore), gpu=gpu, guard=guard,
-        cgroups=cgroups, keys_created=keys_created,
+        cgroups=cgroups, keys_created=keys_created, fast_staging=fast,
     )

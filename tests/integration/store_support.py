@@ -30,7 +30,7 @@ from .support import (
     stop_cleanly,
 )
 
-FAST_STAGING = Path("/dev/shm/ckptd")
+FAST_STAGING = Path("/run/ckptd/staging")
 """The daemon's default ``fast_staging_dir`` (ckptd/daemon/config.py)."""
 
 
@@ -80,9 +80,11 @@ def temporaries(*roots: Path) -> list[Path]:
 
 def staging_dirs(state_dir: Path) -> list[Path]:
     """Where a daemon with this state dir stages CRIU images: ``state/staging`` and its own
-    subdirectory of the fast staging dir (named as ckptd/daemon/wiring.py names it)."""
+    subdirectory of the fast staging dir, ``<tag>-<random>`` (named as ckptd/daemon/wiring.py
+    names it: that of the running daemon, or of a killed one until the next start removes
+    it)."""
     tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
-    return [state_dir / "staging", FAST_STAGING / tag]
+    return [state_dir / "staging", *sorted(FAST_STAGING.glob(f"{tag}-*"))]
 
 
 def leftovers(store: Path, state_dir: Path) -> list[str]:

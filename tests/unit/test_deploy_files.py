@@ -266,7 +266,11 @@ def test_daemonset() -> None:
     host_paths = {name: v["hostPath"]["path"] for name, v in volumes.items() if "hostPath" in v}
     assert (host_paths["cgroup"], mounts["cgroup"]) == ("/sys/fs/cgroup", "/host/sys/fs/cgroup")
     assert (host_paths["run"], mounts["run"]) == ("/run/ckptd", "/run/ckptd")
-    assert host_paths["shm"] == "/dev/shm"
+    from ckptd.daemon.config import DaemonConfig
+
+    # the RAM staging lies in the run directory, root's (issue 33): not the node's /dev/shm
+    assert DaemonConfig.fast_staging_dir.startswith(host_paths["run"] + "/")
+    assert "/dev/shm" not in host_paths.values()
     # the store is shared by every node (a restore may happen on any); the state is not
     assert "nfs" in volumes["store"] and mounts["store"] == "/mnt/ckptd-store"
     assert (host_paths["state"], mounts["state"]) == ("/var/lib/ckptd/state",) * 2

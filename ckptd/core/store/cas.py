@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -98,6 +99,29 @@ def _statvfs(path: Path) -> int:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def _empty(root: Path) -> list[str]:
+    """Remove what is in ``root``, fd-relative: a link planted as ``root`` or in it is never
+    followed (removed itself, as an entry), nothing outside ``root`` is touched. The paths
+    removed."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []  # missing (or a link: never followed)
+    removed = []
+    try:
+        for name in os.listdir(fd):
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
+                else:
+                    os.unlink(name, dir_fd=fd)
+                removed.append(str(root / name))
+    finally:
+        os.close(fd)
+    return removed
 
 
 def _remove_soon(path: Path) -> None:
@@ -669,10 +693,7 @@ class ContentStore:
             self._blobs.delete(lease)
             removed.append(lease)
         for root in self._staging_roots():
-            if root.is_dir():
-                for path in root.iterdir():
-                    shutil.rmtree(path, ignore_errors=True)
-                    removed.append(str(path))
+            removed += _empty(root)
         return removed
 
 
