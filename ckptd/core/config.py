@@ -29,6 +29,11 @@ class CoreConfig:
     was deleted, its content copied into the images (PyTorch's shared memory: DataLoader
     batches, tensors shared with ``torch.multiprocessing``). A larger one refuses the dump,
     naming it and this setting."""
+    ghost_total_limit: int = 1 << 30
+    """Largest total of one dump's ghost files (bytes, allocated): over it the dump is
+    refused before anything is frozen, naming the files and the setting."""
+    ghost_uid_limit: int = 4 << 30
+    """Largest total of the ghost files of one uid's trees in the dumps under way at once."""
     aside_keep: int = 3
     """After a restore that succeeded: copies kept aside of each file put back beyond the
     newest ``aside_keep`` are removed, and those older than ``aside_max_age_s`` (0: none)."""

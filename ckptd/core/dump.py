@@ -69,7 +69,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ckptd.core import gpumemory, jobfiles
+from ckptd.core import ghosts, gpumemory, jobfiles
 from ckptd.core.gpu import GpuSession
 from ckptd.core.guard import NoGuard
 from ckptd.core.held import HeldTree, map_image_pids
@@ -144,6 +144,8 @@ class DumpContext:
     written: tuple[WrittenFile, ...] = ()
     """The files the tree writes, as ``inspect`` listed them (re-listed while frozen)."""
     precopies: dict[str, Precopy] = field(default_factory=dict)
+    ghost_bytes: int = 0
+    """The ghost files' bytes the dump takes (``core.ghosts``; staged with the images)."""
     tcp_connections: int = 0
     """TCP sockets with a peer (any state) of the tree at ``inspect`` (CRIU dumps them
     established); once CRIU has dumped, the connections its images hold (``tcp``)."""
@@ -177,6 +179,7 @@ class DumpRecipe:
         self._clock = parts.clock
         self._config = parts.config
         self._hooks = parts.hooks
+        self.ghost_budget = ghosts.GhostBudget()
         self.undoer = parts.undoer()
         self.steps: tuple[Step[DumpContext], ...] = (
             Step("inspect", self._inspect, None, "inspecting the process tree"),
@@ -217,6 +220,7 @@ class DumpRecipe:
                 ctx.criu.abort()  # never left holding the tree (no-op once finished)
             if ctx.held is not None:
                 ctx.held.close()
+            self.ghost_budget.give_back(ctx.checkpoint_id)
         assert ctx.record is not None
         if ctx.cuda_resume_error is not None:
             raise self._kept_but_not_resumed(ctx, ctx.cuda_resume_error)
@@ -273,6 +277,11 @@ class DumpRecipe:
         if self._files is not None:  # refuse a file over the capture limit before freezing
             ctx.written = self._files.written(ctx.tree)
             jobfiles.refuse_oversized(ctx.written, self._config, ctx.request.pid)
+            # ghost files: bounded together per dump and per uid, before freezing
+            ctx.ghost_bytes = ghosts.refuse_over_total(
+                self._files.ghosts(ctx.tree), self._config, ctx.request.pid)
+            self.ghost_budget.take(ctx.checkpoint_id, ctx.tree[0].uid, ctx.ghost_bytes,
+                                   self._config.ghost_uid_limit, ctx.request.pid)
         ctx.fingerprint = replace(self._node.fingerprint(ctx.tree), criu_version=status.version)
 
     def _placement(self, ctx: DumpContext) -> CriuPlacement | None:
@@ -343,7 +352,8 @@ class DumpRecipe:
 
     def _stage(self, ctx: DumpContext) -> None:
         size_hint = sum(p.rss for p in ctx.tree)
-        ctx.images_dir = self._store.begin(ctx.checkpoint_id, size_hint)
+        ctx.images_dir = self._store.begin(ctx.checkpoint_id, size_hint,
+                                           ghost_bytes=ctx.ghost_bytes)
         ctx.work_dir = self._config.work_dir / ctx.checkpoint_id
         ctx.work_dir.mkdir(parents=True, exist_ok=True)
 
@@ -567,6 +577,7 @@ class DumpRecipe:
         finally:
             if ctx.held is not None:
                 ctx.held.close()
+            self.ghost_budget.give_back(ctx.checkpoint_id)
 
     def _commit(self, ctx: DumpContext) -> None:
         assert ctx.criu is not None

@@ -125,6 +125,16 @@ class DaemonConfig:
     and this setting. Each ghost file is staged (RAM when it fits) and read whole into the
     daemon's memory when the dump is stored: at most ``GHOST_LIMIT_MAX`` (4 GiB - 1, what
     CRIU's RPC and a migration's images allow)."""
+    ghost_total_limit: int = 1 << 30
+    """Largest total of the ghost files one dump takes (bytes, each also within
+    ``ghost_limit``): they are all staged at once (RAM when they fit: RAM every tenant's
+    DataLoader and NCCL share). A dump over it is refused before anything is frozen, in one
+    line naming the files, their total and this setting. The bytes counted are the files'
+    allocated ones (what CRIU copies); they count in the choice of RAM or disk staging."""
+    ghost_uid_limit: int = 4 << 30
+    """Largest total of ghost files of the dumps of one uid's trees that this daemon runs at
+    once (bytes): a dump that would take that uid's over it is refused before anything is
+    frozen, naming this setting (a group checkpoint's members count together)."""
     aside_keep: int = 3
     """Copies a restore keeps aside of each file it puts back (``<path>.ckptd-<restore id>``):
     after a restore that succeeds, the oldest beyond this many are removed (at least 1)."""
@@ -320,6 +330,11 @@ def _check_limits(config: DaemonConfig) -> None:
     if isinstance(ghost, bool) or not isinstance(ghost, int) or not 0 <= ghost <= GHOST_LIMIT_MAX:
         raise ValueError(f"ghost_limit {ghost!r} must be a whole number of bytes from 0 (no "
                          f"ghost files) to {GHOST_LIMIT_MAX} (4 GiB - 1)")
+    for key in ("ghost_total_limit", "ghost_uid_limit"):
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+            raise ValueError(f"{key} {value!r} must be a whole number of bytes, 0 (no ghost "
+                             "files) or more")
     if isinstance(config.aside_keep, bool) or not isinstance(config.aside_keep, int) \
             or config.aside_keep < 1:
         raise ValueError(f"aside_keep {config.aside_keep!r} must be a whole number of at "

@@ -158,6 +158,8 @@ def core_config(config: DaemonConfig) -> CoreConfig:
         file_capture_oversize=config.file_capture_oversize,
         tcp_outside_peers=config.tcp_outside_peers,
         ghost_limit=config.ghost_limit,
+        ghost_total_limit=config.ghost_total_limit,
+        ghost_uid_limit=config.ghost_uid_limit,
         aside_keep=config.aside_keep,
         aside_max_age_s=config.aside_max_age_s,
         jobs_cgroup=config.jobs_cgroup,

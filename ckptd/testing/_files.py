@@ -14,6 +14,7 @@ from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
+from ckptd.core.ports.files import GhostFile
 from ckptd.domain import CapturedFile, ProcessFact
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class FakeJobFiles:
         container's); check/put_back/undo then act on ``root + path``, the paths reported
         unchanged. A pid not there sees the node's."""
         self.root: Path | None = None
+        self.ghost_files: dict[int, list[tuple[str, int]]] = {}
+        """``hold_ghost``: the deleted files each fake pid holds (path, size)."""
 
     def seen_by(self, pid: int) -> FakeJobFiles:
         root = self.roots.get(pid)
@@ -46,6 +49,7 @@ class FakeJobFiles:
         view = FakeJobFiles(self.events)
         view.writes, view.appending, view.fail_put_back = (
             self.writes, self.appending, self.fail_put_back)
+        view.ghost_files = self.ghost_files
         view.root = root
         return view
 
@@ -70,6 +74,18 @@ class FakeJobFiles:
                 if os.path.isfile(path):
                     found.setdefault(path, WrittenFile(path, os.path.getsize(path), path,
                                                        proc.pid, path in self.appending))
+        return tuple(found[p] for p in sorted(found))
+
+    def hold_ghost(self, pid: int, path: str, size: int) -> None:
+        """Fake ``pid`` holds the deleted file ``path`` of ``size`` allocated bytes (several
+        pids may hold one path: it counts once)."""
+        self.ghost_files.setdefault(pid, []).append((path, size))
+
+    def ghosts(self, tree: Sequence[ProcessFact]) -> tuple[GhostFile, ...]:
+        found: dict[str, GhostFile] = {}
+        for proc in tree:
+            for path, size in self.ghost_files.get(proc.pid, ()):
+                found.setdefault(path, GhostFile(path, size, proc.pid))
         return tuple(found[p] for p in sorted(found))
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:

@@ -59,6 +59,7 @@ class MemoryStore:
         self.fail_commit: Exception | None = None
         self.fail_checkout: Exception | None = None
         self.open_checkouts = 0
+        self.begun_ghost_bytes: dict[str, int] = {}
         self.gc_compact: list[bool] = []
         for sub in ("staging", "checkpoints"):
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -89,9 +90,11 @@ class MemoryStore:
         """Pages are written into the image directory, always."""
         return None
 
-    def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
-        """A fresh empty image directory for ``checkpoint_id``."""
+    def begin(self, checkpoint_id: str, size_hint: int = 0, *, ghost_bytes: int = 0) -> Path:
+        """A fresh empty image directory for ``checkpoint_id`` (``ghost_bytes`` recorded in
+        ``begun_ghost_bytes``)."""
         with self._lock:
+            self.begun_ghost_bytes[checkpoint_id] = ghost_bytes
             self._record("begin", checkpoint_id)
             if self.fail_begin is not None:
                 raise self.fail_begin

@@ -201,6 +201,8 @@ def make_world(
     place_cgroups: bool = True,
     tcp_outside_peers: str = "restore",
     aside_keep: int = 3,
+    ghost_total_limit: int = CoreConfig.ghost_total_limit,
+    ghost_uid_limit: int = CoreConfig.ghost_uid_limit,
 ) -> World:
     """``gpu``: give the daemon GPU support (a ``FakeGpu`` over the world's processes, clock
     and events, as ``world.gpu``); False: a daemon without GPU support. ``place_cgroups``
@@ -229,6 +231,8 @@ def make_world(
         jobs_cgroup=jobs_cgroup,
         tcp_outside_peers=tcp_outside_peers,
         aside_keep=aside_keep,
+        ghost_total_limit=ghost_total_limit,
+        ghost_uid_limit=ghost_uid_limit,
     )
     files = FakeJobFiles(events=events)
     threads = FakeThreadHold(processes, events=events)

@@ -25,12 +25,14 @@ from pathlib import Path
 
 from ckptd.adapters.procfs.asides import prune_asides
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
+from ckptd.adapters.procfs.ghosts import ghost_files
 from ckptd.adapters.procfs.node import fd_flags
 from ckptd.adapters.procfs.putback import check_file, put_back, rotated_set, undo_put_back
 from ckptd.adapters.procfs.rootpath import process_root, same_root
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.adapters.procfs.stdio import _as_user
 from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
+from ckptd.core.ports.files import GhostFile
 from ckptd.domain import CapturedFile, ProcessFact
 from ckptd.errors import ProcessNotFound
 
@@ -84,6 +86,9 @@ class ProcJobFiles:
                 found.setdefault(written.path, written)
                 overwritten.add(written.path)
         return tuple(replace(found[p], append_only=p not in overwritten) for p in sorted(found))
+
+    def ghosts(self, tree: Sequence[ProcessFact]) -> tuple[GhostFile, ...]:
+        return ghost_files(self._proc, tree)
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         return precopy_file(file, dest)

@@ -31,6 +31,20 @@ class WrittenFile:
 
 
 @dataclass(frozen=True)
+class GhostFile:
+    """A file a process of a tree holds open or mapped after it was deleted (no link left:
+    CRIU copies its content into the images, up to ``ghost_limit``): PyTorch's shared memory
+    in /dev/shm is such files."""
+
+    path: str
+    """As the holder sees it, without " (deleted)"."""
+    size: int
+    """Its allocated bytes (what CRIU copies and compares with its limit)."""
+    pid: int
+    """One process holding it."""
+
+
+@dataclass(frozen=True)
 class Precopy:
     """The first ``size`` bytes of an append-only file, copied while the tree ran; ``state``
     is the adapter's (the file's identity, the running hash)."""
@@ -81,6 +95,12 @@ class JobFiles(Protocol):
     def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
         """Every regular file ``tree`` has open for writing or mapped shared and writable,
         one per path (deleted files, /proc, /sys and devices left out; /dev/shm kept)."""
+        ...
+
+    def ghosts(self, tree: Sequence[ProcessFact]) -> tuple[GhostFile, ...]:
+        """Every deleted file ``tree`` holds open or mapped (no link left: a ghost), once
+        each however many descriptors and mappings hold it; read from /proc, the tree
+        running (memfds and shared anonymous memory are not files: left out)."""
         ...
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:

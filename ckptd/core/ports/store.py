@@ -32,9 +32,10 @@ class CheckpointCatalog(Protocol):
 class CheckpointStaging(Protocol):
     """A checkpoint being written: staged, then committed (visible) or aborted."""
 
-    def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
+    def begin(self, checkpoint_id: str, size_hint: int = 0, *, ghost_bytes: int = 0) -> Path:
         """A fresh empty directory for CRIU's images of ``checkpoint_id`` (about
-        ``size_hint`` bytes of them, 0 if unknown)."""
+        ``size_hint`` bytes of them, 0 if unknown; ``ghost_bytes`` of them ghost files: not
+        pages, staged even when pages are streamed)."""
         ...
 
     def page_sink(self, checkpoint_id: str, uid: int) -> PageSink | None:

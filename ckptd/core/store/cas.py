@@ -219,12 +219,13 @@ class ContentStore:
 
     # ---- dump -------------------------------------------------------------------------------
 
-    def begin(self, checkpoint_id: str, size_hint: int = 0) -> Path:
+    def begin(self, checkpoint_id: str, size_hint: int = 0, *, ghost_bytes: int = 0) -> Path:
         _check_id(checkpoint_id)
         spill = self._staging.choose(size_hint)  # where pages CRIU sends too fast may go
         if self._stream_pages:  # the staging holds only what is not pages
             size_hint = min(size_hint, STREAM_STAGING_HINT)
-        root = self._staging.choose(size_hint) / checkpoint_id
+        # ghost files are not pages: staged whole, streamed or not (issue 33)
+        root = self._staging.choose(size_hint + ghost_bytes) / checkpoint_id
         images = root / "images"
         try:
             images.mkdir(parents=True, mode=0o700)

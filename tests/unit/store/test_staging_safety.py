@@ -1,13 +1,18 @@
 """Issue 33: what the store does in its staging directories as root — the start-up cleanup
-never follows a link planted there (``ContentStore.clean`` is fd-relative)."""
+never follows a link planted there (``ContentStore.clean`` is fd-relative) — and a dump's
+ghost files count in the choice of RAM or disk staging, streamed or not (point 4)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ckptd.adapters.criu.images import is_pages_image
-from ckptd.core.store.cas import ContentStore, StagingPolicy
+from ckptd.core.store import cas
+from ckptd.core.store.cas import STREAM_STAGING_HINT, ContentStore, StagingPolicy
 from ckptd.core.store.keys import ManifestKeys
+from ckptd.domain import new_checkpoint_id
 from ckptd.testing import FakeClock, MemoryBlobStore
 
 
@@ -55,3 +60,20 @@ def test_clean_removes_links_in_a_staging_root_not_what_they_name(tmp_path: Path
     assert _intact(vault)
     assert sorted(removed) == sorted(str(disk / n) for n in ("ck-a", "link", "file"))
     assert list(disk.iterdir()) == []
+
+
+def test_ghost_bytes_count_in_the_choice_of_ram_or_disk_streamed_or_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RAM staging has 1 GiB free: a streamed dump's non-page images (at most
+    STREAM_STAGING_HINT) fit there, not with 1 GiB of ghost files on top (they are not
+    pages: staged whole)."""
+    fast, disk = tmp_path / "fast", tmp_path / "disk"
+    monkeypatch.setattr(cas, "_statvfs", lambda path: 1 << 30)
+    for stream_pages in (True, False):
+        store = _store(fast, disk, stream_pages=stream_pages)
+        rss = (8 << 30) if stream_pages else (256 << 20)
+        small = store.begin(new_checkpoint_id(1.0), rss)
+        assert small.parent.parent == fast, stream_pages
+        ghosts = store.begin(new_checkpoint_id(2.0), rss, ghost_bytes=1 << 30)
+        assert ghosts.parent.parent == disk, stream_pages
+    assert STREAM_STAGING_HINT * 5 // 4 < 1 << 30
