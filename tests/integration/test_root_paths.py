@@ -335,14 +335,14 @@ def test_roots_asides_remove_leaves_files_only_named_like_asides(
     as_user(attacker, "import sys; open(sys.argv[1], 'w').write('mine too\\n')",
             kept["other.log"])  # ... and the attacker's file at its name
 
-    shown = subprocess.run([str(CKPTCTL), "--socket", str(daemon.socket), "asides"],
+    shown = subprocess.run([str(CKPTCTL), "--socket", str(daemon.socket), "asides", ck["id"]],
                            capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0, shown
     assert repr(str(kept["odd\nname.log"])) in shown.stdout, shown.stdout
     assert str(kept["odd\nname.log"]) not in shown.stdout, shown.stdout  # never raw
     assert str(planted) not in shown.stdout, shown.stdout
 
-    removed = daemon.ctl("asides", "--remove")
+    removed = daemon.ctl("asides", ck["id"], "--remove")
     assert removed.rc == 1, removed
     assert sorted(removed.out["removed"]) == sorted(
         str(kept[n]) for n in ("job.log", "odd\nname.log")), removed.out
@@ -354,7 +354,7 @@ def test_roots_asides_remove_leaves_files_only_named_like_asides(
     assert kept["other.log"].read_bytes() == b"mine too\n"
     assert not kept["job.log"].exists() and not kept["odd\nname.log"].exists()
 
-    human = subprocess.run([str(CKPTCTL), "--socket", str(daemon.socket), "asides",
+    human = subprocess.run([str(CKPTCTL), "--socket", str(daemon.socket), "asides", ck["id"],
                             "--remove"], capture_output=True, text=True, timeout=60, check=False)
     assert human.returncode == 1, human
     assert human.stderr == f"not removed: {refused}\n", human.stderr
