@@ -18,6 +18,7 @@ suites (``tests/contract``) as the real adapters.
 - ``FakeStdioProvider``: ``StdioProvider`` handing out /dev/null descriptors.
 - ``FakeNodeInspector`` / ``FakeFile``: ``NodeInspector`` over facts and files in memory.
 - ``FakeJobFiles``: ``JobFiles`` over real files a test declares written by fake pids.
+- ``FakeAsideLog``: ``AsideLog`` (the record of the copies restores kept aside) in memory.
 - ``FakeThreadHold``: ``ThreadHold`` recording which processes' threads are held (and
   which thread of each is left to run); ``FakeGpu`` given it checks them at restore.
 - ``FakeTreeGuard``: ``TreeGuard`` feeding the guard's own ``TreeWatch`` in this process over a
@@ -30,6 +31,7 @@ Most fakes accept ``events``, a list shared between them, to which they append w
 happened, so a test can check the order of effects across ports.
 """
 
+from ckptd.testing._asides import FakeAsideLog
 from ckptd.testing._blobs import MemoryBlobStore
 from ckptd.testing._cgroups import FakeCgroups
 from ckptd.testing._clock import FakeClock
@@ -52,6 +54,7 @@ __all__ = [
     "DUMP_HOOKS",
     "H100",
     "RESTORE_HOOKS",
+    "FakeAsideLog",
     "FakeCgroups",
     "FakeClock",
     "FakeCriu",
