@@ -174,6 +174,12 @@ def put_back_failed(path: str, exc: OSError) -> PreconditionFailed:
                               hint=f"{_UNDONE}; restore again once that is fixed")
 
 
+def _aside_of(aside: str, path: str) -> bool:
+    """``aside`` is named as a copy of ``path`` kept aside (``aside_path``) beside it."""
+    rest = aside[len(path):]
+    return aside.startswith(path) and rest.startswith(".ckptd-") and "/" not in rest
+
+
 @dataclass
 class PutBackAll:
     """Every captured file of a checkpoint put back, in order; ``undo`` reverses them all.
@@ -232,11 +238,14 @@ class PutBackAll:
     def prune(self, keep: int, max_age_s: float) -> tuple[str, ...]:
         """After the restore succeeded: the copies it kept aside recorded (``asides``; a
         failure is logged: the restore stands, those copies are then the user's to remove);
-        then each file's copies kept aside beyond the ``keep`` newest, and those older than
-        ``max_age_s``, removed (a failure is logged) and their records forgotten. The paths
-        removed."""
+        then, of each file's recorded copies, those beyond the ``keep`` newest and those
+        older than ``max_age_s`` removed by identity (``JobFiles.remove_aside``: a file
+        merely named like a copy, or at a recorded copy's name since, is never touched) and
+        their records forgotten; a failure is logged. The paths removed."""
         made = self.recorded()
-        if self.asides is not None and made:
+        if self.asides is None:
+            return ()
+        if made:
             try:
                 self.asides.add(made)
             except (OSError, ValueError) as exc:
@@ -244,30 +253,45 @@ class PutBackAll:
                             "`ckptctl asides --remove` will not remove them; their owner may",
                             self.record.id, ", ".join(r.path for r in made), exc)
         uid, gid = self._owner()
+        here = self.root != (0, 0)
+        try:
+            recorded = self.asides.records()
+        except (OSError, ValueError) as exc:
+            log.warning("restore of %s: the copies kept aside were not pruned: their record "
+                        "cannot be read (%s)", self.record.id, exc)
+            return ()
         removed: list[str] = []
+        done: list[AsideRecord] = []
         for captured in self.record.files:
-            try:
-                removed += self.files.prune_asides(captured.path, keep, max_age_s, uid, gid)
-            except OSError as exc:
-                log.warning("restore of %s: the copies kept aside of %s were not pruned: %s",
-                            self.record.id, captured.path, exc)
+            mine = [r for r in recorded
+                    if r.in_container == here and _aside_of(r.path, captured.path)]
+            doomed = mine[: max(0, len(mine) - keep)]
+            if max_age_s > 0:
+                doomed += [r for r in mine[len(doomed):] if self.made - r.made > max_age_s]
+            for aside in doomed:
+                try:
+                    why = self.files.remove_aside(aside.path, aside.dev, aside.ino, aside.uid,
+                                                  uid, gid)
+                except OSError as exc:
+                    log.warning("restore of %s: the copy kept aside %s was not pruned: %s",
+                                self.record.id, aside.path, exc)
+                    continue
+                done.append(aside)  # removed, gone, or its name another file's now
+                if why:
+                    log.info("restore of %s: %s not pruned: %s", self.record.id, aside.path,
+                             why)
+                else:
+                    removed.append(aside.path)
         if removed:
             log.info("restore of %s: removed %d older copies kept aside (aside_keep, "
                      "aside_max_age_s): %s", self.record.id, len(removed), ", ".join(removed))
-            self._forget(removed)
+        if done:
+            try:
+                self.asides.forget(done)
+            except (OSError, ValueError) as exc:
+                log.warning("restore of %s: the records of the copies pruned were not "
+                            "forgotten (%s)", self.record.id, exc)
         return tuple(removed)
-
-    def _forget(self, removed: Sequence[str]) -> None:
-        if self.asides is None:
-            return
-        here = self.root != (0, 0)
-        gone = set(removed)
-        try:
-            self.asides.forget([r for r in self.asides.records()
-                                if r.path in gone and r.in_container == here])
-        except (OSError, ValueError) as exc:
-            log.warning("restore of %s: the records of the copies removed were not "
-                        "forgotten (%s)", self.record.id, exc)
 
     @property
     def kept(self) -> tuple[str, ...]:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptd.adapters.procfs.asides import prune_asides
+from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
@@ -120,13 +119,12 @@ class FakeJobFiles:
         with self._at() as root:
             return put_back(root, captured, content, aside, before)
 
-    def prune_asides(
-        self, path: str, keep: int, max_age_s: float, uid: int, gid: int
-    ) -> tuple[str, ...]:
-        self._event(f"files.prune_asides {path}")
+    def remove_aside(
+        self, path: str, dev: int, ino: int, aside_uid: int, uid: int, gid: int
+    ) -> str:
+        self._event(f"files.remove_aside {path}")
         with self._at() as root:
-            return tuple(prune_asides(root, path, keep=keep, max_age_s=max_age_s,
-                                      now=time.time()))
+            return remove_recorded(root, path, dev, ino, aside_uid)
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         self._event(f"files.undo {done.path}")

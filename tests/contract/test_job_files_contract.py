@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -192,22 +191,25 @@ def test_a_precopy_then_only_the_tail_or_all_when_the_file_shrank(
     assert (tmp_path / "img").read_bytes() == b"c" * 10 + b"\0" * 4086
 
 
-def test_prune_asides_keeps_the_newest_and_touches_nothing_else(
+def test_remove_aside_removes_only_the_very_copy_recorded(
     harness: FilesHarness, tmp_path: Path
 ) -> None:
-    path = tmp_path / "train.log"
-    path.write_bytes(b"now")
-    for age, rid in ((300, "r1"), (200, "r2"), (100, "r3")):
-        aside = tmp_path / f"train.log.ckptd-{rid}"
-        aside.write_bytes(rid.encode())
-        when = time.time() - age
-        os.utime(aside, (when, when))
-    (tmp_path / "train.log.ckptd-r4.part").write_bytes(b"in flight")
-    (tmp_path / "train.log.ckptd-r5").symlink_to(path)  # not a copy: never removed
-    removed = harness.files.prune_asides(str(path), 2, 0, 0, 0)
-    assert removed == (str(tmp_path / "train.log.ckptd-r1"),)
-    removed = harness.files.prune_asides(str(path), 5, 150, 0, 0)  # by age
-    assert removed == (str(tmp_path / "train.log.ckptd-r2"),)
+    """Issue 33 (6): a copy is removed by its recorded identity, never by its name alone."""
+    copy = tmp_path / "train.log.ckptd-r1"
+    copy.write_bytes(b"kept")
+    made = copy.stat()
+    ident = (made.st_dev, made.st_ino, made.st_uid)
+    planted = tmp_path / "train.log.ckptd-r2"  # named like a copy, never recorded as one
+    planted.write_bytes(b"someone's")
+    other = planted.stat()
+    (tmp_path / "train.log.ckptd-r3").symlink_to(copy)  # a link to the copy: not the copy
+    assert harness.files.remove_aside(str(tmp_path / "train.log.ckptd-r3"), *ident, 0, 0) \
+        .startswith("another file")
+    assert harness.files.remove_aside(str(planted), *ident, 0, 0).startswith("another file")
+    assert harness.files.remove_aside(str(copy), other.st_dev, other.st_ino, other.st_uid,
+                                      0, 0).startswith("another file")
+    assert copy.exists() and planted.read_bytes() == b"someone's"
+    assert harness.files.remove_aside(str(copy), *ident, 0, 0) == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "train.log", "train.log.ckptd-r3", "train.log.ckptd-r4.part", "train.log.ckptd-r5"]
-    assert harness.files.prune_asides(str(tmp_path / "gone" / "x.log"), 1, 0, 0, 0) == ()
+        "train.log.ckptd-r2", "train.log.ckptd-r3"]
+    assert harness.files.remove_aside(str(copy), *ident, 0, 0) == "it is gone already"

@@ -227,7 +227,32 @@ def test_after_each_restore_only_the_newest_asides_are_kept(tmp_path: Path) -> N
     left = sorted(str(p) for p in log.parent.glob("train.log.ckptd-*"))
     assert left == sorted(kept[1:]), "the oldest copy is removed, the two newest kept"
     assert Path(kept[-1]).read_bytes() == b"later 2\n"
-    assert any(e.startswith("files.prune_asides") for e in world.events)
+    assert any(e.startswith("files.remove_aside") for e in world.events)
+
+
+def test_retention_removes_only_recorded_copies_by_identity(tmp_path: Path) -> None:
+    """Issue 33 (6): retention (``aside_keep``) counts and removes only the copies restores
+    recorded: a file merely named like one (planted, old) stays, and so does another file
+    put at a recorded copy's name (that record forgotten)."""
+    world = make_world(tmp_path, aside_keep=1)
+    log = _log(world)
+    record = world.dump(JOB, leave_running=True)
+    planted = log.parent / "train.log.ckptd-planted"
+    planted.write_bytes(b"someone else's")
+    os.utime(planted, (1.0, 1.0))  # the oldest by far
+    log.write_bytes(b"later 0\n")
+    _die(world)
+    (first,) = world.restore(checkpoint_id=record.id).files_kept
+    other = log.parent / "other"  # another file (made while the copy exists: another
+    other.write_bytes(b"another file")  # inode) put at the recorded copy's name
+    os.replace(other, first)
+    log.write_bytes(b"later 1\n")
+    _die(world)
+    (second,) = world.restore(checkpoint_id=record.id).files_kept
+    assert planted.read_bytes() == b"someone else's"
+    assert Path(first).read_bytes() == b"another file"
+    assert Path(second).read_bytes() == b"later 1\n"
+    assert [r.path for r in _aside_log(world).records()] == [second]
 
 
 def _aside_log(world: World) -> FakeAsideLog:

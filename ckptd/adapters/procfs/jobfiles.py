@@ -18,12 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ckptd.adapters.procfs.asides import prune_asides
+from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.ghosts import ghost_files
 from ckptd.adapters.procfs.node import fd_flags
@@ -113,12 +112,11 @@ class ProcJobFiles:
         with self._at() as root, self._rights(uid, gid):
             return put_back(root, captured, content, aside, before)
 
-    def prune_asides(
-        self, path: str, keep: int, max_age_s: float, uid: int, gid: int
-    ) -> tuple[str, ...]:
+    def remove_aside(
+        self, path: str, dev: int, ino: int, aside_uid: int, uid: int, gid: int
+    ) -> str:
         with self._at() as root, self._rights(uid, gid):
-            return tuple(prune_asides(root, path, keep=keep, max_age_s=max_age_s,
-                                      now=time.time()))
+            return remove_recorded(root, path, dev, ino, aside_uid)
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         with self._at() as root, self._rights(uid, gid):

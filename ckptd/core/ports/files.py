@@ -130,12 +130,13 @@ class JobFiles(Protocol):
         linked file, a file or directory whose owner (or identity) changed since the dump."""
         ...
 
-    def prune_asides(
-        self, path: str, keep: int, max_age_s: float, uid: int, gid: int
-    ) -> tuple[str, ...]:
-        """Remove the copies kept aside of ``path`` beyond the ``keep`` newest and those
-        older than ``max_age_s`` (0: no age limit), as the file's owner; the paths removed.
-        Never raises for a missing directory (nothing to remove)."""
+    def remove_aside(
+        self, path: str, dev: int, ino: int, aside_uid: int, uid: int, gid: int
+    ) -> str:
+        """Remove the copy a restore kept aside at ``path``, recorded as (``dev``, ``ino``,
+        owner ``aside_uid``), as the job's owner (``uid``/``gid``), only while that very file
+        is there: "" when removed, else why not (gone already, or another file has its name:
+        never touched). No link followed; a link on the way raises ``OSError``."""
         ...
 
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
