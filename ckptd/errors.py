@@ -141,6 +141,13 @@ class CgroupUnavailable(PreconditionFailed):
     process outside the daemon's cgroup namespace)."""
 
 
+class PathChanged(PreconditionFailed):
+    """A path CRIU resolves by path as root, for the restored tree, leads elsewhere than the
+    object ckptd checked (a link or a swapped directory on the way), or CRIU would create a
+    file in a directory someone but root can change: the restore is refused, or undone
+    before the tree runs."""
+
+
 class Incompatible(PreconditionFailed):
     """This node cannot take the checkpoint as it is: ``blocking`` differences (never
     overridable) and ``warnings`` (a restore may be told to ignore them)."""

@@ -25,6 +25,13 @@ Order, and what undoes each step if a later one fails:
                                                                                     empty output
     files         every file the checkpoint captured is put back                    each file
                   (``core.jobfiles``); a version that differs is kept beside it     as found
+    paths         every object CRIU will reopen by path for the tree (its images:   release
+                  files, mappings, cwd/root, FIFOs, link-remap files) reached with  them
+                  no link followed and held; every directory it will create in
+                  (ghost files, unix sockets) checked to be root's alone; at
+                  post-restore each restored process's descriptors, mappings,
+                  cwd, root and executable must be those very objects, or the
+                  restore is undone before the tree runs (docs/adr/0017)
     criu-restore  CRIU, placed in that cgroup before it begins, recreates the tree  kill the
                   there (every process held and checked at post-restore, before it  restored tree
                   runs) and resumes it; a CUDA tree (or a group member) it leaves
@@ -99,6 +106,7 @@ from ckptd.core.ports import (
     ImageSource,
     InheritFd,
     JobFiles,
+    PinnedPaths,
     StdioProvider,
 )
 from ckptd.core.recipe import ProgressSink, Step, run_steps
@@ -122,6 +130,7 @@ from ckptd.errors import (
     CriuUnavailable,
     GpuMismatch,
     InvalidTarget,
+    PathChanged,
     PermissionDenied,
     PidInUse,
     PreconditionFailed,
@@ -169,6 +178,8 @@ class RestoreContext:
     """The restore's durable undo records (journal entry ``op_id``)."""
     events: EventBus | None = None
     """Where a lazy restore tells its end (``core.lazyrestore``)."""
+    pins: PinnedPaths | None = None
+    """What CRIU reopens by path, held from the paths step until the restore ends."""
     lazy: LazyWatch | None = None
     """A lazy restore's watch: from the checkout on; it takes over what the restore holds
     once the tree runs, until the last page is served."""
@@ -243,6 +254,8 @@ class RestoreRecipe:
                  durable=self._remove_output_record),
             Step("files", self._put_back_files, self._undo_files,
                  "putting back the files the tree writes"),
+            Step("paths", self._pin_paths, self._unpin_paths,
+                 "checking the paths CRIU opens as root"),
             Step("criu-restore", self._criu_restore, self._kill_restored,
                  "CRIU is restoring the tree", durable=self._kill_tree_record),
             Step("gate", self._gate, None, "waiting for every member"),
@@ -289,6 +302,7 @@ class RestoreRecipe:
             if ctx.files is not None:
                 ctx.files.prune(self._config.aside_keep, self._config.aside_max_age_s)
         finally:  # what the steps hold until the restore ends (their undos release it too)
+            self._unpin_paths(ctx)
             ctx.stdio_fds.close()
             ctx.checkout.close()  # (empty when a lazy watch took it over)
             if ctx.held is not None:
@@ -552,6 +566,49 @@ class RestoreRecipe:
         if ctx.files is not None:
             ctx.files.undo()
 
+    def _pin_paths(self, ctx: RestoreContext) -> None:
+        """After the put-back (its files are among them), before CRIU: what CRIU will open
+        by path held as found with no link followed, where it creates checked."""
+        assert ctx.record is not None and ctx.images_dir is not None
+        if self._files is None:
+            return
+        paths = self._criu.restore_paths(ctx.images_dir, ctx.images)
+        files = self._files if ctx.into is None else self._files.seen_by(ctx.into.init)
+        try:
+            ctx.pins = files.pin(paths)
+        except OSError as exc:
+            raise PathChanged(
+                f"cannot restore {ctx.record.id}: {exc.strerror or exc}",
+                hint="put the path back as it was at the checkpoint (a directory, not a link) "
+                     "or keep the job's files where only root can change the directories",
+                checkpoint_id=ctx.record.id) from exc
+
+    @staticmethod
+    def _unpin_paths(ctx: RestoreContext) -> None:
+        if ctx.pins is not None:
+            ctx.pins.close()
+            ctx.pins = None
+
+    def check_paths(self, ctx: RestoreContext) -> None:
+        """At post-restore (the tree exists, has not run): every restored process holds by
+        path only what the paths step pinned, our stdio replacements, or what CRIU itself
+        still holds in it then (its log and images in the work and image directories, which
+        are root's). Raises PathChanged: CRIU then kills the tree, the recipe undoes the
+        rest."""
+        if ctx.pins is None or ctx.held is None:
+            return
+        assert ctx.images_dir is not None
+        work_dir = self._config.work_dir / ctx.op_id
+        allowed = tuple(i.fd for i in ctx.inherit_fds)
+        for pid in ctx.held.pids:
+            stray = ctx.pins.stray(pid, allowed, (work_dir, ctx.images_dir))
+            if stray:
+                raise PathChanged(
+                    f"restored pid {pid}'s {stray[0]}, not what the checkpoint names: a "
+                    "directory on its way changed while CRIU opened it as root",
+                    hint="nothing of the tree ran; find who changes that directory, then "
+                         "restore again", pid=pid)
+
     def _criu_restore(self, ctx: RestoreContext) -> None:
         assert ctx.images_dir is not None
         work_dir = self._config.work_dir / ctx.op_id
@@ -575,6 +632,9 @@ class RestoreRecipe:
             if isinstance(cause, CgroupUnavailable):  # CRIU undid the restore: say why
                 raise CgroupUnavailable(f"restore undone: {cause.message}", hint=cause.hint,
                                         pid=cause.pid) from exc
+            if isinstance(cause, PathChanged):
+                raise PathChanged(f"restore undone: {cause.message}", hint=cause.hint,
+                                  pid=cause.pid) from exc
             raise
         except CkptdError:
             self._await_undone(ctx)
@@ -685,4 +745,5 @@ class _HoldOnPostRestore(ForwardingHooks):
     def post_restore(self, pid: int) -> None:
         self._recipe.hold_restored(self._ctx, pid)
         self._recipe.check_placed(self._ctx)
+        self._recipe.check_paths(self._ctx)
         super().post_restore(pid)

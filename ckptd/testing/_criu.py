@@ -15,6 +15,7 @@ from ckptd.core.ports import (
     CriuDumpJob,
     CriuDumpResult,
     CriuHooks,
+    CriuPaths,
     CriuRestoreJob,
     ImageSource,
 )
@@ -160,6 +161,10 @@ class FakeCriu:
         """Set: a lazy restore's pages are all served at once. Cleared, each lazy restore's
         end waits until it is set (a test looks at a restore whose pages are still coming)."""
         self.pages_served.set()
+        self.paths = CriuPaths()
+        """What ``restore_paths`` says CRIU would resolve by path (pair it with
+        ``FakeJobFiles.opens``: what it then opened)."""
+        self.fail_restore_paths: CkptdError | None = None
 
     # ---- helpers for tests -----------------------------------------------------------------
 
@@ -186,6 +191,13 @@ class FakeCriu:
 
     def can_stream_restore(self) -> bool:
         return self.streams_restore
+
+    def restore_paths(self, images_dir: Path, images: ImageSource | None) -> CriuPaths:
+        """``paths`` (what a test says CRIU would resolve by path), or the error
+        ``fail_restore_paths`` holds."""
+        if self.fail_restore_paths is not None:
+            raise self.fail_restore_paths
+        return self.paths
 
     def status(self) -> CriuStatus:
         """``criu_status``."""

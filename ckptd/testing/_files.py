@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 
 from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
+from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, pin_paths
 from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
-from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
+from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.core.ports.files import GhostFile
 from ckptd.domain import CapturedFile, ProcessFact
 
@@ -40,6 +41,12 @@ class FakeJobFiles:
         self.root: Path | None = None
         self.ghost_files: dict[int, list[tuple[str, int]]] = {}
         """``hold_ghost``: the deleted files each fake pid holds (path, size)."""
+        self.opens: dict[int, list[tuple[str, str]]] = {}
+        """``pin``: what fake CRIU opened by path for each restored pid, as (slot, path): each
+        is resolved following links, as CRIU does, when ``stray`` is asked."""
+        self.pinned: list[CriuPaths] = []
+        self.open_pins = 0
+        """Pins not closed yet (a recipe must close every one)."""
 
     def seen_by(self, pid: int) -> FakeJobFiles:
         root = self.roots.get(pid)
@@ -50,7 +57,17 @@ class FakeJobFiles:
             self.writes, self.appending, self.fail_put_back)
         view.ghost_files = self.ghost_files
         view.root = root
+        view.opens, view.pinned = self.opens, self.pinned
         return view
+
+    def pin(self, paths: CriuPaths) -> _FakePinnedPaths:
+        """The real pinning (``pathpins.pin_paths``) of these real paths; ``stray`` compares
+        what ``opens`` says fake CRIU opened for a pid with them."""
+        self.pinned.append(paths)
+        root = Root.node() if self.root is None else Root.of_directory(self.root, "")
+        pins = _FakePinnedPaths(self, pin_paths(root, paths, owns_root=True))
+        self.open_pins += 1
+        return pins
 
     @contextlib.contextmanager
     def _at(self) -> Iterator[Root]:
@@ -140,3 +157,30 @@ if TYPE_CHECKING:
 
     def _is_job_files(files: FakeJobFiles) -> JobFiles:
         return files
+
+
+class _FakePinnedPaths:
+    def __init__(self, files: FakeJobFiles, real: ProcPinnedPaths) -> None:
+        self._files = files
+        self._real = real
+        self._closed = False
+
+    def stray(self, pid: int, allowed: Sequence[int] = (),
+              own_dirs: Sequence[Path] = ()) -> tuple[str, ...]:
+        ours = self._real.ours(allowed, own_dirs)
+        found = []
+        for slot, path in self._files.opens.get(pid, ()):
+            where = (str(self._files.root) + path) if self._files.root else path
+            try:
+                st = os.stat(where)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in ours:
+                found.append(f"{slot} is {os.path.realpath(where)!r}")
+        return tuple(found)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._files.open_pins -= 1
+            self._real.close()

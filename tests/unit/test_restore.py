@@ -239,8 +239,8 @@ def test_restore_reports_progress_and_releases_the_pid_lock(world: World) -> Non
     world.progress.clear()
     world.restore(checkpoint_id=record.id)
     assert [stage for stage, _ in world.progress] == [
-        "resolve", "compat", "pids", "cgroup", "checkout", "stdio", "files", "criu-restore",
-        "gate",
+        "resolve", "compat", "pids", "cgroup", "checkout", "stdio", "files", "paths",
+        "criu-restore", "gate",
         "gpu-restore",
         "done",
     ]

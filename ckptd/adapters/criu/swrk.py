@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
-from ckptd.adapters.criu import client, variants
+from ckptd.adapters.criu import client, pathimages, variants
 from ckptd.adapters.criu.client import SwrkCall
 from ckptd.adapters.criu.held_dump import SwrkDump
 from ckptd.adapters.criu.logs import log_tail_text
-from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuRestoreJob
+from ckptd.core.ports import CriuDumpJob, CriuHooks, CriuPaths, CriuRestoreJob, ImageSource
 from ckptd.domain import CriuStatus
-from ckptd.errors import CriuFailed, CriuUnavailable
+from ckptd.errors import CorruptCheckpoint, CriuFailed, CriuUnavailable
 
 MIN_VERSION = (4, 1)
 log = logging.getLogger(__name__)
@@ -127,6 +127,14 @@ class CriuSwrk:
                              pid=job.pid, hint="")
         with variants.dump_in_container(self._setup, job, job.container, hooks) as swrk:
             self._call(swrk)
+
+    def restore_paths(self, images_dir: Path, images: ImageSource | None) -> CriuPaths:
+        found = pathimages.read_restore_paths(images_dir, images)
+        if found.unreadable:
+            raise CorruptCheckpoint(
+                f"CRIU's image {found.unreadable} cannot be read: ckptd cannot tell which paths "
+                "CRIU would open as root", hint="run `ckptctl verify` on the checkpoint")
+        return found.paths
 
     def can_stream_restore(self) -> bool:
         """This CRIU streams a restore's images through RPC (our patch, scripts/criu-patches:

@@ -26,11 +26,12 @@ from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.ghosts import ghost_files
 from ckptd.adapters.procfs.node import fd_flags
+from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, pin_paths
 from ckptd.adapters.procfs.putback import check_file, put_back, rotated_set, undo_put_back
 from ckptd.adapters.procfs.rootpath import process_root, same_root
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.adapters.procfs.stdio import _as_user
-from ckptd.core.ports import FileCheck, Precopy, PutBack, WrittenFile
+from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.core.ports.files import GhostFile
 from ckptd.domain import CapturedFile, ProcessFact
 from ckptd.errors import ProcessNotFound
@@ -61,6 +62,11 @@ class ProcJobFiles:
         except FileNotFoundError as exc:
             raise ProcessNotFound(f"no process with pid {pid}", pid=pid) from exc
         return ProcJobFiles(self._proc, owner_rights=self._owner_rights, root=root)
+
+    def pin(self, paths: CriuPaths) -> ProcPinnedPaths:
+        if self._root is not None:
+            return pin_paths(self._root, paths, self._proc)
+        return pin_paths(Root.node(), paths, self._proc, owns_root=True)
 
     @contextlib.contextmanager
     def _at(self) -> Iterator[Root]:

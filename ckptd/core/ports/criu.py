@@ -11,6 +11,20 @@ from ckptd.domain import CriuStatus, TcpConnection
 from ckptd.errors import CkptdError
 
 
+@dataclass(frozen=True)
+class CriuPaths:
+    """What CRIU resolves by path, as root, when it restores a checkpoint (read from its
+    images by ``Criu.restore_paths``). ``opened``: every object it reopens for the tree —
+    regular files open or mapped, executables, working and root directories, named FIFOs,
+    the link-remap files it reopens for deleted ones; ``created``: every path it creates for
+    the tree — ghost files (the content of deleted files), bound unix sockets. Absolute paths
+    as the tree sees them (a container's root for a restore into one)."""
+
+    opened: tuple[str, ...] = ()
+    created: tuple[tuple[str, str], ...] = ()
+    """(path, what it is: "ghost file", "unix socket", ...)."""
+
+
 class CriuHooks:
     """Callbacks for CRIU's notifications during a dump or restore. Override what you need.
 
@@ -302,6 +316,12 @@ class Criu(Protocol):
 
     def restore(self, job: CriuRestoreJob, hooks: CriuHooks) -> int:
         """Restore the tree; returns its root pid. On failure nothing of it remains."""
+        ...
+
+    def restore_paths(self, images_dir: Path, images: ImageSource | None) -> CriuPaths:
+        """What CRIU will resolve by path, as root, restoring these images (in
+        ``images_dir``, or streamed from ``images``). Raises CorruptCheckpoint when they
+        cannot be read."""
         ...
 
     def can_stream_restore(self) -> bool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ckptd.core.ports.criu import InheritFd
+from ckptd.core.ports.criu import CriuPaths, InheritFd
 from ckptd.domain import CapturedFile, ProcessFact, StdioFact
 
 
@@ -52,6 +52,31 @@ class Precopy:
     path: str
     size: int
     state: object = None
+
+
+class PinnedPaths(Protocol):
+    """``CriuPaths.opened``, each held (an ``O_PATH`` descriptor) as it was reached with no
+    link followed before CRIU ran, so that its identity cannot be reused meanwhile.
+
+    Invariant: ``stray`` compares what a restored process holds by path with these very
+    objects (``st_dev``, ``st_ino``): a directory swapped while CRIU resolved a path (its
+    object then another one, reached through a link or a moved directory) is found before
+    the tree runs."""
+
+    def stray(self, pid: int, allowed: Sequence[int] = (),
+              own_dirs: Sequence[Path] = ()) -> tuple[str, ...]:
+        """What process ``pid`` (restored, not yet run) holds by path — descriptors, working
+        and root directory, executable, file mappings — that is none of the pinned objects,
+        one line each ("fd 3 is /root/secret"); ``allowed``: descriptors of ours whose
+        objects the tree may hold (its stdio replacements); ``own_dirs``: ckptd's own
+        directories, root's, whose files CRIU still holds in the tree then (its log, its
+        images: closed before the tree runs), they and what is directly in them pass.
+        Deleted objects (the ghost and
+        link-remap files CRIU made and removed) pass only within a directory of a pinned
+        or created path."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -142,6 +167,14 @@ class JobFiles(Protocol):
     def undo(self, done: PutBack, uid: int, gid: int) -> None:
         """The file exactly as ``put_back`` found it (the copy aside removed), from any point
         a put-back reached (also after a crash, from the journaled ``PutBack``)."""
+        ...
+
+    def pin(self, paths: CriuPaths) -> PinnedPaths:
+        """Every ``paths.opened`` that exists, reached from this port's root with no link
+        followed and held (a missing one is left to CRIU, which fails on it); every directory
+        ``paths.created`` lies in checked to be root's alone (each directory from the root
+        down owned by root and writable by nobody else, or sticky). Raises ``UnsafePath``
+        (an ``OSError``) naming the link, or the directory and the uid that can change it."""
         ...
 
     def seen_by(self, pid: int) -> JobFiles:

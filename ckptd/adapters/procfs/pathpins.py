@@ -1,0 +1,222 @@
+"""The objects CRIU reopens by path for a restore, pinned before it runs and compared after.
+
+CRIU opens what a restored task held — files open or mapped, its executable, working and
+root directories, named FIFOs, link-remap files — by the path its images name, as root,
+following links; and creates ghost files and unix sockets by path. A user owning a directory
+on such a path could swap it (``renameat2(RENAME_EXCHANGE)`` with a link to a root-only
+directory) while CRIU resolves it. So (docs/adr/0017):
+
+- before CRIU runs, every path it will open is reached from a pinned root with no link
+  followed (``safefs.Root``) and held as an ``O_PATH`` descriptor: its identity
+  (``st_dev``, ``st_ino``) cannot be reused while it is held; a link on the way refuses the
+  restore;
+- every directory CRIU will create something in must be root's alone: each directory from
+  the root down owned by root and writable by no one else (group root's may be; a sticky
+  one, like /tmp or /dev/shm, may be world-writable: nobody else can rename or replace what
+  root makes there);
+- at post-restore (the tree exists, has not run) every descriptor, mapping, working and root
+  directory and executable of every restored process that names a file system object is
+  compared with the pinned objects; one that is none of them (CRIU was led elsewhere) undoes
+  the restore. A deleted object passes only in a directory of a pinned or created path:
+  the ghost and link-remap files CRIU made there and removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ckptd.adapters.procfs.safefs import Root, UnsafePath, components
+from ckptd.core.ports import CriuPaths
+
+_DELETED = " (deleted)"
+_KERNEL_NAMES = ("/memfd:", "/SYSV", "/dev/zero", "/anon_hugepage", "/[", "/proc/", "/sys/")
+_PROC = "/proc"
+"""The tree's /proc, which CRIU still holds in the restored tasks at post-restore."""
+"""What /proc names a memfd, SysV or anonymous shared memory, or an object of the tree's own
+pseudo file systems: not reached by path through a directory anyone could swap (what CRIU
+opens through a swapped directory shows the path it really reached, never these)."""
+Identity = tuple[int, int]
+
+
+def pin_paths(root: Root, paths: CriuPaths, proc: Path = Path("/proc"), *,
+              owns_root: bool = False) -> ProcPinnedPaths:
+    """Every ``paths.opened`` that exists reached from ``root`` with no link followed and
+    held; every directory of ``paths.created`` checked to be root's alone. Raises
+    UnsafePath (nothing held then). ``owns_root``: ``root`` is closed with the pins."""
+    pins = ProcPinnedPaths(root if owns_root else None, proc)
+    try:
+        for path in paths.opened:
+            pins.pin(root, path)
+        for path, what in paths.created:
+            pins.allow_deleted_in(path)
+            root_alone(root, path, what)
+    except BaseException:
+        pins.close()
+        raise
+    return pins
+
+
+def root_alone(root: Root, path: str, what: str) -> None:
+    """Every existing directory on the way to ``path`` (from the root down) is root's and
+    writable by nobody else, or sticky. Raises UnsafePath naming the first that is not."""
+    parts = components(path)[:-1]
+    fd = os.open(".", os.O_PATH | os.O_DIRECTORY, dir_fd=root.fd)
+    try:
+        where = "/"
+        for i in range(len(parts) + 1):
+            problem = _not_roots(os.fstat(fd))
+            if problem:
+                raise UnsafePath(errno.EPERM, (
+                    f"CRIU would create or remove the {what} {root.label}{path} by path as "
+                    f"root, but "
+                    f"{root.label}{where} {problem}: ckptd lets CRIU create files only where "
+                    "root alone can change the directories"))
+            if i == len(parts):
+                break
+            where = "/" + "/".join(parts[: i + 1])
+            try:
+                nfd = os.open(parts[i], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    break  # CRIU makes it (a ghost's missing directory) below a checked one
+                if exc.errno == errno.ELOOP:
+                    raise UnsafePath(errno.ELOOP, (
+                        f"{root.label}{where} is a symbolic link (on the way to {path}, "
+                        f"where CRIU would create the {what}): ckptd does not follow links "
+                        "as root")) from exc
+                raise
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+
+
+def _not_roots(st: os.stat_result) -> str:
+    """Why a directory is not root's alone ("" when it is)."""
+    if st.st_uid != 0:
+        return f"is owned by uid {st.st_uid}"
+    sticky = bool(st.st_mode & stat.S_ISVTX)
+    if st.st_mode & stat.S_IWOTH and not sticky:
+        return "is writable by every user"
+    if st.st_mode & stat.S_IWGRP and st.st_gid != 0 and not sticky:
+        return f"is writable by group {st.st_gid}"
+    return ""
+
+
+class ProcPinnedPaths:
+    """``PinnedPaths`` over /proc: the pinned objects' descriptors and identities."""
+
+    def __init__(self, root: Root | None, proc: Path) -> None:
+        self._root = root
+        self._proc = proc
+        self._fds: list[int] = []
+        self._ids: dict[Identity, str] = {}
+        self._dirs: set[str] = set()
+        """Directories where a deleted object may lie (of the pinned and created paths)."""
+
+    @property
+    def identities(self) -> dict[Identity, str]:
+        return dict(self._ids)
+
+    def pin(self, root: Root, path: str) -> None:
+        """``path`` reached from ``root`` with no link followed and held; a missing one is
+        skipped (CRIU fails on it, as without ckptd)."""
+        try:
+            if path == "/":
+                fd = os.dup(root.fd)
+            else:
+                with root.locate(path) as loc:
+                    fd = root.open_in(loc, os.O_PATH)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except UnsafePath:
+            raise
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return
+            raise UnsafePath(exc.errno or errno.EIO,
+                             f"{root.label}{path} cannot be checked: {exc}") from exc
+        self._fds.append(fd)
+        st = os.fstat(fd)
+        self._ids[(st.st_dev, st.st_ino)] = path
+        self.allow_deleted_in(path)
+
+    def allow_deleted_in(self, path: str) -> None:
+        self._dirs.add(path.rsplit("/", 1)[0] or "/")
+
+    def stray(self, pid: int, allowed: Sequence[int] = (),
+              own_dirs: Sequence[Path] = ()) -> tuple[str, ...]:
+        ours = self.ours(allowed, own_dirs)
+        base = self._proc / str(pid)
+        try:  # the tree's root as the daemon names it (a container's), stripped off below
+            prefix = os.readlink(base / "root").rstrip("/")
+        except OSError:
+            prefix = ""
+        found: list[str] = []
+        for slot, link in self._slots(base):
+            try:
+                target = os.readlink(link)
+                st = os.stat(link)
+            except OSError:
+                continue  # gone, or not a file system object
+            if (st.st_dev, st.st_ino) in ours:
+                continue
+            shown = target  # as the daemon sees it
+            if prefix and (target == prefix or target.startswith(prefix + "/")):
+                target = target[len(prefix):] or "/"
+            if not target.startswith("/") or target.startswith(_KERNEL_NAMES) or \
+                    target == _PROC:
+                continue  # pipe:[..], socket:[..], anon_inode:.., memfd, shared memory
+            if (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) and \
+                    target.startswith("/dev/"):
+                continue  # a terminal or device node: only root makes those in /dev
+            if target.endswith(_DELETED) and st.st_nlink == 0:
+                where = target[: -len(_DELETED)].rsplit("/", 1)[0] or "/"
+                if where in self._dirs:
+                    continue
+            found.append(f"{slot} is {shown!r}")
+        return tuple(found)
+
+    def ours(self, allowed: Sequence[int], own_dirs: Sequence[Path]) -> set[Identity]:
+        """The pinned identities, those of ``allowed`` and of ``own_dirs`` and the files
+        directly in them."""
+        found = set(self._ids)
+        for fd in allowed:
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                found.add((st.st_dev, st.st_ino))
+        for where in own_dirs:
+            with contextlib.suppress(OSError):
+                st = os.lstat(where)
+                found.add((st.st_dev, st.st_ino))
+                with os.scandir(where) as listing:
+                    for entry in listing:
+                        with contextlib.suppress(OSError):
+                            est = entry.stat(follow_symlinks=False)
+                            found.add((est.st_dev, est.st_ino))
+        return found
+
+    @staticmethod
+    def _slots(base: Path) -> Iterable[tuple[str, Path]]:
+        for name in ("cwd", "root", "exe"):
+            yield name, base / name
+        with contextlib.suppress(OSError):
+            for fd in sorted(os.listdir(base / "fd"), key=lambda n: (len(n), n)):
+                yield f"fd {fd}", base / "fd" / fd
+        with contextlib.suppress(OSError):
+            for area in sorted(os.listdir(base / "map_files")):
+                yield f"mapping {area}", base / "map_files" / area
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self._root is not None:
+            self._root.close()
+            self._root = None
