@@ -195,8 +195,9 @@ def event_line(e: dict[str, Any]) -> str:
     when = _dt.datetime.fromtimestamp(e["time"]).strftime("%H:%M:%S")
     who = " ".join(x for x in (e["name"], f"pid {e['pid']}" if e["pid"] else "",
                                e["checkpoint_id"]) if x)
-    return f"{when} {e['kind']:<22} {who}: {e['message']}" if who else \
-        f"{when} {e['kind']:<22} {e['message']}"
+    message = render.escaped(e["message"])  # it may name files: never a raw newline
+    return f"{when} {e['kind']:<22} {who}: {message}" if who else \
+        f"{when} {e['kind']:<22} {message}"
 
 
 def cmd_events(ctx: Any, args: argparse.Namespace) -> int:

@@ -35,6 +35,15 @@ def shown_path(path: str) -> str:
     return repr(path)
 
 
+def escaped(text: str) -> str:
+    """``text`` with every character that does not print (a newline, a terminal escape
+    sequence, a byte that is no UTF-8) written as its escape (``\\n``, ``\\x1b``), for
+    text a line of human output carries from elsewhere (an event's message naming files)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def seconds(value: float) -> str:
     """A duration in seconds with two decimals, without the unit: ``1.234`` -> ``1.23``."""
     return f"{value:.2f}"
