@@ -201,6 +201,7 @@ class PutBackAll:
     done: list[PutBack] = field(default_factory=list)
     put_back: list[str] = field(default_factory=list)
     op_id: str = ""
+    _recorded: bool = field(default=False, init=False)
 
     def run(self, images_dir: Path, op_id: str) -> None:
         self.op_id = op_id
@@ -235,23 +236,32 @@ class PutBackAll:
                         owner=self.record.uid, made=self.made, in_container=self.root != (0, 0))
             for d in self.done if d.aside and d.aside_ino and d.aside_uid >= 0)
 
+    def keep_record(self) -> None:
+        """Once the restore stands, before its journal entry ends (a daemon killed then
+        leaves them recorded): the copies it kept aside recorded in ``asides``, once. A
+        failure is logged: the restore stands, those copies are then the user's to remove."""
+        if self._recorded or self.asides is None:
+            return
+        self._recorded = True
+        made = self.recorded()
+        if not made:
+            return
+        try:
+            self.asides.add(made)
+        except (OSError, ValueError) as exc:
+            log.warning("restore of %s: the copies kept aside (%s) were not recorded (%s): "
+                        "`ckptctl asides --remove` will not remove them; their owner may",
+                        self.record.id, ", ".join(r.path for r in made), exc)
+
     def prune(self, keep: int, max_age_s: float) -> tuple[str, ...]:
-        """After the restore succeeded: the copies it kept aside recorded (``asides``; a
-        failure is logged: the restore stands, those copies are then the user's to remove);
-        then, of each file's recorded copies, those beyond the ``keep`` newest and those
-        older than ``max_age_s`` removed by identity (``JobFiles.remove_aside``: a file
+        """After the restore succeeded: the copies it kept aside recorded (``keep_record``,
+        if not yet); then, of each file's recorded copies, those beyond the ``keep`` newest
+        and those older than ``max_age_s`` removed by identity (``JobFiles.remove_aside``: a file
         merely named like a copy, or at a recorded copy's name since, is never touched) and
         their records forgotten; a failure is logged. The paths removed."""
-        made = self.recorded()
         if self.asides is None:
             return ()
-        if made:
-            try:
-                self.asides.add(made)
-            except (OSError, ValueError) as exc:
-                log.warning("restore of %s: the copies kept aside (%s) were not recorded (%s): "
-                            "`ckptctl asides --remove` will not remove them; their owner may",
-                            self.record.id, ", ".join(r.path for r in made), exc)
+        self.keep_record()
         uid, gid = self._owner()
         here = self.root != (0, 0)
         try:

@@ -294,6 +294,8 @@ class RestoreRecipe:
                 exc.pid = exc.pid or ctx.record.pid
             raise
         else:
+            if ctx.files is not None:  # before the entry ends: a crash leaves them recorded
+                ctx.files.keep_record()
             if ctx.lazy is not None:  # pages still served: the watch ends the entry
                 ctx.lazy.adopt(ctx.checkout.pop_all(), ctx.held, ctx.pid, ctx.undo_log)
                 ctx.held = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -283,6 +283,28 @@ def test_a_restore_records_each_copy_it_kept_aside_as_made(world: World) -> None
     assert world.service.asides(ROOT, record.id) == [recorded]
     assert world.service.asides(ROOT, "ck-20200101T000000-000000") == []
     assert world.service.asides(Caller(uid=record.uid + 1, pid=4242)) == []
+
+
+def test_the_copies_are_recorded_before_the_restores_journal_entry_ends(world: World) -> None:
+    """A daemon killed once the restore stands but before its entry ended leaves the copies
+    recorded (else neither retention nor ``ckptctl asides`` would ever remove them)."""
+    log = _log(world)
+    record = world.dump(JOB, leave_running=True)
+    log.write_bytes(b"written on")
+    _die(world)
+    aside_log = _aside_log(world)
+    real_add = aside_log.add
+    pending_then: list[list[str]] = []
+
+    def add(records: Sequence[AsideRecord]) -> None:
+        pending_then.append([op for op, _ in world.journal.pending()])
+        real_add(records)
+
+    setattr(aside_log, "add", add)  # noqa: B010 (an instance's method replaced)
+    outcome = world.restore(checkpoint_id=record.id)
+    (op_id,) = {k.rsplit(".ckptd-", 1)[1] for k in outcome.files_kept}
+    assert pending_then == [[op_id]], pending_then
+    assert list(world.journal.pending()) == []
 
 
 def test_the_copies_retention_removes_are_forgotten_and_a_record_failure_is_logged(
