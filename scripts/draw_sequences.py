@@ -35,7 +35,8 @@ ACTOR = {
              "gpu-resume": "NVIDIA driver", "criu-finish": "CRIU", "release": "process tree"},
     "restore": {"resolve": "store", "compat": "ckptd", "pids": "process tree",
                 "cgroup": "ckptd", "checkout": "store", "stdio": "journal, staging",
-                "files": "process tree", "criu-restore": "CRIU", "gate": "ckptd",
+                "files": "process tree", "paths": "process tree", "criu-restore": "CRIU",
+                "gate": "ckptd",
                 "gpu-restore": "NVIDIA driver"},
 }
 RPC = {"dump": ("Dump(pid)", "Checkpoint (after progress events)"),

@@ -282,6 +282,7 @@ class DumpRecipe:
                 self._files.ghosts(ctx.tree), self._config, ctx.request.pid)
             self.ghost_budget.take(ctx.checkpoint_id, ctx.tree[0].uid, ctx.ghost_bytes,
                                    self._config.ghost_uid_limit, ctx.request.pid)
+            ghosts.refuse_unsafe_relinks(self._files.relink_problems(ctx.tree), ctx.request.pid)
         ctx.fingerprint = replace(self._node.fingerprint(ctx.tree), criu_version=status.version)
 
     def _placement(self, ctx: DumpContext) -> CriuPlacement | None:

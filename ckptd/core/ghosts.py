@@ -59,6 +59,18 @@ def refuse_over_total(ghosts: Sequence[GhostFile], config: CoreConfig, pid: int)
     return total
 
 
+def refuse_unsafe_relinks(problems: Sequence[str], pid: int) -> None:
+    """Raises TargetRefused (before anything freezes) for the first of ``problems``
+    (``JobFiles.relink_problems``): CRIU links a deleted file that still has a link elsewhere
+    back beside its old path, by path, as root — only where root alone can change the
+    directories (docs/adr/0017)."""
+    if problems:
+        raise TargetRefused(
+            f"cannot checkpoint pid {pid}: it holds {problems[0]}",
+            hint="close that file, or keep such files in a directory only root can change "
+                 "(/tmp, /dev/shm)", pid=pid)
+
+
 class GhostBudget:
     """The ghost bytes of the dumps under way, by the uid owning each tree. Thread-safe.
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
-from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, pin_paths
+from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, link_remap_problems, pin_paths
 from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
@@ -41,6 +41,8 @@ class FakeJobFiles:
         self.root: Path | None = None
         self.ghost_files: dict[int, list[tuple[str, int]]] = {}
         """``hold_ghost``: the deleted files each fake pid holds (path, size)."""
+        self.relinked: dict[int, list[str]] = {}
+        """``hold_relinked``: deleted files each fake pid holds that are linked elsewhere."""
         self.opens: dict[int, list[tuple[str, str]]] = {}
         """``pin``: what fake CRIU opened by path for each restored pid, as (slot, path): each
         is resolved following links, as CRIU does, when ``stray`` is asked."""
@@ -57,7 +59,7 @@ class FakeJobFiles:
             self.writes, self.appending, self.fail_put_back)
         view.ghost_files = self.ghost_files
         view.root = root
-        view.opens, view.pinned = self.opens, self.pinned
+        view.opens, view.pinned, view.relinked = self.opens, self.pinned, self.relinked
         return view
 
     def pin(self, paths: CriuPaths) -> _FakePinnedPaths:
@@ -103,6 +105,16 @@ class FakeJobFiles:
             for path, size in self.ghost_files.get(proc.pid, ()):
                 found.setdefault(path, GhostFile(path, size, proc.pid))
         return tuple(found[p] for p in sorted(found))
+
+    def hold_relinked(self, pid: int, path: str) -> None:
+        """Fake ``pid`` holds ``path`` (a real file's path), deleted but linked elsewhere."""
+        self.relinked.setdefault(pid, []).append(path)
+
+    def relink_problems(self, tree: Sequence[ProcessFact]) -> tuple[str, ...]:
+        """``link_remap_problems`` (the real rule, on these real paths)."""
+        paths = sorted({p for proc in tree for p in self.relinked.get(proc.pid, ())})
+        with self._at() as root:
+            return link_remap_problems(root, paths)
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         self._event(f"files.precopy {file.path}")

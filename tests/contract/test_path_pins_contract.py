@@ -15,7 +15,7 @@ import pytest
 
 from ckptd.adapters.procfs.jobfiles import ProcJobFiles
 from ckptd.adapters.procfs.safefs import UnsafePath
-from ckptd.core.ports import CriuPaths, JobFiles
+from ckptd.core.ports import CriuCreates, CriuPaths, JobFiles
 from ckptd.testing import FakeJobFiles
 
 Holder = Callable[[Path], int]
@@ -114,9 +114,28 @@ def test_what_criu_creates_goes_only_where_root_alone_writes(
     open_dir.mkdir()
     open_dir.chmod(0o777)  # writable by all, not sticky
     with pytest.raises(UnsafePath, match="is writable by every user"):
-        files.pin(CriuPaths(created=((str(open_dir / "s.sock"), "unix socket"),)))
+        files.pin(CriuPaths(created=(CriuCreates(str(open_dir / "s.sock"), "unix socket"),)))
     sticky = tmp_path / "sticky"
     sticky.mkdir()
     sticky.chmod(0o1777)  # like /tmp: nobody can replace what root makes there
     if os.geteuid() == 0:
-        files.pin(CriuPaths(created=((str(sticky / "s.sock"), "unix socket"),))).close()
+        files.pin(CriuPaths(created=(CriuCreates(str(sticky / "s.sock"), "unix socket"),))).close()
+
+
+def test_a_unix_socket_may_lie_in_its_owners_own_directory(
+    port: tuple[JobFiles, Holder], tmp_path: Path
+) -> None:
+    """Python's forkserver and multiprocessing managers bind theirs in the job owner's
+    /tmp/pymp-*: a socket file holds no content. Another uid's directory stays refused."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another uid")
+    files, _ = port
+    pymp = tmp_path / "pymp-x"
+    pymp.mkdir(mode=0o700)
+    os.chown(pymp, 4242, 4242)
+    files.pin(CriuPaths(created=(CriuCreates(str(pymp / "listener"), "unix socket", 4242),))
+              ).close()
+    with pytest.raises(UnsafePath, match="is owned by uid 4242"):
+        files.pin(CriuPaths(created=(CriuCreates(str(pymp / "listener"), "unix socket", 7),)))
+    with pytest.raises(UnsafePath, match="is owned by uid 4242"):
+        files.pin(CriuPaths(created=(CriuCreates(str(pymp / "x.cr.1.ghost"), "ghost file"),)))

@@ -149,8 +149,7 @@ def test_a_directory_swapped_while_criu_reopens_is_undone_before_the_job_runs(
     _assert_continues(log)
 
 
-@pytest.mark.parametrize(("kind", "what"), [
-    ("ghost", "ghost file"), ("socket", "unix socket"), ("linked", "link-remap file")])
+@pytest.mark.parametrize(("kind", "what"), [("ghost", "ghost file"), ("socket", "unix socket")])
 def test_criu_never_creates_files_where_a_user_can_redirect_it(
     daemon: Daemon, procs: Procs, area: Path, attacker: int, kind: str, what: str,  # noqa: F811
     tmp_path: Path,
@@ -180,3 +179,28 @@ def test_criu_never_creates_files_where_a_user_can_redirect_it(
     assert sorted(p.name for p in data.iterdir()) == listed, "CRIU created something there"
     assert not os.path.exists(f"/proc/{job.pid}")
     assert daemon.ctl("show", ck["id"]).rc == 0, "the checkpoint was not kept"
+
+
+def test_criu_never_links_a_deleted_file_back_where_a_user_can_redirect_it(
+    daemon: Daemon, procs: Procs, area: Path, attacker: int, tmp_path: Path,  # noqa: F811
+) -> None:
+    """A deleted file still linked elsewhere: CRIU's dump would link it back as
+    ``link_remap.N`` beside its old path, by path, as root (and its restore open and remove
+    it there). In a directory a user can change that is refused before anything freezes."""
+    home = user_dir(area, attacker)
+    data = home / "data"
+    data.mkdir()
+    (data / "obj").write_bytes(b"linked elsewhere\n")
+    log = tmp_path / "job.log"
+    job = procs.popen([sys.executable, "-c", JOB, "linked", str(data), str(log)],
+                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+    wait_until(lambda: log.exists() and len(_steps(log)) >= 3, 30, "the job's first steps")
+    res = daemon.ctl("dump", job.pid, "--leave-running")
+    assert_one_line_error(res, res.rc, "deleted, still linked elsewhere",
+                          "CRIU would create or remove the link-remap file",
+                          f"owned by uid {attacker}")
+    assert sorted(p.name for p in data.iterdir()) == ["kept"], "CRIU linked something there"
+    n = len(_steps(log))
+    wait_until(lambda: len(_steps(log)) >= n + 3, 30, "the job running on")
+    _assert_continues(log)

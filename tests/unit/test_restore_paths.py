@@ -1,4 +1,5 @@
-"""Issue 33.1 with the fakes: the restore's paths step and its post-restore check.
+"""Issue 33.1 with the fakes: the restore's paths step and its post-restore check; the dump's
+refusal of link-remap files where a user could redirect CRIU.
 
 CRIU resolves what the restored tree holds by path, as root; the recipe pins each object
 before CRIU runs (``JobFiles.pin``) and, at post-restore, before the tree runs, compares what
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptd.core.ports import CriuPaths
-from ckptd.errors import CorruptCheckpoint, PathChanged
+from ckptd.core.ports import CriuCreates, CriuPaths
+from ckptd.errors import CorruptCheckpoint, PathChanged, TargetRefused
 
 from .world import JOB, JOB_TREE, World
 
@@ -86,7 +87,7 @@ def test_a_directory_a_user_owns_is_refused_for_what_criu_creates(
     home.mkdir()
     os.chown(home, 4242, 4242)
     record = world.dump(JOB)
-    world.criu.paths = CriuPaths(created=((str(home / "x.cr.1.ghost"), "ghost file"),))
+    world.criu.paths = CriuPaths(created=(CriuCreates(str(home / "x.cr.1.ghost"), "ghost file"),))
     with pytest.raises(PathChanged) as info:
         world.restore(checkpoint_id=record.id)
     assert "CRIU would create or remove the ghost file" in str(info.value)
@@ -100,3 +101,31 @@ def test_images_that_cannot_be_read_refuse(world: World) -> None:
     with pytest.raises(CorruptCheckpoint):
         world.restore(checkpoint_id=record.id)
     assert world.criu.restore_jobs == []
+
+
+def test_a_dump_never_has_criu_link_back_a_file_where_a_user_can_redirect_it(
+    world: World, tmp_path: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another uid")
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, 4242, 4242)
+    world.files.hold_relinked(JOB, str(home / "sem.tmp"))
+    with pytest.raises(TargetRefused) as info:
+        world.dump(JOB)
+    line = str(info.value)
+    assert f"cannot checkpoint pid {JOB}: it holds {home}/sem.tmp (deleted, still linked" in line
+    assert "link-remap file" in line and f"{home} is owned by uid 4242" in line
+    assert world.criu.dump_jobs == []
+    assert world.states(*JOB_TREE) == ["running"] * 3
+
+
+def test_a_dump_links_back_in_a_sticky_root_directory(world: World, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("/dev/shm-like directories are root's")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    shm.chmod(0o1777)  # like /dev/shm: glibc's named semaphores lie there
+    world.files.hold_relinked(JOB, str(shm / "sem.tmp"))
+    assert world.dump(JOB).pid == JOB

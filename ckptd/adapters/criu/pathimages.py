@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptd.adapters.criu.images import IMG_COMMON_MAGIC, proto_fields
-from ckptd.core.ports import CriuPaths, ImageSource
+from ckptd.core.ports import CriuCreates, CriuPaths, ImageSource
 
 _FD_REG = 1
 _FD_UNIXSK = 5
@@ -74,7 +74,7 @@ def criu_paths_in(files_raw: bytes | None, remaps_raw: bytes | None) -> ImagePat
     """The paths of ``files.img`` (``files_raw``; None: no such image, no file) given the
     deleted files of ``remap-fpath.img`` (``remaps_raw``; None: none was deleted)."""
     opened: dict[str, None] = {}
-    created: dict[tuple[str, str], None] = {}
+    created: dict[CriuCreates, None] = {}
     try:
         remaps = _remaps(remaps_raw)
     except (ValueError, IndexError, struct.error):
@@ -100,12 +100,12 @@ def criu_paths_in(files_raw: bytes | None, remaps_raw: bytes | None) -> ImagePat
         if remap is None:
             opened[path] = None
             if fid in linked:  # CRIU opens it, then removes it by path
-                created[(path, "link-remap file")] = None
+                created[CriuCreates(path, "link-remap file")] = None
         elif remap[0] == _REMAP_GHOST:  # CRIU makes the deleted file again, then removes it
             if stat.S_ISDIR(mode):
-                created[(path, "ghost directory")] = None
+                created[CriuCreates(path, "ghost directory")] = None
             else:
-                created[(f"{path}.cr.{remap[1]:x}.ghost", "ghost file")] = None
+                created[CriuCreates(f"{path}.cr.{remap[1]:x}.ghost", "ghost file")] = None
         # _REMAP_LINKED: CRIU opens the link-remap file, a file entry of its own (above);
         # _REMAP_PROCFS: a dead process's /proc entry, made by CRIU in the tree's own /proc
     return ImagePaths(CriuPaths(tuple(opened), tuple(created)))
@@ -129,20 +129,24 @@ def _regular(reg: bytes) -> tuple[int, str, int] | None:
     return ints.get(1, 0), path, ints.get(10, 0)
 
 
-def _unix(usk: bytes, created: dict[tuple[str, str], None]) -> None:
+def _unix(usk: bytes, created: dict[CriuCreates, None]) -> None:
     name = b""
     name_dir = ""
+    owner = -1
     for number, value in proto_fields(usk):
         if number == 11 and isinstance(value, bytes):
             name = value
         elif number == 14 and isinstance(value, bytes):
             name_dir = value.decode()
+        elif number == 13 and isinstance(value, bytes):  # file_perms: mode 1, uid 2, gid 3
+            owner = next((v for n, v in proto_fields(value) if n == 2 and isinstance(v, int)),
+                         -1)
     if not name or name[0] == 0:  # unbound, or abstract: nothing on a file system
         return
     text = name.rstrip(b"\0").decode()
     if not text.startswith("/"):
         text = f"{name_dir.rstrip('/')}/{text}" if name_dir else text
-    created[(_absolute(text), "unix socket")] = None
+    created[CriuCreates(_absolute(text), "unix socket", owner)] = None
 
 
 def read_restore_paths(images_dir: Path, images: ImageSource | None) -> ImagePaths:

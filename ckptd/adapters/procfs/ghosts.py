@@ -40,6 +40,25 @@ def ghost_files(proc: Path, tree: Sequence[ProcessFact]) -> tuple[GhostFile, ...
     return tuple(sorted(found.values(), key=lambda g: (g.path, g.pid)))
 
 
+def relinked_files(proc: Path, tree: Sequence[ProcessFact]) -> tuple[str, ...]:
+    """The paths (as /proc shows them, ``(deleted)`` cut) of every deleted file ``tree``
+    holds that still has a link elsewhere: CRIU's dump links each back beside its old path
+    as ``link_remap.N``, by path, and its restore opens and removes it there. Sorted."""
+    found: set[str] = set()
+    for process in tree:
+        for source, shown in _held(proc / str(process.pid)):
+            path = shown[: -len(DELETED)] if shown.endswith(DELETED) else ""
+            if not path.startswith("/") or path.startswith(_NOT_FILES):
+                continue
+            try:
+                st = os.stat(source)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 0:
+                found.add(path)
+    return tuple(sorted(found))
+
+
 def _held(base: Path) -> Iterator[tuple[Path, str]]:
     """(where to stat it, the path /proc shows) of each descriptor and file mapping."""
     fd_dir = base / "fd"

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
-from ckptd.adapters.procfs.ghosts import ghost_files
+from ckptd.adapters.procfs.ghosts import ghost_files, relinked_files
 from ckptd.adapters.procfs.node import fd_flags
-from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, pin_paths
+from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, link_remap_problems, pin_paths
 from ckptd.adapters.procfs.putback import check_file, put_back, rotated_set, undo_put_back
 from ckptd.adapters.procfs.rootpath import process_root, same_root
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
@@ -94,6 +94,10 @@ class ProcJobFiles:
 
     def ghosts(self, tree: Sequence[ProcessFact]) -> tuple[GhostFile, ...]:
         return ghost_files(self._proc, tree)
+
+    def relink_problems(self, tree: Sequence[ProcessFact]) -> tuple[str, ...]:
+        with self._at() as root:
+            return link_remap_problems(root, relinked_files(self._proc, tree))
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         return precopy_file(file, dest)

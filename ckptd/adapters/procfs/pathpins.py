@@ -52,24 +52,25 @@ def pin_paths(root: Root, paths: CriuPaths, proc: Path = Path("/proc"), *,
     try:
         for path in paths.opened:
             pins.pin(root, path)
-        for path, what in paths.created:
-            pins.allow_deleted_in(path)
-            root_alone(root, path, what)
+        for made in paths.created:
+            pins.allow_deleted_in(made.path)
+            root_alone(root, made.path, made.what, made.owner)
     except BaseException:
         pins.close()
         raise
     return pins
 
 
-def root_alone(root: Root, path: str, what: str) -> None:
-    """Every existing directory on the way to ``path`` (from the root down) is root's and
-    writable by nobody else, or sticky. Raises UnsafePath naming the first that is not."""
+def root_alone(root: Root, path: str, what: str, owner: int = -1) -> None:
+    """Every existing directory on the way to ``path`` (from the root down) is root's (or
+    ``owner``'s, when not -1) and writable by nobody else, or sticky. Raises UnsafePath
+    naming the first that is not."""
     parts = components(path)[:-1]
     fd = os.open(".", os.O_PATH | os.O_DIRECTORY, dir_fd=root.fd)
     try:
         where = "/"
         for i in range(len(parts) + 1):
-            problem = _not_roots(os.fstat(fd))
+            problem = _not_roots(os.fstat(fd), owner)
             if problem:
                 raise UnsafePath(errno.EPERM, (
                     f"CRIU would create or remove the {what} {root.label}{path} by path as "
@@ -96,14 +97,27 @@ def root_alone(root: Root, path: str, what: str) -> None:
         os.close(fd)
 
 
-def _not_roots(st: os.stat_result) -> str:
-    """Why a directory is not root's alone ("" when it is)."""
-    if st.st_uid != 0:
+def link_remap_problems(root: Root, paths: Iterable[str]) -> tuple[str, ...]:
+    """Why CRIU's dump may not link back each deleted-but-linked file of ``paths`` as
+    ``link_remap.N`` beside it, by path, as root: one line per file whose directory is not
+    root's alone (``root_alone``); () when every one may be."""
+    problems = []
+    for path in paths:
+        try:
+            root_alone(root, path.rsplit("/", 1)[0] + "/link_remap.N", "link-remap file")
+        except OSError as exc:
+            problems.append(f"{path} (deleted, still linked elsewhere): {exc.strerror or exc}")
+    return tuple(problems)
+
+
+def _not_roots(st: os.stat_result, owner: int = -1) -> str:
+    """Why a directory is not root's (or ``owner``'s) alone ("" when it is)."""
+    if st.st_uid not in (0, owner):
         return f"is owned by uid {st.st_uid}"
     sticky = bool(st.st_mode & stat.S_ISVTX)
     if st.st_mode & stat.S_IWOTH and not sticky:
         return "is writable by every user"
-    if st.st_mode & stat.S_IWGRP and st.st_gid != 0 and not sticky:
+    if st.st_mode & stat.S_IWGRP and st.st_gid != 0 and not sticky:  # (an owner's group too)
         return f"is writable by group {st.st_gid}"
     return ""
 

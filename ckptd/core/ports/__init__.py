@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ckptd.core.ports.criu import (
     Criu,
+    CriuCreates,
     CriuDumpInProgress,
     CriuDumpJob,
     CriuDumpResult,
@@ -91,6 +92,7 @@ __all__ = [
     "CheckpointStore",
     "Clock",
     "Criu",
+    "CriuCreates",
     "CriuDumpInProgress",
     "CriuDumpJob",
     "CriuDumpResult",

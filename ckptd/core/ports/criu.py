@@ -5,10 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ckptd.domain import CriuStatus, TcpConnection
 from ckptd.errors import CkptdError
+
+
+class CriuCreates(NamedTuple):
+    """A path CRIU creates (or removes) by path, as root, at a restore."""
+
+    path: str
+    what: str
+    """"ghost file", "ghost directory", "link-remap file", "unix socket"."""
+    owner: int = -1
+    """A uid whose own directories may hold it as well as root's (a unix socket's owner: a
+    socket file holds no content, and Python's forkserver and multiprocessing managers keep
+    theirs in the job owner's ``/tmp/pymp-*``); -1: root's directories alone."""
 
 
 @dataclass(frozen=True)
@@ -21,8 +33,7 @@ class CriuPaths:
     as the tree sees them (a container's root for a restore into one)."""
 
     opened: tuple[str, ...] = ()
-    created: tuple[tuple[str, str], ...] = ()
-    """(path, what it is: "ghost file", "unix socket", ...)."""
+    created: tuple[CriuCreates, ...] = ()
 
 
 class CriuHooks:

@@ -128,6 +128,13 @@ class JobFiles(Protocol):
         running (memfds and shared anonymous memory are not files: left out)."""
         ...
 
+    def relink_problems(self, tree: Sequence[ProcessFact]) -> tuple[str, ...]:
+        """Why CRIU's dump may not link back the deleted files ``tree`` holds that still
+        have a link elsewhere (it makes ``link_remap.N`` beside each, by path, as root; the
+        restore opens and removes it there): one line per such file whose directory anyone
+        but root can change (``pin``'s rule for what CRIU creates); () when none."""
+        ...
+
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         """Copy what an append-only file holds now to ``dest`` (the tree running); None when
         gone."""

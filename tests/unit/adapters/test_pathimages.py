@@ -7,6 +7,7 @@ import struct
 
 from ckptd.adapters.criu.images import IMG_COMMON_MAGIC
 from ckptd.adapters.criu.pathimages import criu_paths_in
+from ckptd.core.ports import CriuCreates
 
 
 def _varint(value: int) -> bytes:
@@ -38,8 +39,10 @@ def _reg(fid: int, name: str, *, mode: int = 0o100644, ext: bool = False) -> byt
     return _int(1, 1) + _int(2, fid) + _bytes(3, reg)
 
 
-def _unix(name: bytes, name_dir: str = "") -> bytes:
+def _unix(name: bytes, name_dir: str = "", owner: int = -1) -> bytes:
     usk = _int(1, 9) + _bytes(11, name) + (_bytes(14, name_dir.encode()) if name_dir else b"")
+    if owner >= 0:
+        usk += _bytes(13, _int(1, 0o140755) + _int(2, owner) + _int(3, owner))
     return _int(1, 5) + _int(2, 9) + _bytes(16, usk)
 
 
@@ -58,7 +61,7 @@ def test_every_kind_of_path() -> None:
         _reg(7, "/dev/shm/link_remap.7"),        # ... which CRIU opens
         _reg(8, "/proc/1234/status"),            # the tree's own /proc
         _reg(9, "/ext/file", ext=True),          # external: handed to CRIU
-        _unix(b"/run/u/sock"), _unix(b"rel.sock", "/home/u/data"), _unix(b"\0abstract"),
+        _unix(b"/run/u/sock"), _unix(b"rel.sock", "/home/u/data", owner=1000), _unix(b"\0abstract"),
     )
     remaps = _image(_remap(4, 0x1f, 1), _remap(5, 0x20, 1), _remap(6, 7, 0))
     found = criu_paths_in(files, remaps)
@@ -66,11 +69,11 @@ def test_every_kind_of_path() -> None:
     assert found.paths.opened == ("/home/u/data/log", "/", "/home/u/data",
                                   "/dev/shm/link_remap.7")
     assert found.paths.created == (
-        ("/run/u/sock", "unix socket"),
-        ("/home/u/data/rel.sock", "unix socket"),
-        ("/home/u/tmp/gone.cr.1f.ghost", "ghost file"),
-        ("/home/u/tmp/gonedir", "ghost directory"),
-        ("/dev/shm/link_remap.7", "link-remap file"),
+        CriuCreates("/run/u/sock", "unix socket"),
+        CriuCreates("/home/u/data/rel.sock", "unix socket", 1000),
+        CriuCreates("/home/u/tmp/gone.cr.1f.ghost", "ghost file"),
+        CriuCreates("/home/u/tmp/gonedir", "ghost directory"),
+        CriuCreates("/dev/shm/link_remap.7", "link-remap file"),
     )
 
 
