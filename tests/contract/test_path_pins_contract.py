@@ -73,7 +73,8 @@ def _layout(tmp: Path) -> tuple[Path, Path]:
 def test_the_pinned_object_passes(port: tuple[JobFiles, Holder], tmp_path: Path) -> None:
     files, hold = port
     data, _ = _layout(tmp_path)
-    pins = files.pin(CriuPaths(opened=(str(data / "obj"),)))
+    top = "/" + str(tmp_path).split("/")[1]  # "/tmp": of the root's directory, like "/"
+    pins = files.pin(CriuPaths(opened=(top, "/", str(data / "obj"), str(data))))
     try:
         pid = hold(data / "obj")
         assert _about_obj(pins.stray(pid)) == []

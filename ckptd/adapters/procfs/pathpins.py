@@ -49,9 +49,12 @@ def pin_paths(root: Root, paths: CriuPaths, proc: Path = Path("/proc"), *,
     held; every directory of ``paths.created`` checked to be root's alone. Raises
     UnsafePath (nothing held then). ``owns_root``: ``root`` is closed with the pins."""
     pins = ProcPinnedPaths(root if owns_root else None, proc)
+    by_dir: dict[str, list[str]] = {}
+    for path in paths.opened:  # each directory walked once (a job maps hundreds of files)
+        by_dir.setdefault(path.rsplit("/", 1)[0] if path != "/" else "/", []).append(path)
     try:
-        for path in paths.opened:
-            pins.pin(root, path)
+        for group in by_dir.values():
+            pins.pin(root, group)
         for made in paths.created:
             pins.allow_deleted_in(made.path)
             root_alone(root, made.path, made.what, made.owner)
@@ -137,15 +140,20 @@ class ProcPinnedPaths:
     def identities(self) -> dict[Identity, str]:
         return dict(self._ids)
 
-    def pin(self, root: Root, path: str) -> None:
-        """``path`` reached from ``root`` with no link followed and held; a missing one is
-        skipped (CRIU fails on it, as without ckptd)."""
+    def pin(self, root: Root, paths: Sequence[str]) -> None:
+        """``paths`` (of one directory) reached from ``root`` with no link followed and
+        held; a missing one is skipped (CRIU fails on it, as without ckptd)."""
         try:
-            if path == "/":
-                fd = os.dup(root.fd)
-            else:
-                with root.locate(path) as loc:
-                    fd = root.open_in(loc, os.O_PATH)
+            if paths == ["/"]:
+                self._hold(os.dup(root.fd), "/")
+                return
+            with root.locate(paths[0]) as loc:
+                for path in paths:
+                    try:
+                        fd = root.open_in(loc, os.O_PATH, name=path.rsplit("/", 1)[1])
+                    except FileNotFoundError:
+                        continue
+                    self._hold(fd, path)
         except (FileNotFoundError, NotADirectoryError):
             return
         except UnsafePath:
@@ -154,7 +162,9 @@ class ProcPinnedPaths:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return
             raise UnsafePath(exc.errno or errno.EIO,
-                             f"{root.label}{path} cannot be checked: {exc}") from exc
+                             f"{root.label}{paths[0]} cannot be checked: {exc}") from exc
+
+    def _hold(self, fd: int, path: str) -> None:
         self._fds.append(fd)
         st = os.fstat(fd)
         self._ids[(st.st_dev, st.st_ino)] = path
