@@ -24,6 +24,7 @@ directory) while CRIU resolves it. So (docs/adr/0017):
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import stat
@@ -56,8 +57,9 @@ def pin_paths(root: Root, paths: CriuPaths, proc: Path = Path("/proc"), *,
         for group in by_dir.values():
             pins.pin(root, group)
         for made in paths.created:
-            pins.allow_deleted_in(made.path)
             root_alone(root, made.path, made.what, made.owner)
+            if made.what != "unix socket":
+                pins.allow_deleted_in(made.path)
     except BaseException:
         pins.close()
         raise
@@ -111,6 +113,25 @@ def link_remap_problems(root: Root, paths: Iterable[str]) -> tuple[str, ...]:
         except OSError as exc:
             problems.append(f"{path} (deleted, still linked elsewhere): {exc.strerror or exc}")
     return tuple(problems)
+
+
+_PROC_SUPER_MAGIC = 0x9FA0
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _on_procfs(link: Path) -> bool:
+    """Whether what ``link`` (/proc/PID/fd/N, ...) names lies on a proc file system."""
+    try:
+        fd = os.open(link, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        buf = ctypes.create_string_buffer(256)  # struct statfs: f_type first
+        if _libc.fstatfs(fd, buf) != 0:
+            return False
+        return ctypes.c_long.from_buffer(buf).value == _PROC_SUPER_MAGIC
+    finally:
+        os.close(fd)
 
 
 def _not_roots(st: os.stat_result, owner: int = -1) -> str:
@@ -168,7 +189,6 @@ class ProcPinnedPaths:
         self._fds.append(fd)
         st = os.fstat(fd)
         self._ids[(st.st_dev, st.st_ino)] = path
-        self.allow_deleted_in(path)
 
     def allow_deleted_in(self, path: str) -> None:
         self._dirs.add(path.rsplit("/", 1)[0] or "/")
@@ -199,10 +219,12 @@ class ProcPinnedPaths:
             if (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) and \
                     target.startswith("/dev/"):
                 continue  # a terminal or device node: only root makes those in /dev
-            if target.endswith(_DELETED) and st.st_nlink == 0:
+            if target.endswith(_DELETED):  # (still linked as its ghost until CRIU ends)
                 where = target[: -len(_DELETED)].rsplit("/", 1)[0] or "/"
                 if where in self._dirs:
                     continue
+            if _on_procfs(link):
+                continue  # a /proc CRIU mounted for a new pid namespace, still held in it
             found.append(f"{slot} is {shown!r}")
         return tuple(found)
 
