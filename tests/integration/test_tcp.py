@@ -111,3 +111,43 @@ def test_a_connection_to_a_peer_outside_the_tree_is_refused_unless_tcp_close(
     seen = len(_lines(out))
     wait_until(lambda: len(_lines(out)) > seen, 10, "the job to go on after the dump")
     assert set(_criu_tables()) - tables_before == set()  # the network was unlocked
+
+
+LISTENER = Path(__file__).parent / "jobs" / "listener.py"
+
+
+def test_a_listening_socket_with_a_connection_not_yet_accepted_is_checkpointed(
+    daemon: Daemon, procs: Procs, tmp_path: Path
+) -> None:
+    """Issue 34 (7), zdtm ``socket-tcp-skip-in-flight``: a client's connection waits in a
+    listening socket's queue (connect() has returned: the kernel completed the handshake, the
+    job has not accepted it). The dump takes the listener without it (CRIU's
+    tcp_skip_in_flight, always set), the job's output continues exactly, and the restored
+    server accepts and answers new clients on the same port."""
+    port_file, gate, out = tmp_path / "port", tmp_path / "gate", tmp_path / "out.txt"
+    with open(out, "wb") as stdout:
+        pid = procs.popen([sys.executable, str(LISTENER), str(port_file), str(gate)],
+                          stdin=subprocess.DEVNULL, stdout=stdout,
+                          stderr=subprocess.DEVNULL, start_new_session=True).pid
+    wait_until(port_file.exists, 30, "the server to listen")
+    port = int(port_file.read_text())
+    waiting = socket.create_connection(("127.0.0.1", port), timeout=10)  # in the queue now
+    try:
+        wait_until(lambda: len(_lines(out)) >= 3, 30, "3 steps")
+        ck = assert_ok(daemon.ctl("dump", pid), "dump")
+        wait_until(lambda: proc_state(pid) in (None, "Z"), 10, "the dumped job to die")
+        procs.cleanup()
+        dumped_at = len(_lines(out))
+        res = assert_ok(daemon.ctl("restore", ck["id"]), "restore")
+        procs.add(res["pid"])
+        assert res["pid"] == pid
+        wait_until(lambda: len(_lines(out)) >= dumped_at + 3, 30, "the restored job's steps")
+        gate.touch()
+        wait_until(lambda: "accepting" in _lines(out), 30, "the restored server to accept")
+        lines = _lines(out)
+        assert lines[:-1] == [str(i) for i in range(len(lines) - 1)], "no step lost or twice"
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(b"after-restore")
+            assert client.recv(64) == b"echo:after-restore"
+    finally:
+        waiting.close()

@@ -186,6 +186,7 @@ class criu_opts(_message.Message):
     EXTERNAL_FIELD_NUMBER: _builtins.int
     FREEZE_CGROUP_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    TCP_SKIP_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     CONFIG_FILE_FIELD_NUMBER: _builtins.int
     TCP_CLOSE_FIELD_NUMBER: _builtins.int
     NETWORK_LOCK_FIELD_NUMBER: _builtins.int
@@ -214,6 +215,7 @@ class criu_opts(_message.Message):
     ghost_limit: _builtins.int
     freeze_cgroup: _builtins.str
     timeout: _builtins.int
+    tcp_skip_in_flight: _builtins.bool
     config_file: _builtins.str
     tcp_close: _builtins.bool
     network_lock: Global___criu_network_lock_method.ValueType
@@ -254,6 +256,7 @@ class criu_opts(_message.Message):
         external: _abc.Iterable[_builtins.str] | None = ...,
         freeze_cgroup: _builtins.str | None = ...,
         timeout: _builtins.int | None = ...,
+        tcp_skip_in_flight: _builtins.bool | None = ...,
         config_file: _builtins.str | None = ...,
         tcp_close: _builtins.bool | None = ...,
         network_lock: Global___criu_network_lock_method.ValueType | None = ...,
@@ -261,9 +264,9 @@ class criu_opts(_message.Message):
         leave_stopped: _builtins.bool | None = ...,
         display_stats: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["auto_dedup", b"auto_dedup", "config_file", b"config_file", "display_stats", b"display_stats", "evasive_devices", b"evasive_devices", "ext_unix_sk", b"ext_unix_sk", "file_locks", b"file_locks", "freeze_cgroup", b"freeze_cgroup", "ghost_limit", b"ghost_limit", "images_dir", b"images_dir", "images_dir_fd", b"images_dir_fd", "leave_running", b"leave_running", "leave_stopped", b"leave_stopped", "link_remap", b"link_remap", "log_file", b"log_file", "log_level", b"log_level", "manage_cgroups_mode", b"manage_cgroups_mode", "network_lock", b"network_lock", "notify_scripts", b"notify_scripts", "parent_img", b"parent_img", "pid", b"pid", "ps", b"ps", "root", b"root", "rst_sibling", b"rst_sibling", "shell_job", b"shell_job", "tcp_close", b"tcp_close", "tcp_established", b"tcp_established", "timeout", b"timeout", "track_mem", b"track_mem", "work_dir_fd", b"work_dir_fd"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["auto_dedup", b"auto_dedup", "config_file", b"config_file", "display_stats", b"display_stats", "evasive_devices", b"evasive_devices", "ext_unix_sk", b"ext_unix_sk", "file_locks", b"file_locks", "freeze_cgroup", b"freeze_cgroup", "ghost_limit", b"ghost_limit", "images_dir", b"images_dir", "images_dir_fd", b"images_dir_fd", "leave_running", b"leave_running", "leave_stopped", b"leave_stopped", "link_remap", b"link_remap", "log_file", b"log_file", "log_level", b"log_level", "manage_cgroups_mode", b"manage_cgroups_mode", "network_lock", b"network_lock", "notify_scripts", b"notify_scripts", "parent_img", b"parent_img", "pid", b"pid", "ps", b"ps", "root", b"root", "rst_sibling", b"rst_sibling", "shell_job", b"shell_job", "tcp_close", b"tcp_close", "tcp_established", b"tcp_established", "tcp_skip_in_flight", b"tcp_skip_in_flight", "timeout", b"timeout", "track_mem", b"track_mem", "work_dir_fd", b"work_dir_fd"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_dedup", b"auto_dedup", "config_file", b"config_file", "display_stats", b"display_stats", "evasive_devices", b"evasive_devices", "ext_unix_sk", b"ext_unix_sk", "external", b"external", "file_locks", b"file_locks", "freeze_cgroup", b"freeze_cgroup", "ghost_limit", b"ghost_limit", "images_dir", b"images_dir", "images_dir_fd", b"images_dir_fd", "inherit_fd", b"inherit_fd", "leave_running", b"leave_running", "leave_stopped", b"leave_stopped", "link_remap", b"link_remap", "log_file", b"log_file", "log_level", b"log_level", "manage_cgroups_mode", b"manage_cgroups_mode", "network_lock", b"network_lock", "notify_scripts", b"notify_scripts", "parent_img", b"parent_img", "pid", b"pid", "ps", b"ps", "root", b"root", "rst_sibling", b"rst_sibling", "shell_job", b"shell_job", "tcp_close", b"tcp_close", "tcp_established", b"tcp_established", "timeout", b"timeout", "track_mem", b"track_mem", "work_dir_fd", b"work_dir_fd"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_dedup", b"auto_dedup", "config_file", b"config_file", "display_stats", b"display_stats", "evasive_devices", b"evasive_devices", "ext_unix_sk", b"ext_unix_sk", "external", b"external", "file_locks", b"file_locks", "freeze_cgroup", b"freeze_cgroup", "ghost_limit", b"ghost_limit", "images_dir", b"images_dir", "images_dir_fd", b"images_dir_fd", "inherit_fd", b"inherit_fd", "leave_running", b"leave_running", "leave_stopped", b"leave_stopped", "link_remap", b"link_remap", "log_file", b"log_file", "log_level", b"log_level", "manage_cgroups_mode", b"manage_cgroups_mode", "network_lock", b"network_lock", "notify_scripts", b"notify_scripts", "parent_img", b"parent_img", "pid", b"pid", "ps", b"ps", "root", b"root", "rst_sibling", b"rst_sibling", "shell_job", b"shell_job", "tcp_close", b"tcp_close", "tcp_established", b"tcp_established", "tcp_skip_in_flight", b"tcp_skip_in_flight", "timeout", b"timeout", "track_mem", b"track_mem", "work_dir_fd", b"work_dir_fd"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

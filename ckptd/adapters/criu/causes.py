@@ -28,6 +28,9 @@ RLIMIT_NOFILE notice at its start is harmless and not this)."""
 _GHOST = re.compile(r"Can't dump ghost file (\S+) of (\d+) size, increase limit")
 """A deleted file the tree holds (PyTorch's shared memory: unlinked /dev/shm files) over
 CRIU's ghost-file limit; CRIU names the file and its allocated size, not the limit."""
+_IN_FLIGHT = re.compile(r"In-flight connection \(l\) for")
+"""A listening TCP socket with connections not yet accepted, refused by a CRIU that ignores
+``tcp_skip_in_flight`` (ckptd always sets it: CRIU 4 skips them)."""
 _PID_IN = re.compile(r"(?:SEIZE|detach(?: from)?|non-zombie|the) (\d+)")
 
 
@@ -75,6 +78,12 @@ def explain(what: str, log_text: str, pid: int | None, proc: Path = Path("/proc"
             "it (an external unix socket), which a restore could not reconnect",
             "close that connection in the job (stdout/stderr on a socket: redirect them to "
             "a file or pipe), or checkpoint the peer process together with it")
+    if _IN_FLIGHT.search(log_text):
+        return Cause(
+            f"CRIU {what} failed: a listening TCP socket of the tree has connections it has "
+            "not accepted yet, and this CRIU does not skip them (tcp_skip_in_flight)",
+            "use a CRIU that honours tcp_skip_in_flight (`ckptctl check` names the one "
+            "ckptd runs), or checkpoint when the job has accepted its pending connections")
     if _TRACED.search(log_text):
         tracer = _tracer_of(_traced_pid(log_text) or pid, proc)
         who = pid if pid is not None else _traced_pid(log_text)

@@ -33,3 +33,16 @@ def test_criu_s_harmless_rlimit_nofile_notice_is_no_such_cause(tmp_path: Path) -
     text = ("Warn: Can't set RLIMIT_NOFILE: Operation not permitted\n"
             "Error (x): something else")
     assert explain("dump of pid 5", text, 5, tmp_path) is None
+
+
+def test_a_listening_socket_with_connections_not_yet_accepted_says_what_to_do(
+        tmp_path: Path) -> None:
+    """Issue 34 (7): what a CRIU that ignores ``tcp_skip_in_flight`` says, told as the cause."""
+    text = ("(00.012) Error (criu/sk-inet.c:185): In-flight connection (l) for 5d3a\n"
+            "(00.012) Error (criu/sk-inet.c:186): In-flight connections can be ignored with "
+            "the --skip-in-flight option.")
+    cause = explain("dump of pid 42", text, 42, tmp_path)
+    assert cause is not None
+    assert cause.message.startswith("CRIU dump of pid 42 failed: a listening TCP socket")
+    assert "not accepted yet" in cause.message and "tcp_skip_in_flight" in cause.message
+    assert "ckptctl check" in cause.hint and "\n" not in cause.message + cause.hint
