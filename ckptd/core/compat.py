@@ -14,7 +14,7 @@ for their GPUs.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from ckptd.core.gpu import GpuSteps
 from ckptd.core.jobfiles import check_files
@@ -42,12 +42,16 @@ def check_restore(
     include_gpu: bool = True,
     files: JobFiles | None = None,
     visible: Sequence[str] | None = None,
+    shared_files: str = "keep",
+    launchers: Collection[int] = (),
 ) -> CompatReport:
     """Every blocking difference and every warning between ``record``'s needs and this node
     (``here``; ``criu_version``: this node's CRIU; ``gpu``: its GPU steps, for CUDA trees,
     whose problems are left out when not ``include_gpu``; ``visible``: the GPUs the
     restoring container sees, see ``gpu_problems``; ``files``: this node's files, to check
-    that the captured ones can be put back), and the notes of what a restore changes."""
+    that the captured ones can be put back, and which of them processes outside the tree
+    but ``launchers`` write now: ``shared_files``), and the notes of what a restore
+    changes."""
     blocking: list[str] = []
     warnings: list[str] = []
     captured = {f.path for f in record.files}
@@ -57,7 +61,7 @@ def check_restore(
         needs = tuple(n for n in record.fingerprint.files if n.path not in captured)
         changed = _files(needs, here, blocking, warnings)
         _libc(record.fingerprint, node, changed, warnings)
-    file_blocking, file_notes = check_files(record, files)
+    file_blocking, file_notes = check_files(record, files, shared_files, launchers)
     notes = [*file_notes, *tcp_notes(record, here)]
     blocking.extend(file_blocking)
     if include_gpu and record.gpu is not None:

@@ -24,6 +24,11 @@ class CoreConfig:
     file_capture_oversize: str = "refuse"
     """A written file over ``file_capture_limit``: ``refuse`` the dump (naming it), or
     ``skip`` its capture (said in the checkpoint; a restore then needs it at its size)."""
+    shared_files: str = "keep"
+    """A captured file that a process outside the tree holds open for writing (or maps
+    writable) at a restore: ``keep`` it as it is (the restore says so), ``refuse`` the
+    restore naming that process, or ``roll-back`` it to the checkpoint's content all the
+    same (the version found kept aside)."""
     ghost_limit: int = 256 << 20
     """Largest ghost file a dump takes (bytes): a file the tree holds open or mapped after it
     was deleted, its content copied into the images (PyTorch's shared memory: DataLoader

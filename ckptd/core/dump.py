@@ -81,6 +81,7 @@ from ckptd.core.ports import (
     CriuPlacement,
     GuardPhase,
     Precopy,
+    SharedFile,
     TreeGuard,
     WrittenFile,
 )
@@ -144,6 +145,8 @@ class DumpContext:
     written: tuple[WrittenFile, ...] = ()
     """The files the tree writes, as ``inspect`` listed them (re-listed while frozen)."""
     precopies: dict[str, Precopy] = field(default_factory=dict)
+    shared: dict[str, SharedFile] = field(default_factory=dict)
+    """Of ``written``, those processes outside the tree write too (found at ``inspect``)."""
     ghost_bytes: int = 0
     """The ghost files' bytes the dump takes (``core.ghosts``; staged with the images)."""
     tcp_connections: int = 0
@@ -277,6 +280,8 @@ class DumpRecipe:
         if self._files is not None:  # refuse a file over the capture limit before freezing
             ctx.written = self._files.written(ctx.tree)
             jobfiles.refuse_oversized(ctx.written, self._config, ctx.request.pid)
+            # which of them processes outside the tree write too (recorded, for show)
+            ctx.shared = jobfiles.outside_writers(self._files, ctx.written, ctx.tree)
             # ghost files: bounded together per dump and per uid, before freezing
             ctx.ghost_bytes = ghosts.refuse_over_total(
                 self._files.ghosts(ctx.tree), self._config, ctx.request.pid)
@@ -535,7 +540,7 @@ class DumpRecipe:
             return
         assert ctx.images_dir is not None
         captured = jobfiles.capture(self._files, ctx.tree, ctx.images_dir, self._config,
-                                    ctx.request.pid, ctx.precopies)
+                                    ctx.request.pid, ctx.precopies, ctx.shared)
         ctx.files = tuple(captured.files)
         ctx.files_skipped = tuple(captured.skipped)
         for skipped in captured.skipped:

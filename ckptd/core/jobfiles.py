@@ -19,12 +19,12 @@ import errno
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
-from ckptd.core.ports import JobFiles, Precopy, PutBack, WrittenFile
+from ckptd.core.ports import JobFiles, Precopy, PutBack, SharedFile, WrittenFile
 from ckptd.core.ports.asides import AsideLog, AsideRecord
 from ckptd.core.undo import Member, UndoLog, UndoPutBack
 from ckptd.domain import CapturedFile, CheckpointRecord, ProcessFact
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 IMAGE_PREFIX = "ckptd-file-"
 SKIP = "skip"
 REFUSE = "refuse"
+KEEP = "keep"
+ROLL_BACK = "roll-back"
 
 
 def image_name(path: str) -> str:
@@ -102,10 +104,13 @@ def precopy(
 def capture(
     files: JobFiles, tree: Sequence[ProcessFact], images_dir: Path, config: CoreConfig,
     pid: int, precopies: dict[str, Precopy] | None = None,
+    shared: Mapping[str, SharedFile] | None = None,
 ) -> Capture:
     """Capture every file ``tree`` writes into ``images_dir`` (the tree frozen); those with a
-    ``precopies`` entry only from where it ended."""
+    ``precopies`` entry only from where it ended; each recorded with the processes outside
+    the tree that ``shared`` (found at inspect: ``outside_writers``) says write it."""
     written = files.written(tree)
+    others = shared or {}
     refuse_oversized(written, config, pid)
     result = Capture()
     early = precopies or {}
@@ -118,11 +123,63 @@ def capture(
         captured = files.capture(file, images_dir / image_name(file.path),
                                  early.get(file.path))
         if captured is not None:
-            result.files.append(captured)
+            sharing = others.get(file.path)
+            result.files.append(replace(
+                captured, size_free=file.size_free,
+                writers=tuple(f"pid {p} ({c})" for p, c in sharing.writers) if sharing else ()))
     kept = {f.path for f in result.files}
     for path in set(early) - kept:  # no longer written by the tree: no image of it
         (images_dir / image_name(path)).unlink(missing_ok=True)
     return result
+
+
+def outside_writers(
+    files: JobFiles, written: Sequence[WrittenFile], tree: Sequence[ProcessFact]
+) -> dict[str, SharedFile]:
+    """Of the files ``tree`` writes (``written``), those processes outside it write too, by
+    path (one scan: ``JobFiles.shared``)."""
+    if not written:
+        return {}
+    return {s.path: s for s in files.shared(written, {p.pid for p in tree})}
+
+
+def shared_line(shared: SharedFile) -> str:
+    return (f"file {shared.path} is written by {shared.named}, outside the checkpoint")
+
+
+def shared_refusal(shared: SharedFile, captured: CapturedFile, policy: str) -> str:
+    """Why a restore refuses ``captured`` under its live writer(s) (``policy``), "" when it
+    need not: ``refuse``, or ``keep`` where CRIU needs the file at its checkpoint size
+    (the tree did not only append to it) and it has another."""
+    if policy == REFUSE:
+        return (f"{shared_line(shared)}: rolling it back to the checkpoint would destroy "
+                "what that process wrote since (shared_files = \"refuse\")")
+    if (policy == KEEP and not captured.size_free and shared.size >= 0
+            and shared.size != captured.size):
+        return (f"{shared_line(shared)}: it is left as it is (shared_files = \"keep\") but "
+                f"has {shared.size} bytes where CRIU needs exactly {captured.size} (the "
+                "tree did not only append to it)")
+    return ""
+
+
+def refuse_shared(
+    record: CheckpointRecord, shared: Sequence[SharedFile], policy: str
+) -> None:
+    """Raise ``PreconditionFailed`` for the first captured file its live writer(s) forbid
+    to restore under ``policy`` (``shared_refusal``), naming the writer's pid and what to
+    do."""
+    by_path = {c.path: c for c in record.files}
+    for sharing in shared:
+        captured = by_path.get(sharing.path)
+        why = shared_refusal(sharing, captured, policy) if captured is not None else ""
+        if why:
+            pids = " ".join(str(pid) for pid, _ in sharing.writers)
+            raise PreconditionFailed(
+                f"cannot restore {record.id}: {why}",
+                hint=f"nothing was changed; stop pid {pids} (or have it close the file), then "
+                     "restore again; or set shared_files = \"roll-back\" in the daemon's "
+                     "configuration to roll it back all the same (its version kept aside)",
+                checkpoint_id=record.id, pid=sharing.writers[0][0])
 
 
 def planned(file: WrittenFile) -> CapturedFile:
@@ -198,15 +255,34 @@ class PutBackAll:
     asides: AsideLog | None = None
     made: float = 0.0
     """When the restore put the files back (the copies' records say so)."""
+    shared_files: str = KEEP
+    """A captured file a process outside the tree writes now (``JobFiles.shared``, looked
+    up once, just before the first file is put back): ``keep`` it as found (``left``),
+    ``refuse`` the restore, or ``roll-back`` it as any other."""
     done: list[PutBack] = field(default_factory=list)
     put_back: list[str] = field(default_factory=list)
+    launchers: tuple[int, ...] = ()
+    """The restore's caller and its ancestors: not other writers (``Restore.launchers``)."""
+    left: list[str] = field(default_factory=list)
+    """Files left as found under a live writer, "PATH (written by pid N (command))"."""
     op_id: str = ""
     _recorded: bool = field(default=False, init=False)
 
     def run(self, images_dir: Path, op_id: str) -> None:
         self.op_id = op_id
         uid, gid = self._owner()
+        keep: set[str] = set()
+        if self.shared_files != ROLL_BACK:  # the tree does not exist yet: only launchers
+            shared = self.files.shared(self.record.files, self.launchers)
+            refuse_shared(self.record, shared, self.shared_files)
+            for sharing in shared:
+                keep.add(sharing.path)
+                self.left.append(f"{sharing.path} (written by {sharing.named})")
+                log.warning("restore of %s: %s: left as it is (shared_files = keep)",
+                            self.record.id, shared_line(sharing))
         for index, captured in enumerate(self.record.files):
+            if captured.path in keep:
+                continue
             before = self._journal(f"files/{index}", uid, gid)
             try:
                 result = self.files.put_back(
@@ -325,8 +401,13 @@ class PutBackAll:
         return (root.uid, root.gid) if root is not None else (self.record.uid, self.record.uid)
 
 
-def check_files(record: CheckpointRecord, files: JobFiles | None) -> tuple[list[str], list[str]]:
-    """(blocking, notes) about putting ``record``'s captured files back on this node."""
+def check_files(
+    record: CheckpointRecord, files: JobFiles | None, shared_files: str = KEEP,
+    launchers: Collection[int] = (),
+) -> tuple[list[str], list[str]]:
+    """(blocking, notes) about putting ``record``'s captured files back on this node; a
+    file a process outside the tree writes now is said so, with what ``shared_files`` makes
+    a restore do about it (``PutBackAll.run`` looks again when it puts files back)."""
     blocking: list[str] = []
     notes: list[str] = []
     if not record.files:
@@ -336,7 +417,27 @@ def check_files(record: CheckpointRecord, files: JobFiles | None) -> tuple[list[
                 "put files back"], notes
     root = record.processes[0] if record.processes else None
     uid, gid = (root.uid, root.gid) if root is not None else (record.uid, record.uid)
+    shared = {s.path: s for s in files.shared(record.files, launchers)}
     for captured in record.files:
+        sharing = shared.get(captured.path)
+        if sharing is not None:
+            why = shared_refusal(sharing, captured, shared_files)
+            if why:
+                blocking.append(f"{why}; stop pid {sharing.writers[0][0]} or set "
+                                "shared_files = \"roll-back\"")
+            elif shared_files == KEEP:
+                notes.append(f"{shared_line(sharing)}: a restore leaves it as it is, not as "
+                             "at the checkpoint (shared_files = \"keep\")")
+                continue
+            else:
+                notes.append(f"{shared_line(sharing)}: a restore rolls it back all the same "
+                             "(shared_files = \"roll-back\"; what it wrote since is kept in "
+                             "the version aside only)")
+        elif captured.writers:
+            notes.append(f"file {captured.path} was also written by {', '.join(captured.writers)}"
+                         " outside the tree at the checkpoint; none holds it now: a restore "
+                         "puts it back as any other (what such a process wrote and closed "
+                         "since is in the version kept aside only)")
         check = files.check(captured, uid, gid)
         if check.problem:
             blocking.append(f"file {captured.path} cannot be put back: {check.problem}")

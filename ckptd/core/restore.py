@@ -324,6 +324,7 @@ class RestoreRecipe:
             stdio=ctx.record.stdio,
             files_put_back=tuple(ctx.files.put_back) if ctx.files else (),
             files_kept=ctx.files.kept if ctx.files else (),
+            files_left=tuple(ctx.files.left) if ctx.files else (),
             tcp_closed=(f"{len(ctx.record.tcp)} TCP connection(s) restored closed: this node "
                         f"lacks the local address of {show_tcp(ctx.tcp_closed)}"
                         if ctx.tcp_closed else ""),
@@ -370,10 +371,12 @@ class RestoreRecipe:
             ctx.undo_log.checkpoint_id = record.id
 
     def check(
-        self, record: CheckpointRecord, gpu_map: Mapping[str, str] | None = None
+        self, record: CheckpointRecord, gpu_map: Mapping[str, str] | None = None,
+        caller: Caller | None = None,
     ) -> CompatReport:
         """Every blocking difference and warning between ``record`` and this node (a CRIU
-        that cannot run here is one)."""
+        that cannot run here is one); ``caller``'s own process and its ancestors are not
+        other writers of the captured files (``launchers``)."""
         criu = self._criu.status()
         report = check_restore(
             record,
@@ -382,6 +385,8 @@ class RestoreRecipe:
             gpu=self._gpu,
             gpu_map=gpu_map,
             files=self._files,
+            shared_files=self._config.shared_files,
+            launchers=self.launchers(caller) if caller is not None else (),
         )
         if not criu.ok:
             report = replace(
@@ -416,7 +421,8 @@ class RestoreRecipe:
             files = files.seen_by(ctx.into.init) if files is not None else None
         report = check_restore(
             record, node, criu_version=self._criu.status().version, include_gpu=False,
-            files=files,
+            files=files, shared_files=self._config.shared_files,
+            launchers=self.launchers(ctx.caller),
         )
         if ctx.into is not None:
             more = memory_problems(self._cgroups, ctx.into, record)
@@ -561,8 +567,22 @@ class RestoreRecipe:
         files = self._files if ctx.into is None else self._files.seen_by(ctx.into.init)
         root = (ctx.into.init, ctx.into.start_time) if ctx.into is not None else (0, 0)
         ctx.files = PutBackAll(files, ctx.record, ctx.undo_log, root,
-                               asides=self.parts.asides, made=self._clock.time())
+                               asides=self.parts.asides, made=self._clock.time(),
+                               shared_files=self._config.shared_files,
+                               launchers=self.launchers(ctx.caller))
         ctx.files.run(ctx.images_dir, ctx.op_id)
+
+    def launchers(self, caller: Caller) -> tuple[int, ...]:
+        """The process that asked for the restore and its ancestors (a batch script, a
+        terminal, ``ckptctl run``): the writers of a captured file that hand the job its
+        output, not other writers of it (``shared_files`` leaves them out). () for a caller
+        with no pid, or one gone."""
+        if not caller.pid:
+            return ()
+        try:
+            return (caller.pid, *self._processes.ancestors(caller.pid))
+        except (CkptdError, OSError):
+            return ()
 
     def _undo_files(self, ctx: RestoreContext) -> None:
         if ctx.files is not None:

@@ -257,7 +257,7 @@ class CheckpointService:
         """Whether this node can restore ``checkpoint_id``: every blocking difference and
         every warning (what a restore would refuse with)."""
         record = self.get(caller, checkpoint_id)
-        return self._restore.check(record)
+        return self._restore.check(record, caller=caller)
 
     def delete(self, caller: Caller, checkpoint_id: str) -> None:
         record = self._store.get(checkpoint_id)
@@ -470,10 +470,14 @@ def checkpoint_figures(record: CheckpointRecord) -> dict[str, float]:
 
 
 def _files_note(outcome: RestoreOutcome) -> str:
-    """What a restore did to files, for its event: each file put back, each copy kept."""
-    if not outcome.files_put_back:
+    """What a restore did to files, for its event: each file put back, each copy kept,
+    each left as found under a writer outside the tree."""
+    if not outcome.files_put_back and not outcome.files_left:
         return ""
-    note = f"; put back {', '.join(outcome.files_put_back)}"
+    note = f"; put back {', '.join(outcome.files_put_back)}" if outcome.files_put_back else ""
     if outcome.files_kept:
         note += f" (versions found kept as {', '.join(outcome.files_kept)})"
+    if outcome.files_left:
+        note += (f"; left as found, written by a process outside the checkpoint "
+                 f"(shared_files = keep): {', '.join(outcome.files_left)}")
     return note

@@ -113,6 +113,15 @@ class DaemonConfig:
     """Largest file a job writes whose content a checkpoint captures (bytes)."""
     file_capture_oversize: str = "refuse"
     """A file over ``file_capture_limit``: ``refuse`` the dump, or ``skip`` its capture."""
+    shared_files: str = "keep"
+    """A file the job writes that a process outside the job also holds open for writing (or
+    maps writable) when the job is restored — a log or history database shared with another
+    program: ``keep`` leaves it as it is, never rolled back under that writer (the restore's
+    outcome and event say so; refused when CRIU needs it at its checkpoint size and it is
+    not: a file the job did not only append to), ``refuse`` refuses the restore naming that
+    process's pid, ``roll-back`` puts the checkpoint's content back all the same (the
+    version found kept aside, as for every file put back). ``check-restore`` and ``ckptctl
+    show`` list such files and their writers."""
     tcp_outside_peers: str = "restore"
     """A job's TCP connection to a peer outside its tree: ``restore`` it established where
     the node has the connection's local address (else closed, the restore's event naming
@@ -344,6 +353,9 @@ def _check_limits(config: DaemonConfig) -> None:
                          "years] seconds (0: no age limit)")
     if not 0 < config.open_timeout_s <= 3600:
         raise ValueError(f"open_timeout_s {config.open_timeout_s!r} must be in (0, 3600]")
+    if config.shared_files not in ("keep", "refuse", "roll-back"):
+        raise ValueError(f"shared_files {config.shared_files!r} must be \"keep\", "
+                         "\"refuse\" or \"roll-back\"")
     if config.tcp_outside_peers not in ("restore", "refuse"):
         raise ValueError(f"tcp_outside_peers {config.tcp_outside_peers!r} must be \"restore\" "
                          "or \"refuse\"")

@@ -157,6 +157,7 @@ def core_config(config: DaemonConfig) -> CoreConfig:
         file_capture_limit=config.file_capture_limit,
         file_capture_oversize=config.file_capture_oversize,
         tcp_outside_peers=config.tcp_outside_peers,
+        shared_files=config.shared_files,
         ghost_limit=config.ghost_limit,
         ghost_total_limit=config.ghost_total_limit,
         ghost_uid_limit=config.ghost_uid_limit,

@@ -396,6 +396,13 @@ class CapturedFile:
     checkpoint, as (name, st_dev, st_ino); asides (``.ckptd-``) left out."""
     at_ns: int = 0
     """When it was captured (``time.time_ns()``; 0: not recorded)."""
+    writers: tuple[str, ...] = ()
+    """The processes outside the tree that held it open for writing or mapped it writable
+    when the dump looked (before freezing), as "pid N (command)": ``ckptctl show`` lists
+    them; a restore looks again for live ones (``shared_files``)."""
+    size_free: bool = False
+    """Every descriptor of the tree writing it was ``O_WRONLY|O_APPEND`` and none mapped it:
+    CRIU records no size for it (a log), so it may be left grown at a restore."""
 
 
 @dataclass(frozen=True)
@@ -542,7 +549,8 @@ class CheckpointRecord:
         values["files"] = tuple(
             CapturedFile(**{**f, "dirs": tuple(tuple(d) for d in f.get("dirs", ())),
                             "rotated": tuple((str(r[0]), int(r[1]), int(r[2]))
-                                             for r in f.get("rotated", ()))})
+                                             for r in f.get("rotated", ())),
+                            "writers": tuple(f.get("writers", ()))})
             for f in data.get("files", ())
         )
         values["files_skipped"] = tuple(data.get("files_skipped", ()))
@@ -606,6 +614,9 @@ class RestoreOutcome:
     """Paths the restore put back to their checkpoint content."""
     files_kept: tuple[str, ...] = ()
     """Where the versions found on disk were kept (beside each file put back)."""
+    files_left: tuple[str, ...] = ()
+    """Captured files left as they were found because a process outside the tree writes
+    them (``shared_files = "keep"``), each as "PATH (written by pid N (command))"."""
     cgroup: str = ""
     """The cgroup (v2) the restored tree was placed in; empty when ckptd placed nothing."""
     ns_pid: int = 0

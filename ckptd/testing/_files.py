@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +14,7 @@ from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, link_remap_problems,
 from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
-from ckptd.core.ports.files import GhostFile
+from ckptd.core.ports.files import GhostFile, SharedFile
 from ckptd.domain import CapturedFile, ProcessFact
 
 if TYPE_CHECKING:
@@ -46,6 +46,9 @@ class FakeJobFiles:
         self.opens: dict[int, list[tuple[str, str]]] = {}
         """``pin``: what fake CRIU opened by path for each restored pid, as (slot, path): each
         is resolved following links, as CRIU does, when ``stray`` is asked."""
+        self.outside: dict[str, list[tuple[int, str]]] = {}
+        """``written_outside``: processes (pid, command) declared to write each path (they
+        need not be outside a tree: ``shared``'s ``outside`` leaves out a tree's)."""
         self.pinned: list[CriuPaths] = []
         self.open_pins = 0
         """Pins not closed yet (a recipe must close every one)."""
@@ -60,6 +63,7 @@ class FakeJobFiles:
         view.ghost_files = self.ghost_files
         view.root = root
         view.opens, view.pinned, view.relinked = self.opens, self.pinned, self.relinked
+        view.outside = self.outside
         return view
 
     def pin(self, paths: CriuPaths) -> _FakePinnedPaths:
@@ -91,8 +95,26 @@ class FakeJobFiles:
             for path in self.writes.get(proc.pid, ()):
                 if os.path.isfile(path):
                     found.setdefault(path, WrittenFile(path, os.path.getsize(path), path,
-                                                       proc.pid, path in self.appending))
+                                                       proc.pid, path in self.appending,
+                                                       path in self.appending))
         return tuple(found[p] for p in sorted(found))
+
+    def written_outside(self, path: str | Path, pid: int, command: str = "writer") -> None:
+        """Fake ``pid`` (``command``) holds ``path`` open for writing."""
+        self.outside.setdefault(str(path), []).append((pid, command))
+
+    def shared(
+        self, files: Sequence[WrittenFile | CapturedFile], outside: Collection[int] = ()
+    ) -> tuple[SharedFile, ...]:
+        """The files ``written_outside`` declared written by pids not in ``outside`` (and
+        still there, in this view's root)."""
+        found: list[SharedFile] = []
+        for path in sorted({f.path for f in files}):
+            writers = tuple(w for w in self.outside.get(path, ()) if w[0] not in outside)
+            where = (str(self.root) + path) if self.root else path
+            if writers and os.path.isfile(where):
+                found.append(SharedFile(path, writers, os.path.getsize(where)))
+        return tuple(found)
 
     def hold_ghost(self, pid: int, path: str, size: int) -> None:
         """Fake ``pid`` holds the deleted file ``path`` of ``size`` allocated bytes (several

@@ -27,6 +27,11 @@ class FilesHarness:
         """A process tree that has ``path`` open for writing."""
         raise NotImplementedError
 
+    def outsider(self, path: Path) -> tuple[int, str]:
+        """Another process, outside any tree given, that has ``path`` open for writing: its
+        pid and command."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -45,6 +50,10 @@ class RealFiles(FilesHarness):
         assert proc.stdout is not None and proc.stdout.readline() == b"ok\n"
         return ProcFsTable().tree(proc.pid)
 
+    def outsider(self, path: Path) -> tuple[int, str]:
+        pid = self.writer(path)[0].pid
+        return pid, Path(f"/proc/{pid}/comm").read_text().strip()
+
     def close(self) -> None:
         for proc in self.procs:
             proc.kill()
@@ -62,6 +71,11 @@ class FakeFiles(FilesHarness):
         path.touch()
         self.fake.open_for_writing(self.next_pid, path)
         return (ProcessFact(self.next_pid, 1, "w", (), 0, 0),)
+
+    def outsider(self, path: Path) -> tuple[int, str]:
+        self.next_pid += 1
+        self.fake.written_outside(path, self.next_pid, "python3")
+        return self.next_pid, "python3"
 
 
 @pytest.fixture(params=["real", "fake"])
@@ -213,3 +227,32 @@ def test_remove_aside_removes_only_the_very_copy_recorded(
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "train.log.ckptd-r2", "train.log.ckptd-r3"]
     assert harness.files.remove_aside(str(copy), *ident, 0, 0) == "it is gone already"
+
+
+def test_shared_names_the_other_writers_of_the_tree_s_files_and_only_theirs(
+    harness: FilesHarness, tmp_path: Path
+) -> None:
+    shared_log, own_log = tmp_path / "shared.log", tmp_path / "own.log"
+    shared_log.write_bytes(b"x\n")
+    own_log.write_bytes(b"y\n")
+    tree = harness.writer(shared_log) + harness.writer(own_log)
+    other, command = harness.outsider(shared_log)
+    tree_pids = {p.pid for p in tree}
+    written = harness.files.written(tree)
+    assert sorted(w.path for w in written) == [str(own_log), str(shared_log)]
+    at_dump = harness.files.shared(written, tree_pids)
+    assert [(s.path, [pid for pid, _ in s.writers]) for s in at_dump] == [
+        (str(shared_log), [other])]
+    assert at_dump[0].writers[0][1] == command and at_dump[0].size == 2
+    assert at_dump[0].named == f"pid {other} ({command})"
+    # at a restore: the captured files at their paths, found by identity
+    captured = [c for i, w in enumerate(written)
+                if (c := harness.files.capture(w, tmp_path / f"{i}.img"))]
+    at_restore = harness.files.shared(captured, tree_pids)
+    assert [(s.path, [pid for pid, _ in s.writers]) for s in at_restore] == [
+        (str(shared_log), [other])]
+    # a file now at that path is another one: its writer is not the captured file's
+    shared_log.rename(tmp_path / "moved.log")
+    shared_log.write_bytes(b"new\n")
+    if isinstance(harness, RealFiles):
+        assert harness.files.shared(captured, tree_pids) == ()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,9 +30,10 @@ from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, link_remap_problems,
 from ckptd.adapters.procfs.putback import check_file, put_back, rotated_set, undo_put_back
 from ckptd.adapters.procfs.rootpath import process_root, same_root
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
+from ckptd.adapters.procfs.sharers import writers_of
 from ckptd.adapters.procfs.stdio import _as_user
 from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
-from ckptd.core.ports.files import GhostFile
+from ckptd.core.ports.files import GhostFile, SharedFile
 from ckptd.domain import CapturedFile, ProcessFact
 from ckptd.errors import ProcessNotFound
 
@@ -82,15 +83,51 @@ class ProcJobFiles:
     def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
         found: dict[str, WrittenFile] = {}
         overwritten: set[str] = set()  # written without O_APPEND, or mapped
+        sized: set[str] = set()  # CRIU records its size: not O_WRONLY|O_APPEND everywhere
         for proc in tree:
-            for written, appends in self._open_for_writing(proc.pid):
+            for written, flags in self._open_for_writing(proc.pid):
                 found.setdefault(written.path, written)
-                if not appends:
+                if not flags & os.O_APPEND:
                     overwritten.add(written.path)
+                if flags & os.O_ACCMODE != os.O_WRONLY or not flags & os.O_APPEND:
+                    sized.add(written.path)
             for written in self._mapped_shared_writable(proc.pid):
                 found.setdefault(written.path, written)
                 overwritten.add(written.path)
-        return tuple(replace(found[p], append_only=p not in overwritten) for p in sorted(found))
+                sized.add(written.path)
+        return tuple(replace(found[p], append_only=p not in overwritten,
+                             size_free=p not in sized) for p in sorted(found))
+
+    def shared(
+        self, files: Sequence[WrittenFile | CapturedFile], outside: Collection[int] = ()
+    ) -> tuple[SharedFile, ...]:
+        wanted: dict[tuple[int, int], str] = {}
+        sizes: dict[str, int] = {}
+        with self._at() as root:
+            for file in files:
+                st = self._identity(root, file)
+                if st is not None:
+                    wanted.setdefault((st.st_dev, st.st_ino), file.path)
+                    sizes[file.path] = st.st_size
+        found = writers_of(self._proc, wanted, outside)
+        return tuple(SharedFile(path, tuple(found[path]), sizes.get(path, -1))
+                     for path in sorted(found))
+
+    @staticmethod
+    def _identity(root: Root, file: WrittenFile | CapturedFile) -> os.stat_result | None:
+        """A written file's through its writer's descriptor; a captured one's at its path
+        (in this port's root), no link followed."""
+        try:
+            if isinstance(file, WrittenFile):
+                return os.stat(file.source)
+            with root.locate(file.path) as loc:
+                probe = root.open_in(loc, os.O_PATH)
+                try:
+                    return os.fstat(probe)
+                finally:
+                    os.close(probe)
+        except OSError:
+            return None
 
     def ghosts(self, tree: Sequence[ProcessFact]) -> tuple[GhostFile, ...]:
         return ghost_files(self._proc, tree)
@@ -162,8 +199,8 @@ class ProcJobFiles:
         else:
             yield
 
-    def _open_for_writing(self, pid: int) -> Iterator[tuple[WrittenFile, bool]]:
-        """Each regular file open for writing, and whether that descriptor appends."""
+    def _open_for_writing(self, pid: int) -> Iterator[tuple[WrittenFile, int]]:
+        """Each regular file open for writing, and that descriptor's flags."""
         fd_dir = self._proc / str(pid) / "fd"
         try:
             fds = os.listdir(fd_dir)
@@ -181,8 +218,7 @@ class ProcJobFiles:
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
-                yield (WrittenFile(target, st.st_size, str(fd_dir / name), pid),
-                       bool(flags & os.O_APPEND))
+                yield WrittenFile(target, st.st_size, str(fd_dir / name), pid), flags
 
     def _mapped_shared_writable(self, pid: int) -> Iterator[WrittenFile]:
         base = self._proc / str(pid)

@@ -32,6 +32,7 @@ from ckptd.core.ports.files import (
     PinnedPaths,
     Precopy,
     PutBack,
+    SharedFile,
     StdioProvider,
     WrittenFile,
 )
@@ -133,6 +134,7 @@ __all__ = [
     "ProcessTable",
     "ProcessTrees",
     "PutBack",
+    "SharedFile",
     "StdioProvider",
     "StoreMaintenance",
     "ThreadHold",

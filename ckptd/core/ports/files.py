@@ -3,7 +3,7 @@ and put back), and its stdio on restore."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,26 @@ class WrittenFile:
     """Every descriptor of the tree that writes it appends (O_APPEND) and none maps it: what
     is in it now stays as it is while the tree runs (it can only grow), so it can be copied
     before the tree is frozen and only its new tail while it is."""
+    size_free: bool = False
+    """Every descriptor of the tree that writes it is ``O_WRONLY|O_APPEND`` and none maps
+    it: CRIU records no size for it (its restore takes the file grown)."""
+
+
+@dataclass(frozen=True)
+class SharedFile:
+    """A file of a tree's (written, or captured) that processes outside it hold open for
+    writing or map shared and writable now."""
+
+    path: str
+    writers: tuple[tuple[int, str], ...]
+    """(pid, command) of each such process."""
+    size: int = -1
+    """Its size now (-1: not known)."""
+
+    @property
+    def named(self) -> str:
+        """"pid N (command), pid M (command)"."""
+        return ", ".join(f"pid {pid} ({command})" for pid, command in self.writers)
 
 
 @dataclass(frozen=True)
@@ -120,6 +140,17 @@ class JobFiles(Protocol):
     def written(self, tree: Sequence[ProcessFact]) -> tuple[WrittenFile, ...]:
         """Every regular file ``tree`` has open for writing or mapped shared and writable,
         one per path (deleted files, /proc, /sys and devices left out; /dev/shm kept)."""
+        ...
+
+    def shared(
+        self, files: Sequence[WrittenFile | CapturedFile], outside: Collection[int] = ()
+    ) -> tuple[SharedFile, ...]:
+        """Of ``files``, those that processes other than the ones in ``outside`` (the tree,
+        at a dump) and this one hold open for writing or map shared and writable, matched
+        by identity (``st_dev``, ``st_ino``: a written file's through its writer's
+        descriptor, a captured one's at its path now, no link followed): one pass over every
+        process's descriptors and mappings for all of them. Processes that wrote and closed
+        the file since are not seen (nothing holds it then)."""
         ...
 
     def ghosts(self, tree: Sequence[ProcessFact]) -> tuple[GhostFile, ...]:

@@ -81,7 +81,7 @@ def checkpoints_to_list(response: pb.ListResponse) -> list[dict[str, Any]]:
 
 def restore_result_to_dict(result: pb.RestoreResult) -> dict[str, Any]:
     """``{"id", "pid", "output_path", "duration_s", "stdio", "files_put_back",
-    "files_kept", "lazy"}``; ``pid`` is the restored root."""
+    "files_kept", "files_left", "lazy"}``; ``pid`` is the restored root."""
     return {
         "id": result.checkpoint_id,
         "pid": result.pid,
@@ -90,6 +90,7 @@ def restore_result_to_dict(result: pb.RestoreResult) -> dict[str, Any]:
         "stdio": [message_to_dict(s) for s in result.stdio],
         "files_put_back": list(result.files_put_back),
         "files_kept": list(result.files_kept),
+        "files_left": list(result.files_left),
         "lazy": result.lazy,
     }
 

@@ -192,6 +192,9 @@ def restore_summary(result: Mapping[str, Any]) -> str:
         line += f"\nput back: {shown_path(path)} (as at the checkpoint)"
     for path in result.get("files_kept", ()):
         line += f"\nkept: {shown_path(path)} (the version found on disk)"
+    for left in result.get("files_left", ()):
+        line += (f"\nleft as found: {shown_path(left)}, a process outside the checkpoint "
+                 "(not rolled back: shared_files = keep)")
     return line
 
 
@@ -331,6 +334,12 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
         out.append(f"files captured ({len(files)}, {human_bytes(total)}): put back by a restore")
         out.append(table(["SIZE", "PATH"],
                          ([human_bytes(int(f["size"])), f["path"]] for f in files), indent="  "))
+        for f in files:
+            if f.get("writers"):
+                out.append(f"file {shown_path(f['path'])} also written by "
+                           f"{shown_path(', '.join(f['writers']))}, outside the tree, at the "
+                           "checkpoint (a restore leaves it as it is while such a process "
+                           "writes it: shared_files)")
     for skipped in ck.get("files_skipped") or []:
         out.append(f"file not captured: {skipped}")
     out.extend(_fingerprint(ck.get("fingerprint")))

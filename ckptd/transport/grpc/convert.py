@@ -151,7 +151,8 @@ def checkpoint(r: CheckpointRecord) -> pb.Checkpoint:
         duration_s=r.duration_s,
         criu_version=r.criu_version,
         parent_id=r.parent_id,
-        files=[pb.CapturedFile(path=f.path, size=f.size) for f in r.files],
+        files=[pb.CapturedFile(path=f.path, size=f.size, writers=list(f.writers))
+               for f in r.files],
         files_skipped=list(r.files_skipped),
         tcp_connections=r.tcp_connections,
         tcp_close=r.tcp_close,
@@ -194,6 +195,7 @@ def restore_result(o: RestoreOutcome) -> pb.RestoreResult:
         stdio=[stdio(s) for s in o.stdio],
         files_put_back=list(o.files_put_back),
         files_kept=list(o.files_kept),
+        files_left=list(o.files_left),
         cgroup=o.cgroup,
         ns_pid=o.ns_pid,
         lazy=o.lazy,

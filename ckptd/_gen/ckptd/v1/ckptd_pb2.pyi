@@ -595,28 +595,21 @@ class ClearPolicyRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     UNLESS_DRAINED_FIELD_NUMBER: _builtins.int
-    UNLESS_DIED_CHECKPOINTED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     unless_drained: _builtins.bool
     """Keep a policy whose job was drained (checkpointed and stopped) and answer with its
     checkpoint instead: `ckptctl run` forgets its job's policy this way when the job ends,
     in one step, so a drain that ends between a look and a clear is never forgotten.
     """
-    unless_died_checkpointed: _builtins.bool
-    """Also keep (with unless_drained) the policy of a job that died, killed by a signal, once
-    its policy took a checkpoint, and answer with it: `ckptctl run` says so when its job is
-    killed, and `ckptctl resume NAME` then restores that checkpoint.
-    """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         unless_drained: _builtins.bool = ...,
-        unless_died_checkpointed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "unless_died_checkpointed", b"unless_died_checkpointed", "unless_drained", b"unless_drained"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "unless_drained", b"unless_drained"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -628,22 +621,18 @@ class ClearPolicyResponse(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     DRAINED_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
-    KEPT_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     drained_checkpoint_id: _builtins.str
     """unless_drained, and the job was drained: kept, this"""
-    kept_checkpoint_id: _builtins.str
-    """unless_died_checkpointed, and it died: kept, this"""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         drained_checkpoint_id: _builtins.str = ...,
-        kept_checkpoint_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "kept_checkpoint_id", b"kept_checkpoint_id", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1104,6 +1093,7 @@ class RestoreResult(_message.Message):
     CGROUP_FIELD_NUMBER: _builtins.int
     NS_PID_FIELD_NUMBER: _builtins.int
     LAZY_FIELD_NUMBER: _builtins.int
+    FILES_LEFT_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     pid: _builtins.int
     output_path: _builtins.str
@@ -1124,6 +1114,12 @@ class RestoreResult(_message.Message):
 
     @_builtins.property
     def files_kept(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def files_left(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Captured files left as found, not rolled back, because a process outside the checkpoint
+        writes them (shared_files = "keep"): "PATH (written by pid N (command))" each.
+        """
+
     def __init__(
         self,
         *,
@@ -1137,10 +1133,11 @@ class RestoreResult(_message.Message):
         cgroup: _builtins.str = ...,
         ns_pid: _builtins.int = ...,
         lazy: _builtins.bool = ...,
+        files_left: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "checkpoint_id", b"checkpoint_id", "duration_s", b"duration_s", "files_kept", b"files_kept", "files_put_back", b"files_put_back", "lazy", b"lazy", "ns_pid", b"ns_pid", "output_path", b"output_path", "pid", b"pid", "stdio", b"stdio"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "checkpoint_id", b"checkpoint_id", "duration_s", b"duration_s", "files_kept", b"files_kept", "files_left", b"files_left", "files_put_back", b"files_put_back", "lazy", b"lazy", "ns_pid", b"ns_pid", "output_path", b"output_path", "pid", b"pid", "stdio", b"stdio"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1399,17 +1396,23 @@ class CapturedFile(_message.Message):
 
     PATH_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
+    WRITERS_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     size: _builtins.int
+    @_builtins.property
+    def writers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Processes outside the tree that wrote it too when the dump looked: "pid N (command)"."""
+
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
         size: _builtins.int = ...,
+        writers: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "size", b"size", "writers", b"writers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
