@@ -4,13 +4,17 @@ A policy names a job (``name``; its checkpoints carry that name) and its root ``
 ``tick`` (called about every second by the daemon) takes a leave-running checkpoint of each
 job whose ``every_s`` has passed; ``drain`` checkpoints and stops every protected job
 (``on_term``) at once and remembers each one's checkpoint; ``resume`` restores them; a spot
-notice drains. Every change is saved through the ``PolicyRepo`` before it is answered, so
+notice drains. A protected job that died (killed, not drained) keeps its policy when
+``ckptctl run`` says so (``clear_ended``), and ``resume`` by name restores the newest checkpoint
+its policy took. Every change is saved through the ``PolicyRepo`` before it is answered, so
 policies and drained jobs survive a daemon restart.
 
 Invariants: a non-root caller sees and changes only its own uid's policies, and checkpoints run
 as the policy's uid (the dump's own permission checks apply); a failed periodic checkpoint is
 recorded (``last_error``, an event) and retried at the next period, never raised into the
-scheduler; a job whose drain checkpoint failed is left running and reported.
+scheduler; a job whose drain checkpoint failed is left running and reported; ``resume`` never
+restores a job whose process still runs (the restored one included: a second resume is
+refused), nor two at once (one job, one checkpoint or resume at a time).
 """
 
 from __future__ import annotations
@@ -40,7 +44,14 @@ from ckptd.domain import (
     valid_name,
 )
 from ckptd.domain.model import ROOT
-from ckptd.errors import Busy, CheckpointNotFound, CkptdError, InvalidTarget, PermissionDenied
+from ckptd.errors import (
+    Busy,
+    CheckpointNotFound,
+    CkptdError,
+    InvalidTarget,
+    PermissionDenied,
+    PreconditionFailed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +135,11 @@ class PolicyService:
                 same_job = policy.pid == 0 or (policy.pid == old.pid and (
                     status is None or not old.started or status.start_time == old.started))
                 policy = replace(
-                    policy, last_fired=old.last_fired, last_checkpoint_id=old.last_checkpoint_id,
-                    last_error=old.last_error,
+                    policy, last_fired=old.last_fired, last_error=old.last_error,
+                    # what a died job's resume restores: never a checkpoint of the run
+                    # before a new `ckptctl run` (its command starts afresh)
+                    last_checkpoint_id="" if callers_child and not same_job
+                    else old.last_checkpoint_id,
                     # a new process under the name (a restored or restarted job) runs again
                     drained_checkpoint_id=old.drained_checkpoint_id if same_job else "",
                     pid=old.pid if same_job else policy.pid, uid=old.uid,
@@ -179,6 +193,32 @@ class PolicyService:
                              message=f"policy of {name} cleared")
         return ""
 
+    def clear_ended(self, caller: Caller, name: str, *, died: bool) -> tuple[str, str]:
+        """The job of ``name`` ended (``ckptctl run`` saw it): forget its policy, unless it was
+        drained, or ``died`` (killed by a signal) after its policy took a checkpoint: then the
+        policy is kept, for ``resume``. Returns (drained checkpoint, kept checkpoint), ("", "")
+        when cleared; looked at and cleared under one lock, refused (Busy) while the job is
+        being checkpointed, as ``clear``."""
+        policy = self.get(caller, name)
+        with self._lock:
+            key = (policy.uid, name)
+            if key in self._busy:
+                raise Busy(f"job {name} is being checkpointed right now",
+                           hint="retry when it is done (`ckptctl policy show`)")
+            current = self._policies.get(key, policy)
+            if current.drained_checkpoint_id:
+                return current.drained_checkpoint_id, ""
+            if died and current.last_checkpoint_id and not (current.pid
+                                                            and self._alive(current)):
+                kept = self._policies.get(key, current).last_checkpoint_id
+                self._events.publish(
+                    EventKind.POLICY_SET, pid=current.pid, name=name, uid=current.uid,
+                    checkpoint_id=kept,
+                    message=f"{name} died; its policy is kept: `ckptctl resume {name}` "
+                    f"restores {kept}")
+                return "", kept
+        return self.clear(caller, name, unless_drained=True), ""
+
     # ---- periodic ---------------------------------------------------------------------------
 
     def tick(self) -> builtins.list[str]:
@@ -205,13 +245,16 @@ class PolicyService:
             return self._fire_held(policy, leave_running=leave_running, kind=kind)
 
     @contextlib.contextmanager
-    def _holding(self, policy: Policy, wait_s: float) -> Iterator[None]:
-        """One checkpoint of a job at a time: wait up to ``wait_s`` for the one under way
-        (a drain waits for a periodic checkpoint; a periodic one skips a draining job)."""
+    def _holding(self, policy: Policy, wait_s: float,
+                 doing: str = "checkpointed") -> Iterator[None]:
+        """One checkpoint (or resume) of a job at a time: wait up to ``wait_s`` for the one
+        under way (a drain waits for a periodic checkpoint; a periodic one skips a draining
+        job)."""
         key = (policy.uid, policy.name)
         with self._idle:
             if not self._idle.wait_for(lambda: key not in self._busy, timeout=wait_s):
-                raise Busy(f"job {policy.name} is being checkpointed already")
+                raise Busy(f"job {policy.name} is being {doing} already",
+                           hint="retry when that is done (`ckptctl policy show`)")
             self._busy.add(key)
         try:
             yield
@@ -313,14 +356,15 @@ class PolicyService:
     def resume(
         self, caller: Caller, name: str = ""
     ) -> tuple[builtins.list[RestoreOutcome], builtins.list[str]]:
-        """Restore the drained job ``name`` (empty: every drained job the caller may)."""
+        """Restore the drained job ``name`` (empty: every drained job the caller may); by
+        name, also the caller's protected job that died (``clear_ended``): from the newest
+        checkpoint its policy took."""
         with self._lock:
             drained = [p for p in self._policies.values() if p.drained_checkpoint_id
                        and (not name or p.name == name)
                        and (caller.is_root or p.uid == caller.uid)]
         if name and not drained:
-            raise CheckpointNotFound(f"job {name!r} is not drained",
-                                     hint="see `ckptctl policy show`")
+            return [self._resume_died(caller, name)], []
         done: builtins.list[RestoreOutcome] = []
         errors: builtins.list[str] = []
         for policy in drained:
@@ -341,6 +385,40 @@ class PolicyService:
                                  checkpoint_id=outcome.checkpoint_id, name=policy.name,
                                  message=f"{policy.name} resumed as pid {outcome.pid}")
         return done, errors
+
+    def _resume_died(self, caller: Caller, name: str) -> RestoreOutcome:
+        """The caller's job ``name``, not drained, restored from the newest checkpoint its
+        policy took, once its process is gone; refused while it runs (the restored process
+        of an earlier resume too) and while another checkpoint or resume of it is under way."""
+        with self._lock:
+            found = self._find(caller, name)
+        if found is None:
+            raise CheckpointNotFound(
+                f"no protected job named {name!r} here (a job that ended on its own leaves "
+                "no policy)",
+                hint=f"`ckptctl list --name {name}` shows its checkpoints, `ckptctl restore "
+                     f"--name {name}` restores the newest")
+        self._check_owner(caller, found)
+        with self._holding(found, wait_s=0.0, doing="checkpointed or resumed"):
+            with self._lock:
+                policy = self._policies.get((found.uid, name), found)
+            if policy.pid and self._alive(policy):
+                raise PreconditionFailed(
+                    f"job {name!r} still runs as pid {policy.pid}: nothing to resume",
+                    pid=policy.pid,
+                    hint=f"`ckptctl dump --name {name}` checkpoints and stops it")
+            if not policy.last_checkpoint_id:
+                raise CheckpointNotFound(
+                    f"job {name!r} is not drained and has no checkpoint of its policy",
+                    hint="see `ckptctl policy show` and `ckptctl list --name NAME`")
+            outcome = self._restore(Caller(uid=policy.uid),
+                                    RestoreRequest(checkpoint_id=policy.last_checkpoint_id))
+            self._update(policy, pid=outcome.pid, last_error="",
+                         started=self._processes.status(outcome.pid).start_time)
+        self._events.publish(EventKind.RESUME, pid=outcome.pid, uid=policy.uid,
+                             checkpoint_id=outcome.checkpoint_id, name=name,
+                             message=f"{name} resumed as pid {outcome.pid} after it died")
+        return outcome
 
     def spot_notice(
         self, source: str, detail: str

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from .support import (
     Daemon,
     Procs,
     assert_ok,
+    assert_one_line_error,
     assert_running,
     is_alive,
     read_lines_file,
@@ -280,3 +284,83 @@ def test_run_never_signals_a_job_the_daemon_is_still_checkpointing(
     assert restored["pid"] == job
     assert wait_for_done(out) == ref, "no SIGTERM was saved in the image"
     assert_ok(daemon.ctl("policy", "clear", "slowgrace"), "clear")
+
+
+OTHER_USER = "ckptd-t-resume"
+
+
+@pytest.fixture(scope="module")
+def other_user() -> Iterator[int]:
+    """A real unprivileged user, created for the test (and removed after)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a user")
+    created = False
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/false",
+                        OTHER_USER], check=True)
+        created = True
+    try:
+        yield pwd.getpwnam(OTHER_USER).pw_uid
+    finally:
+        if created:
+            subprocess.run(["userdel", OTHER_USER], check=False)
+
+
+@pytest.fixture
+def open_daemon(start_daemon: Callable[..., Daemon]) -> Iterator[Daemon]:
+    """A daemon whose socket any uid may connect to (pytest's directories are root's)."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="ckptd-it-sock-", dir="/tmp"))
+    try:
+        sock_dir.chmod(0o755)
+        yield start_daemon(config={"socket_mode": "666"}, socket_dir=sock_dir / "run")
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_a_job_killed_under_run_every_is_resumed_from_its_newest_checkpoint(
+    open_daemon: Daemon, procs: Procs, tmp_path: Path, other_user: int
+) -> None:
+    """Issue 34 (4), the check every checkpointing guide recommends: the job of ``ckptctl run
+    --every`` is SIGKILLed (the job, not ``run``) once a periodic checkpoint exists. ``run``
+    exits 137 saying which checkpoint exists and the command that restores it; ``ckptctl
+    resume NAME`` restores exactly that one, and the job's output continues bit for bit from
+    it; another user's resume of the name finds no job of theirs; a second resume while the
+    restored job runs is refused in one line."""
+    daemon = open_daemon
+    cmd = workload("counter", "--steps", 400, "--mem-mib", 8)
+    ref = reference(with_interval(cmd, 0))
+    out = tmp_path / "job.out"
+    launcher = launch(procs, daemon, out, "--name", "crashy", "--every", "10s",
+                      cmd=with_interval(cmd, INTERVAL))
+    job = job_of(launcher)
+    wait_until(lambda: policies(daemon).get("crashy", {}).get("last_checkpoint_id"), 30,
+               "the first periodic checkpoint")
+    first = policies(daemon)["crashy"]["last_checkpoint_id"]
+    assert is_alive(job), "the job outlived its first checkpoint"
+    os.kill(job, signal.SIGKILL)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 137, err
+    assert (f"crashy (pid {job}) was killed by SIGKILL; its newest checkpoint is {first}: "
+            "`ckptctl resume crashy` restores it").encode() in err, err
+    assert policies(daemon)["crashy"]["last_checkpoint_id"] == first, "the policy is kept"
+    theirs = daemon.ctl("resume", "crashy", user=other_user)
+    assert_one_line_error(theirs, 2, "no protected job named 'crashy' here")
+    assert not is_alive(job), "nothing was restored for the other user"
+
+    res = assert_ok(daemon.ctl("resume", "crashy"), "resume")
+    assert errors_of(res) == []
+    restored = res["restored"][0]
+    procs.add(restored["pid"])
+    assert restored["id"] == first and restored["pid"] == job
+    again = daemon.ctl("resume", "crashy")
+    assert_one_line_error(again, 2, f"job 'crashy' still runs as pid {job}",
+                          "nothing to resume")
+    assert wait_for_done(out) == ref
+    assert "resume" in event_kinds(daemon)
+    assert_ok(daemon.ctl("policy", "clear", "crashy"), "policy clear")
+
+
+def errors_of(res: dict[str, Any]) -> list[str]:
+    return list(res.get("errors", []))

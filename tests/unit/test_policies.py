@@ -23,6 +23,7 @@ from ckptd.errors import (
     CriuFailed,
     InvalidTarget,
     PermissionDenied,
+    PreconditionFailed,
 )
 from ckptd.testing import FakeClock, FakeProcessTable, MemoryPolicyRepo
 
@@ -67,6 +68,8 @@ class Node:
 
     def restore(self, caller: Caller, request: RestoreRequest) -> RestoreOutcome:
         self.restores.append(request)
+        if not self.processes.status(500).uid:  # the restored process runs (a new start)
+            self.processes.add_process(500, 1, comm="train", uid=1000)
         return RestoreOutcome(request.checkpoint_id, 500, "", 0.1)
 
     def kinds(self) -> list[EventKind]:
@@ -153,8 +156,8 @@ def test_drain_checkpoints_every_protected_job_and_resume_brings_them_back() -> 
     restored, errors = n.policies.resume(USER)
     assert [r.checkpoint_id for r in restored] == ["ck-1"] and errors == []
     assert n.policies.get(USER, "train").drained_checkpoint_id == ""
-    with pytest.raises(CheckpointNotFound):
-        n.policies.resume(USER, "train")
+    with pytest.raises(PreconditionFailed, match="still runs as pid 500"):
+        n.policies.resume(USER, "train")  # never twice: the resumed job runs
     kinds = n.kinds()
     assert EventKind.DRAIN in kinds and EventKind.RESUME in kinds
 
@@ -293,8 +296,8 @@ def test_job_names_are_per_owner() -> None:
     assert [(x.uid, x.pid) for x in drained] == [(2000, 700)] and errors == []
     assert [c.uid for c, _ in node.dumps] == [2000]
     assert not p.get(USER, "train").drained_checkpoint_id
-    with pytest.raises(CheckpointNotFound, match="not drained"):
-        p.resume(USER, "train")
+    with pytest.raises(PreconditionFailed, match="'train' still runs as pid 500"):
+        p.resume(USER, "train")  # USER's own job, running: the other's drain is not USER's
     p.clear(USER, "train")
     assert p.get(OTHER, "train").drained_checkpoint_id == "ck-1"
     restarted = Node(node.repo)  # persisted by owner and name
@@ -316,3 +319,75 @@ def test_a_restored_job_under_its_old_pid_is_a_new_job_for_its_policy() -> None:
     assert n.policies.get(USER, "train").drained_checkpoint_id == ""
     n.policies.set(USER, Policy(name="train", pid=500, every_s=120, on_term=True))
     assert n.policies.get(USER, "train").every_s == 120, "the same process: updated in place"
+
+
+def test_a_protected_job_that_died_keeps_its_policy_and_resume_restores_its_newest() -> None:
+    """Issue 34 (4): the job of ``ckptctl run`` killed by a signal after its policy took
+    checkpoints: its policy is kept (not cleared), ``resume NAME`` restores the newest of
+    them, once, and only for its owner; a job that still runs is never restored over."""
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=60, on_term=True))
+    assert n.policies.tick() == ["train"]
+    n.clock.advance(60)
+    assert n.policies.tick() == ["train"]
+    with pytest.raises(PreconditionFailed, match="still runs as pid 500"):
+        n.policies.resume(USER, "train")
+    assert n.restores == []
+    n.processes.remove(500)  # SIGKILLed
+    assert n.policies.clear_ended(USER, "train", died=True) == ("", "ck-2")
+    assert n.policies.get(USER, "train").last_checkpoint_id == "ck-2"
+    assert n.policies.tick() == [], "a dead job is not checkpointed"
+    with pytest.raises(CheckpointNotFound):
+        n.policies.resume(OTHER, "train")  # names are their owner's
+    restored, errors = n.policies.resume(USER, "train")
+    assert [r.checkpoint_id for r in restored] == ["ck-2"] and errors == []
+    assert [r.checkpoint_id for r in n.restores] == ["ck-2"]
+    assert EventKind.RESUME in n.kinds()
+    with pytest.raises(PreconditionFailed, match="still runs as pid 500"):
+        n.policies.resume(USER, "train")
+    assert len(n.restores) == 1, "never resumed twice"
+    n.clock.advance(60)
+    assert n.policies.tick() == ["train"], "the resumed job is protected again"
+
+
+def test_a_job_that_ended_on_its_own_or_before_any_checkpoint_leaves_nothing_to_resume(
+) -> None:
+    n = Node()
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=60, on_term=True))
+    n.policies.set(USER, Policy(name="serve", pid=600, every_s=60, on_term=True))
+    n.policies.tick()
+    n.processes.remove(500)
+    n.processes.remove(600)
+    assert n.policies.clear_ended(USER, "train", died=False) == ("", "")
+    assert [p.name for p in n.policies.list(USER)] == ["serve"]
+    with pytest.raises(CheckpointNotFound, match="no protected job named 'train'"):
+        n.policies.resume(USER, "train")
+    assert n.restores == []
+
+
+def test_a_died_job_with_no_checkpoint_is_cleared_and_a_resume_under_way_is_held() -> None:
+    n = Node()
+    n.processes.add_process(800, 1, comm="fresh", uid=1000)
+    n.policies.set(USER, Policy(name="fresh", pid=800, on_term=True))
+    n.processes.remove(800)
+    assert n.policies.clear_ended(USER, "fresh", died=True) == ("", "")
+    assert n.policies.list(USER) == []
+
+    n.policies.set(USER, Policy(name="train", pid=500, every_s=60, on_term=True))
+    n.policies.tick()
+    n.processes.remove(500)
+    assert n.policies.clear_ended(USER, "train", died=True) == ("", "ck-1")
+    seen: list[Exception] = []
+    inner = n.restore
+
+    def restore_racing(caller: Caller, request: RestoreRequest) -> RestoreOutcome:
+        try:  # a second resume while the first is restoring
+            n.policies.resume(USER, "train")
+        except Exception as exc:
+            seen.append(exc)
+        return inner(caller, request)
+
+    n.policies._restore = restore_racing
+    n.policies.resume(USER, "train")
+    assert len(n.restores) == 1
+    assert len(seen) == 1 and "being checkpointed or resumed already" in str(seen[0])

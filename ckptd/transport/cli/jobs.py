@@ -249,7 +249,9 @@ def add_commands(
                     "checkpoint and stop every protected job on this node (maintenance)")
     drain.add_argument("--name", action="append", metavar="NAME", type=types.name,
                        help="only this job (repeatable; a user may drain their own jobs)")
-    resume = command("resume", cmd_resume, "restore jobs a drain or spot notice stopped")
+    resume = command("resume", cmd_resume,
+                     "restore jobs a drain or spot notice stopped, or one that died under "
+                     "`ckptctl run` (its newest checkpoint)")
     resume.add_argument("name", nargs="?", type=types.name)
     resume.add_argument("--all", action="store_true", help="every drained job")
 

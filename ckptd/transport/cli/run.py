@@ -5,6 +5,9 @@ Launches COMMAND under the daemon's protection, with no change to it: in a sessi
 checkpoints with ``--every``). Then it waits:
 
 - COMMAND exits on its own: its policy is cleared, and ``run`` exits with its status;
+- COMMAND is killed by a signal (SIGKILL, the OOM killer, a crash) after a checkpoint of its
+  policy: the policy is kept, ``run`` says which checkpoint is the newest and that ``ckptctl
+  resume NAME`` restores it, and exits with the job's status (137 for SIGKILL);
 - ``run`` gets SIGTERM (Kubernetes, Slurm, systemd stopping it): the daemon checkpoints and
   stops the job (a drain of that one job), within ``--grace`` seconds; ``run`` says where the
   checkpoint is (``ckptctl resume NAME`` restores it) and exits 143, so that schedulers see
@@ -119,11 +122,20 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
         # never 143, so a batch script does not requeue a finished job.
         if terminated.is_set() and job.poll() is None:
             return _checkpoint_then_stop(ctx, args, job, name)
-        drained = _forget_unless_drained(ctx, name)
+        code = job.wait() if job.poll() is not None else None
+        died = code is not None and code < 0 and not terminated.is_set()
+        drained, kept = _forget_ended(ctx, name, died=died)
         if drained:  # a drain, a spot notice or `ckptctl dump --name` (preStop) took it
             notice(f"{name} (pid {job.pid}) was checkpointed as {drained} and stopped; "
                    f"{_restores_it(name)}")
             return EXIT_TERMINATED
+        if died and code is not None:
+            how = f"{name} (pid {job.pid}) was killed by {_signal_name(-code)}"
+            if kept:
+                notice(f"{how}; its newest checkpoint is {kept}: {_restores_it(name)}")
+            else:
+                notice(f"{how} before any checkpoint of it: nothing to resume")
+            return _status(code)
         if terminated.is_set():
             err(f"{name} (pid {job.pid}) had ended (exit status {_status(job.wait())}) "
                 "before SIGTERM: nothing to checkpoint")
@@ -289,21 +301,38 @@ def _signal_job(job: Child, signo: int) -> None:
         os.close(fd)
 
 
+def _signal_name(signo: int) -> str:
+    try:
+        return signal.Signals(signo).name
+    except ValueError:
+        return f"signal {signo}"
+
+
 def _forget_unless_drained(ctx: Any, name: str, wait_s: float = 60.0) -> str:
     """The job ended: its drain checkpoint id if a drain stopped it, else clear its policy
-    and return "". While the daemon is still checkpointing it (the job dies before the
-    checkpoint is recorded), clearing is refused as busy: ask again."""
+    and return ""."""
+    return _forget_ended(ctx, name, died=False, wait_s=wait_s)[0]
+
+
+def _forget_ended(ctx: Any, name: str, *, died: bool, wait_s: float = 60.0
+                  ) -> tuple[str, str]:
+    """The job ended: (its drain checkpoint id, "") if a drain stopped it; ("", the newest
+    checkpoint of its policy) when it ``died`` (killed by a signal) after one, its policy
+    kept for ``ckptctl resume``; else its policy cleared, ("", ""). While the daemon is
+    still checkpointing it (the job dies before the checkpoint is recorded), clearing is
+    refused as busy: ask again."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             # one call: a look then a clear would forget a drain that ends between the two
             response = ctx.client.ClearPolicy(
-                pb.ClearPolicyRequest(name=name, unless_drained=True), timeout=ctx.timeout)
-            return str(response.drained_checkpoint_id)
+                pb.ClearPolicyRequest(name=name, unless_drained=True,
+                                      unless_died_checkpointed=died), timeout=ctx.timeout)
+            return str(response.drained_checkpoint_id), str(response.kept_checkpoint_id)
         except grpc.RpcError as exc:
             busy = exc.code() == grpc.StatusCode.ABORTED
             if not busy or time.monotonic() > deadline:
-                return ""  # the job is over; a stale policy only names a pid that is gone
+                return "", ""  # the job is over; a stale policy only names a pid that is gone
             time.sleep(0.2)
 
 

@@ -237,6 +237,11 @@ class CheckpointerServicer(GroupRpcs, pb_grpc.CheckpointerServicer):
     def ClearPolicy(self, request: pb.ClearPolicyRequest, context: grpc.ServicerContext) -> Any:
         policies = self._policy_service(context)
         name = self._checked(context, lambda: v.name(request.name, "job name", required=True))
+        if request.unless_died_checkpointed:
+            drained, kept = self._unary(
+                context, lambda c: policies.clear_ended(c, name, died=True))
+            return pb.ClearPolicyResponse(name=request.name, drained_checkpoint_id=drained,
+                                          kept_checkpoint_id=kept)
         drained = self._unary(
             context, lambda c: policies.clear(c, name, unless_drained=request.unless_drained))
         return pb.ClearPolicyResponse(name=request.name, drained_checkpoint_id=drained)

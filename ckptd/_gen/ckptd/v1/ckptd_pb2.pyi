@@ -595,21 +595,28 @@ class ClearPolicyRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     UNLESS_DRAINED_FIELD_NUMBER: _builtins.int
+    UNLESS_DIED_CHECKPOINTED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     unless_drained: _builtins.bool
     """Keep a policy whose job was drained (checkpointed and stopped) and answer with its
     checkpoint instead: `ckptctl run` forgets its job's policy this way when the job ends,
     in one step, so a drain that ends between a look and a clear is never forgotten.
     """
+    unless_died_checkpointed: _builtins.bool
+    """Also keep (with unless_drained) the policy of a job that died, killed by a signal, once
+    its policy took a checkpoint, and answer with it: `ckptctl run` says so when its job is
+    killed, and `ckptctl resume NAME` then restores that checkpoint.
+    """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         unless_drained: _builtins.bool = ...,
+        unless_died_checkpointed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "unless_drained", b"unless_drained"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "unless_died_checkpointed", b"unless_died_checkpointed", "unless_drained", b"unless_drained"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -621,18 +628,22 @@ class ClearPolicyResponse(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     DRAINED_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    KEPT_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     drained_checkpoint_id: _builtins.str
     """unless_drained, and the job was drained: kept, this"""
+    kept_checkpoint_id: _builtins.str
+    """unless_died_checkpointed, and it died: kept, this"""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         drained_checkpoint_id: _builtins.str = ...,
+        kept_checkpoint_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "kept_checkpoint_id", b"kept_checkpoint_id", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
