@@ -85,6 +85,8 @@ from ckptd.core.ports import (
     TreeGuard,
     WrittenFile,
 )
+from ckptd.core.ports.criu import RELINKS_IMAGE, CriuRelink, encode_relinks
+from ckptd.core.ports.files import JobFiles
 from ckptd.core.recipe import ProgressSink, Step, run_steps
 from ckptd.core.targets import check_dump_target, check_tcp, container_init
 from ckptd.core.undo import AbortStaging, KillTree, ResumeCuda, ResumeTree, Undo, UndoLog
@@ -142,6 +144,11 @@ class DumpContext:
     """The tree's processes, held since ``inspect`` (and those CRIU found later)."""
     files: tuple[CapturedFile, ...] = ()
     files_skipped: tuple[str, ...] = ()
+    relinks: tuple[CriuRelink, ...] = ()
+    """CRIU's link-remap files of the images, each with the name it is linked as (``files``
+    records them with the images; a dump that kills removes them once CRIU is done)."""
+    relinks_in: JobFiles | None = None
+    """The files port (the tree's root) they were found through."""
     written: tuple[WrittenFile, ...] = ()
     """The files the tree writes, as ``inspect`` listed them (re-listed while frozen)."""
     precopies: dict[str, Precopy] = field(default_factory=dict)
@@ -546,6 +553,23 @@ class DumpRecipe:
         for skipped in captured.skipped:
             log.warning("dump %s: file not captured: %s", ctx.checkpoint_id, skipped)
             ctx.notes.append(f"not captured: {skipped}")
+        self._record_link_remaps(ctx)
+
+    def _record_link_remaps(self, ctx: DumpContext) -> None:
+        """CRIU at post-dump, every link-remap file it made still on disk: the name each is
+        linked as, recorded with the images (``RELINKS_IMAGE``), so that a restore can link
+        it again once it is gone (a leave-running dump's CRIU removes them, a killing one's
+        ckptd, at ``release``). One linked as nothing else in its directory would never
+        restore: the dump is refused before its commit (docs/adr/0028)."""
+        assert self._files is not None and ctx.images_dir is not None
+        found = self._criu.restore_paths(ctx.images_dir, None).relinks
+        if not found:
+            return
+        files = self._files if ctx.container is None else self._files.seen_by(ctx.request.pid)
+        ctx.relinks = files.link_remaps(found)
+        ghosts.refuse_unlinked_remaps(ctx.relinks, ctx.request.pid)
+        (ctx.images_dir / RELINKS_IMAGE).write_bytes(encode_relinks(ctx.relinks))
+        ctx.relinks_in = files
 
     def _let_go(self, ctx: DumpContext) -> None:
         assert ctx.criu is not None
@@ -645,4 +669,7 @@ class DumpRecipe:
         must find the pids free."""
         if not ctx.request.leave_running and ctx.held is not None:
             self.undoer.kill_tree(ctx.held, wait_s=KILL_WAIT_S)
+        if not ctx.request.leave_running and ctx.relinks_in is not None:
+            # CRIU leaves them after a dump that kills: the checkpoint no longer needs them
+            ctx.relinks_in.remove_link_remaps(ctx.relinks)
         self._journal_end(ctx)

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 
 from ckptd.core.config import CoreConfig
+from ckptd.core.ports.criu import CriuRelink
 from ckptd.core.ports.files import GhostFile
 from ckptd.errors import TargetRefused, TooManyRequests
 
@@ -69,6 +70,22 @@ def refuse_unsafe_relinks(problems: Sequence[str], pid: int) -> None:
             f"cannot checkpoint pid {pid}: it holds {problems[0]}",
             hint="close that file, or keep such files in a directory only root can change "
                  "(/tmp, /dev/shm)", pid=pid)
+
+
+def refuse_unlinked_remaps(relinks: Sequence[CriuRelink], pid: int) -> None:
+    """Raises TargetRefused (CRIU has dumped; nothing is committed, the tree runs on) for
+    the first link-remap file linked as nothing else in its own directory: the object CRIU
+    linked back would be gone from the node once its link-remap file is, and no restore of
+    the checkpoint could find it (a checkpoint holds everything its restore needs)."""
+    for relink in relinks:
+        if not relink.linked_as:
+            raise TargetRefused(
+                f"cannot checkpoint pid {pid}: it holds the deleted file {relink.deleted}, "
+                f"still linked elsewhere but under no other name in its directory; CRIU "
+                f"linked it back as {relink.remap}, which no restore would find once the "
+                "dump ends: nothing was committed, the tree runs on",
+                hint="close that file before the checkpoint, or keep its other name in the "
+                     "same directory", pid=pid)
 
 
 class GhostBudget:

@@ -8,12 +8,14 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptd.adapters.procfs import relinks
 from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, link_remap_problems, pin_paths
 from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
+from ckptd.core.ports.criu import CriuRelink
 from ckptd.core.ports.files import GhostFile, SharedFile
 from ckptd.domain import CapturedFile, ProcessFact
 
@@ -137,6 +139,17 @@ class FakeJobFiles:
         paths = sorted({p for proc in tree for p in self.relinked.get(proc.pid, ())})
         with self._at() as root:
             return link_remap_problems(root, paths)
+
+    def link_remaps(self, found: Sequence[CriuRelink]) -> tuple[CriuRelink, ...]:
+        """``relinks.linked_as`` (the real rule, on these real paths)."""
+        with self._at() as root:
+            return relinks.linked_as(root, found)
+
+    def remove_link_remaps(self, found: Sequence[CriuRelink]) -> None:
+        """``relinks.remove`` (the real rule, on these real paths)."""
+        self._event("files.remove_link_remaps " + " ".join(r.remap for r in found))
+        with self._at() as root:
+            relinks.remove(root, found)
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         self._event(f"files.precopy {file.path}")

@@ -24,6 +24,7 @@ WORKLOADS = Path(__file__).resolve().parent / "workloads"
 DDP = WORKLOADS / "ddp_train.py"
 DATALOADER = WORKLOADS / "dataloader_train.py"
 SHARED_SPAWN = WORKLOADS / "shared_spawn.py"
+SPAWN_QUEUE = WORKLOADS / "spawn_queue.py"
 TORCHRUN = VENV_BIN / "torchrun"
 LOG_NAME = "train.log"
 STATE_NAME = "state.bin"
@@ -55,6 +56,13 @@ def shared_spawn_cmd(out_dir: Path, steps: int, pace: float = PACE) -> list[str]
     """An 8 MiB tensor in shared memory (an unlinked /dev/shm file) shared with a process
     started by torch.multiprocessing's spawn (issue 24)."""
     return [str(VENV_PYTHON), str(SHARED_SPAWN), "--out-dir", str(out_dir),
+            "--steps", str(steps), "--pace", str(pace)]
+
+
+def spawn_queue_cmd(out_dir: Path, steps: int, pace: float = PACE) -> list[str]:
+    """A loop fed by a multiprocessing spawn-context worker through Queues: named POSIX
+    semaphores (/dev/shm/sem.mp-*) mapped through an unlinked name (issue 34)."""
+    return [str(VENV_PYTHON), str(SPAWN_QUEUE), "--out-dir", str(out_dir),
             "--steps", str(steps), "--pace", str(pace)]
 
 
@@ -156,7 +164,8 @@ class References:
 
     BUILDERS: dict[str, Command] = {"ddp": torchrun_cmd, "dataloader": dataloader_cmd,
                                     "big-batches": big_batches_cmd,
-                                    "shared-spawn": shared_spawn_cmd}
+                                    "shared-spawn": shared_spawn_cmd,
+                                    "spawn-queue": spawn_queue_cmd}
 
     def __init__(self, root: Path) -> None:
         self.root = root

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ from tests.jobshapes.shapes import (
     kill_tree,
     rank_cmd,
     shared_spawn_cmd,
+    spawn_queue_cmd,
     torchrun_cmd,
 )
 
@@ -289,3 +291,49 @@ def test_e_ddp_ranks_on_two_nodes_group_checkpoint_and_group_restore(
     assert_same_outcome(Outcome.read(stdout, out_dir), want, "DDP group restored")
     assert (tmp_path / "rank1.out").read_bytes() == b"", "rank 1 prints nothing"
 
+
+
+SEM_STEPS = 30
+
+
+def _dump_leftovers() -> set[str]:
+    """What of a dump's may lie in /dev/shm: CRIU's link-remap files and the job's named
+    semaphores."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(("link_remap.", "sem.mp-"))}
+
+
+@pytest.mark.parametrize("leave_running", [False, True], ids=["dump", "leave-running-kill"])
+def test_h_spawn_context_queues_named_semaphores_restored_bit_for_bit(
+    daemon: Daemon, procs: Procs, references: References, tmp_path: Path, leave_running: bool,
+) -> None:
+    """(h) multiprocessing's spawn context (issue 34, 1 and 2): its Queues' named POSIX
+    semaphores are mapped through an unlinked name while still linked as /dev/shm/sem.mp-*.
+    A plain dump, and a leave-running checkpoint followed by the job's death, both restore
+    with the defaults, bit for bit; nothing of the dump is left in /dev/shm once the job ends
+    (its semaphores are the job's own, removed by its resource tracker)."""
+    before = _dump_leftovers()
+    want = references.get("spawn-queue", SEM_STEPS)
+    out_dir, stdout = tmp_path / "out", tmp_path / "stdout"
+    pid = start_detached(procs, spawn_queue_cmd(out_dir, SEM_STEPS), stdout)
+    wait_for_lines(stdout, 5, timeout=START_S)
+    extra = ["--leave-running"] if leave_running else []
+    dumped = assert_ok(daemon.ctl("dump", pid, "--name", "sem-h", *extra), "dump")
+    timing(f"(h) dump {' '.join(extra)}", dumped)
+    if leave_running:
+        wait_for_lines(stdout, len(wait_for_lines(stdout, 1)) + 2, timeout=30)
+        kill_tree(pid)
+    assert not is_alive(pid)
+    checked = daemon.ctl("check-restore", dumped["id"])
+    assert checked.rc == 0, f"check-restore: {checked.out or checked.err}"
+    restored = assert_ok(daemon.ctl("restore", "--name", "sem-h"), "restore --name sem-h")
+    timing("(h) restore", restored)
+    procs.add(restored["pid"])
+    assert restored["pid"] == pid
+
+    wait_for_done(stdout, timeout=START_S)
+    assert_same_outcome(Outcome.read(stdout, out_dir), want, "spawn-context job restored")
+    deadline = time.monotonic() + 10
+    while is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _dump_leftovers() - before
+    assert not any(n.startswith("link_remap.") for n in left), f"left in /dev/shm: {left}"

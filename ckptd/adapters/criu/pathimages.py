@@ -6,8 +6,11 @@ entries), named FIFOs (a FIFO entry points at a file entry) — and creates some
 ghost file of a deleted one (``<path>.cr.<remap id>.ghost``, or the directory itself), the
 file of a bound unix socket. All of them are file entries of ``files.img`` (``reg`` and
 ``usk``), with ``remap-fpath.img`` saying which are deleted (ghost, link-remap, a dead
-process's /proc). Decoded from the protobuf wire format like ``images.tcp_connections_in``
-(only the fields named below), so that ckptd needs neither ``crit`` nor CRIU's schemas.
+process's /proc). A deleted file still linked elsewhere is linked back by CRIU's dump as
+``link_remap.N``: ``relinks`` pairs it with the deleted name and with the name the object was
+still linked as (``RELINKS_IMAGE``, ckptd's own, written at the dump). Decoded from the
+protobuf wire format like ``images.tcp_connections_in`` (only the fields named below), so
+that ckptd needs neither ``crit`` nor CRIU's schemas.
 
 Invariant: an image that cannot be read yields the paths read so far plus ``unreadable``
 set; the restore then refuses (ckptd does not let CRIU resolve paths it has not checked).
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from ckptd.adapters.criu.images import IMG_COMMON_MAGIC, proto_fields
 from ckptd.core.ports import CriuCreates, CriuPaths, ImageSource
+from ckptd.core.ports.criu import RELINKS_IMAGE, CriuRelink, decode_relinks
 
 _FD_REG = 1
 _FD_UNIXSK = 5
@@ -70,15 +74,22 @@ def _absolute(name: str) -> str:
     return name if name.startswith("/") else "/" + name
 
 
-def criu_paths_in(files_raw: bytes | None, remaps_raw: bytes | None) -> ImagePaths:
+def criu_paths_in(files_raw: bytes | None, remaps_raw: bytes | None,
+                  relinks_raw: bytes | None = None) -> ImagePaths:
     """The paths of ``files.img`` (``files_raw``; None: no such image, no file) given the
-    deleted files of ``remap-fpath.img`` (``remaps_raw``; None: none was deleted)."""
+    deleted files of ``remap-fpath.img`` (``remaps_raw``; None: none was deleted) and the
+    names link-remap files were linked as (``relinks_raw``, ``RELINKS_IMAGE``; None: not
+    recorded)."""
     opened: dict[str, None] = {}
     created: dict[CriuCreates, None] = {}
     try:
         remaps = _remaps(remaps_raw)
     except (ValueError, IndexError, struct.error):
         return ImagePaths(CriuPaths(), "remap-fpath.img")
+    try:
+        linked_as = decode_relinks(relinks_raw) if relinks_raw is not None else {}
+    except ValueError:
+        return ImagePaths(CriuPaths(), RELINKS_IMAGE)
     if files_raw is None:
         return ImagePaths(CriuPaths())
     regs: dict[int, tuple[str, int]] = {}
@@ -108,7 +119,11 @@ def criu_paths_in(files_raw: bytes | None, remaps_raw: bytes | None) -> ImagePat
                 created[CriuCreates(f"{path}.cr.{remap[1]:x}.ghost", "ghost file")] = None
         # _REMAP_LINKED: CRIU opens the link-remap file, a file entry of its own (above);
         # _REMAP_PROCFS: a dead process's /proc entry, made by CRIU in the tree's own /proc
-    return ImagePaths(CriuPaths(tuple(opened), tuple(created)))
+    relinks = tuple(
+        CriuRelink(regs[remap_id][0], regs[fid][0], linked_as.get(regs[remap_id][0], ""))
+        for fid, (kind, remap_id) in sorted(remaps.items())
+        if kind == _REMAP_LINKED and fid in regs and remap_id in regs)
+    return ImagePaths(CriuPaths(tuple(opened), tuple(created), relinks))
 
 
 def _regular(reg: bytes) -> tuple[int, str, int] | None:
@@ -171,4 +186,8 @@ def read_restore_paths(images_dir: Path, images: ImageSource | None) -> ImagePat
         files = read("files.img")
     except (OSError, KeyError) as exc:
         return ImagePaths(CriuPaths(), f"files.img ({exc})")
-    return criu_paths_in(files, remaps)
+    try:
+        relinks = read(RELINKS_IMAGE) if remaps is not None else None
+    except (OSError, KeyError) as exc:
+        return ImagePaths(CriuPaths(), f"{RELINKS_IMAGE} ({exc})")
+    return criu_paths_in(files, remaps, relinks)

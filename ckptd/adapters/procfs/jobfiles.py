@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ckptd.adapters.procfs import relinks
 from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.ghosts import ghost_files, relinked_files
@@ -33,12 +34,19 @@ from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.adapters.procfs.sharers import writers_of
 from ckptd.adapters.procfs.stdio import _as_user
 from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
+from ckptd.core.ports.criu import CriuRelink
 from ckptd.core.ports.files import GhostFile, SharedFile
 from ckptd.domain import CapturedFile, ProcessFact
 from ckptd.errors import ProcessNotFound
 
 _SKIPPED_ROOTS = ("/proc/", "/sys/", "/dev/")
 _KEPT_UNDER_DEV = ("/dev/shm/",)
+_NOT_THE_JOBS = ("/dev/shm/sem.",)
+"""Named POSIX semaphores (``sem_open``; multiprocessing's spawn and forkserver contexts):
+synchronisation state, restored as CRIU restores it (the object itself, linked back), not
+content ckptd rolls back."""
+_CRIUS = "/link_remap."
+"""CRIU's own link-remap files (a dump's hard link of a deleted file, ``relinks``)."""
 
 
 class ProcJobFiles:
@@ -135,6 +143,14 @@ class ProcJobFiles:
     def relink_problems(self, tree: Sequence[ProcessFact]) -> tuple[str, ...]:
         with self._at() as root:
             return link_remap_problems(root, relinked_files(self._proc, tree))
+
+    def link_remaps(self, found: Sequence[CriuRelink]) -> tuple[CriuRelink, ...]:
+        with self._at() as root:
+            return relinks.linked_as(root, found)
+
+    def remove_link_remaps(self, found: Sequence[CriuRelink]) -> None:
+        with self._at() as root:
+            relinks.remove(root, found)
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         return precopy_file(file, dest)
@@ -244,7 +260,10 @@ class ProcJobFiles:
 
 def _capturable(path: str) -> bool:
     """A path of a file system file (not deleted: CRIU keeps those itself; not /proc, /sys
-    or devices, but POSIX shared memory under /dev/shm)."""
+    or devices, but POSIX shared memory under /dev/shm; not a named semaphore, nor a
+    link-remap file of CRIU's)."""
     if not path.startswith("/") or path.endswith(" (deleted)"):
+        return False
+    if path.startswith(_NOT_THE_JOBS) or _CRIUS in path:
         return False
     return path.startswith(_KEPT_UNDER_DEV) or not path.startswith(_SKIPPED_ROOTS)

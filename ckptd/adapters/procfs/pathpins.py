@@ -31,8 +31,10 @@ import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ckptd.adapters.procfs import relinks
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, components
 from ckptd.core.ports import CriuPaths
+from ckptd.core.ports.criu import CriuRelink
 
 _DELETED = " (deleted)"
 _KERNEL_NAMES = ("/memfd:", "/SYSV", "/dev/zero", "/anon_hugepage", "/[", "/proc/", "/sys/")
@@ -47,13 +49,19 @@ Identity = tuple[int, int]
 def pin_paths(root: Root, paths: CriuPaths, proc: Path = Path("/proc"), *,
               owns_root: bool = False) -> ProcPinnedPaths:
     """Every ``paths.opened`` that exists reached from ``root`` with no link followed and
-    held; every directory of ``paths.created`` checked to be root's alone. Raises
-    UnsafePath (nothing held then). ``owns_root``: ``root`` is closed with the pins."""
+    held; every directory of ``paths.created`` checked to be root's alone; before that, each
+    missing link-remap file of ``paths.relinks`` made again (``relinks.make``), removed when
+    the pins close. Raises UnsafePath (nothing held, nothing made then). ``owns_root``:
+    ``root`` is closed with the pins."""
     pins = ProcPinnedPaths(root if owns_root else None, proc)
     by_dir: dict[str, list[str]] = {}
     for path in paths.opened:  # each directory walked once (a job maps hundreds of files)
         by_dir.setdefault(path.rsplit("/", 1)[0] if path != "/" else "/", []).append(path)
     try:
+        for made in paths.created:  # checked before anything is made there
+            if made.what == "link-remap file":
+                root_alone(root, made.path, made.what, made.owner)
+        pins.relinked(root, relinks.make(root, paths.relinks))
         for group in by_dir.values():
             pins.pin(root, group)
         for made in paths.created:
@@ -156,6 +164,12 @@ class ProcPinnedPaths:
         self._ids: dict[Identity, str] = {}
         self._dirs: set[str] = set()
         """Directories where a deleted object may lie (of the pinned and created paths)."""
+        self._made: tuple[CriuRelink, ...] = ()
+        self._made_in: Root | None = None
+        """The link-remap files ``pin_paths`` made (removed at ``close``), and their root."""
+
+    def relinked(self, root: Root, made: tuple[CriuRelink, ...]) -> None:
+        self._made, self._made_in = made, root
 
     @property
     def identities(self) -> dict[Identity, str]:
@@ -259,10 +273,16 @@ class ProcPinnedPaths:
                 yield f"mapping {area}", base / "map_files" / area
 
     def close(self) -> None:
+        """Release the pins; remove the link-remap files ``pin_paths`` made that are still
+        there (CRIU removes them when it restores; not when it fails or never runs)."""
         fds, self._fds = self._fds, []
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        made, self._made = self._made, ()
+        if made and self._made_in is not None and self._made_in.fd >= 0:
+            relinks.remove(self._made_in, made)
+        self._made_in = None
         if self._root is not None:
             self._root.close()
             self._root = None

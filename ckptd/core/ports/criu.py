@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -23,6 +24,41 @@ class CriuCreates(NamedTuple):
     theirs in the job owner's ``/tmp/pymp-*``); -1: root's directories alone."""
 
 
+RELINKS_IMAGE = "ckptd-relinks.json"
+"""ckptd's own file among a checkpoint's images: each link-remap file's ``linked_as``."""
+
+
+class CriuRelink(NamedTuple):
+    """A deleted file CRIU's dump linked back (it was still linked elsewhere): CRIU made
+    ``remap`` (``link_remap.N`` beside it) a hard link of it; its restore links ``remap`` at
+    ``deleted``, opens it there and removes both names."""
+
+    remap: str
+    deleted: str
+    linked_as: str = ""
+    """The name the object is still linked as in ``remap``'s directory (a spawn-context
+    semaphore's ``/dev/shm/sem.mp-*``), recorded at the dump; "" when none was found."""
+
+
+def encode_relinks(relinks: Iterable[CriuRelink]) -> bytes:
+    """``RELINKS_IMAGE``'s content: each link-remap file's ``linked_as`` (those found)."""
+    found = {r.remap: r.linked_as for r in relinks if r.linked_as}
+    return json.dumps({"linked_as": found}, sort_keys=True).encode()
+
+
+def decode_relinks(raw: bytes) -> dict[str, str]:
+    """link-remap file -> ``linked_as``, from ``RELINKS_IMAGE``'s content. Raises
+    ValueError for anything else."""
+    try:
+        found = json.loads(raw)["linked_as"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"not ckptd's {RELINKS_IMAGE}") from exc
+    if not isinstance(found, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in found.items()):
+        raise ValueError(f"not ckptd's {RELINKS_IMAGE}")
+    return found
+
+
 @dataclass(frozen=True)
 class CriuPaths:
     """What CRIU resolves by path, as root, when it restores a checkpoint (read from its
@@ -34,6 +70,9 @@ class CriuPaths:
 
     opened: tuple[str, ...] = ()
     created: tuple[CriuCreates, ...] = ()
+    relinks: tuple[CriuRelink, ...] = ()
+    """Every link-remap file CRIU opens, with the deleted name it links it at (its
+    ``opened`` and ``created`` entries are there as well)."""
 
 
 class CriuHooks:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ckptd.core.ports.criu import CriuPaths, InheritFd
+from ckptd.core.ports.criu import CriuPaths, CriuRelink, InheritFd
 from ckptd.domain import CapturedFile, ProcessFact, StdioFact
 
 
@@ -166,6 +166,17 @@ class JobFiles(Protocol):
         but root can change (``pin``'s rule for what CRIU creates); () when none."""
         ...
 
+    def link_remaps(self, found: Sequence[CriuRelink]) -> tuple[CriuRelink, ...]:
+        """``found`` (CRIU's dump images' link-remap files, CRIU at post-dump: each still on
+        disk) with ``linked_as`` set to the other name of each one's object in its own
+        directory; "" where there is none."""
+        ...
+
+    def remove_link_remaps(self, found: Sequence[CriuRelink]) -> None:
+        """Unlink each link-remap file while it is the very object its ``linked_as`` names
+        (one missing, or another object, is left)."""
+        ...
+
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         """Copy what an append-only file holds now to ``dest`` (the tree running); None when
         gone."""
@@ -209,8 +220,10 @@ class JobFiles(Protocol):
 
     def pin(self, paths: CriuPaths) -> PinnedPaths:
         """Every ``paths.opened`` that exists, reached from this port's root with no link
-        followed and held (a missing one is left to CRIU, which fails on it); every directory
-        ``paths.created`` lies in checked to be root's alone (each directory from the root
+        followed and held (a missing one is left to CRIU, which fails on it), after each
+        missing link-remap file of ``paths.relinks`` is linked again from its ``linked_as``
+        (removed when the pins close, if CRIU has not; refused when it cannot be); every
+        directory ``paths.created`` lies in checked to be root's alone (each directory from the root
         down owned by root and writable by nobody else, or sticky). Raises ``UnsafePath``
         (an ``OSError``) naming the link, or the directory and the uid that can change it."""
         ...
