@@ -11,6 +11,9 @@ import pytest
 from ckptd.core.jobfiles import PutBackAll
 from ckptd.domain import EventKind
 from ckptd.errors import Incompatible, PreconditionFailed
+from ckptd.transport.cli import convert as cli_convert
+from ckptd.transport.cli import render
+from ckptd.transport.grpc import convert as grpc_convert
 
 from .world import JOB, JOB_TREE, USER, World, make_world
 
@@ -143,3 +146,22 @@ def test_the_caller_of_the_restore_is_no_other_writer(world: World) -> None:
     outcome = world.restore(USER, checkpoint_id=record.id)
     assert outcome.files_put_back == (str(log),) and outcome.files_left == ()
     assert log.read_bytes() == b"1\n"
+
+
+def test_show_and_restore_print_the_writers_and_the_files_left(world: World) -> None:
+    """Through the gRPC messages and ``ckptctl``'s human output; a command that does not
+    print is shown quoted, on one line."""
+    log = _shared_log(world)
+    world.files.written_outside(log, OUTSIDE + 1, "evil\x1b[2J")
+    record = world.dump(JOB, leave_running=True)
+    shown = render.checkpoint_details(cli_convert.checkpoint_to_dict(grpc_convert.checkpoint(
+        record)))
+    [line] = [t for t in shown.splitlines() if "also written by" in t]
+    assert f"pid {OUTSIDE} (kernel)" in line and "\x1b" not in line
+    assert str(log) in line
+    _die(world)
+    outcome = world.restore(checkpoint_id=record.id)
+    said = render.restore_summary(cli_convert.restore_result_to_dict(
+        grpc_convert.restore_result(outcome)))
+    [left] = [t for t in said.splitlines() if t.startswith("left as found: ")]
+    assert str(log) in left and f"pid {OUTSIDE} (kernel)" in left and "\x1b" not in left
