@@ -10,11 +10,17 @@ from ckptd.adapters.criu import CriuSwrk
 from ckptd.core.gpu import GpuSteps
 from ckptd.domain import Feature, GpuInventory, NodeReport, RuntimeFacts
 
-FEATURES = (
-    ("mem_dirty_track", "soft-dirty memory tracking (CRIU pre-dump / incremental dumps)"),
-    ("lazy_pages", "userfaultfd lazy restore"),
-    ("network_lock_nftables", "network locking with nftables (TCP connections)"),
+FEATURES: tuple[tuple[str, str, Callable[[CriuSwrk], bool]], ...] = (
+    ("mem_dirty_track", "soft-dirty memory tracking (CRIU pre-dump / incremental dumps)",
+     lambda criu: criu.feature("mem_dirty_track")),
+    # What ``restore --lazy`` itself asks (``criu check --feature uffd-noncoop``): CRIU knows
+    # no feature named lazy_pages, so asking it by that name always failed.
+    ("lazy_pages", "userfaultfd lazy restore (restore --lazy)", CriuSwrk.lazy_restores),
+    ("network_lock_nftables", "network locking with nftables (TCP connections)",
+     lambda criu: criu.feature("network_lock_nftables")),
 )
+"""Each feature ``ckptctl check`` reports: its name, what it is for, and how it is asked (the
+same question the dump or restore that uses it asks, so the two never disagree)."""
 
 
 def gpu_status() -> tuple[bool, str]:
@@ -57,7 +63,7 @@ class NodeProbe:
         features: tuple[Feature, ...] = ()
         if criu.ok:
             features = tuple(
-                Feature(name, self._criu.feature(name), detail) for name, detail in FEATURES
+                Feature(name, ask(self._criu), detail) for name, detail, ask in FEATURES
             )
         inventory = self._gpu.node_inventory()
         return NodeReport(

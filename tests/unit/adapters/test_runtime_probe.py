@@ -234,3 +234,35 @@ def test_node_probe_asks_the_runtime_probe_on_each_check() -> None:
     assert probe().runtime.cgroup == "unified"
     probe()
     assert len(calls) == 2
+
+
+def test_check_reports_lazy_pages_as_the_lazy_restore_asks_it(tmp_path: Path) -> None:
+    """Issue 34, 8: ``ckptctl check`` said ``lazy_pages FAIL`` where ``restore --lazy`` works,
+    because it asked CRIU for a feature named lazy_pages, which CRIU does not know. A CRIU
+    stand-in that answers ``criu check --feature`` as CRIU 4.2 does (its real names only)."""
+    from ckptd.adapters.criu import CriuSwrk
+
+    criu = tmp_path / "criu"
+    criu.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "Version: 4.2.1"; exit 0; fi\n'
+        'if [ "$1 $2" = "check --feature" ]; then\n'
+        '  case "$3" in uffd-noncoop|network_lock_nftables) echo "$3 is supported"; exit 0;;\n'
+        '    mem_dirty_track) exit 1;; esac\n'
+        '  echo "Error (criu/cr-check.c:1908): Unknown feature $3" >&2; exit 1\n'
+        "fi\n"
+        'if [ "$1" = check ]; then echo "Looks good."; exit 0; fi\n'
+        "exit 1\n")
+    criu.chmod(0o755)
+
+    class Gpu:
+        def node_inventory(self) -> object:
+            from ckptd.domain import GpuInventory
+            return GpuInventory(available=False, message="no NVML")
+
+    swrk = CriuSwrk(str(criu), plugin_dir=tmp_path)
+    report = NodeProbe(swrk, "n", "/s", Gpu())()  # type: ignore[arg-type]
+    features = {f.name: f.ok for f in report.features}
+    assert features == {"mem_dirty_track": False, "lazy_pages": True,
+                        "network_lock_nftables": True}
+    assert features["lazy_pages"] is swrk.lazy_restores()  # what restore --lazy is told
