@@ -183,6 +183,19 @@ def _libc(
     warnings.append(f"libc differs: {then.libc} -> {now.libc}")
 
 
+def _what_missing_is(path: str) -> str:
+    """What a missing file the job had open or mapped is, and how to keep it, where ckptd
+    knows (the same line): torch.compile's kernels, compiled by Inductor and Triton into a
+    cache under /tmp that a reboot or a tmp cleaner removes."""
+    parts = path.split("/")
+    if any(p.startswith("torchinductor_") for p in parts) or "/.triton/" in path:
+        return (": it is torch.compile's Inductor/Triton cache (the kernels the job compiled, "
+                "under /tmp/torchinductor_<user> by default); keep them by starting the job "
+                "with TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) set to a persistent "
+                "directory, or keep /tmp across the restore")
+    return ""
+
+
 def _is_libc(path: str) -> bool:
     name = os.path.basename(path)
     return name.startswith("libc.so") or (name.startswith("libc-") and ".so" in name)
@@ -207,7 +220,7 @@ def _files(
             continue
         now = here.file(need.path, need.kind, bool(need.hash))
         if now is None:
-            blocking.append(f"file {need.path} missing")
+            blocking.append(f"file {need.path} missing{_what_missing_is(need.path)}")
             continue
         if need.writable:
             if now.size != need.size and not need.append_only:

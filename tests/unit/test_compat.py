@@ -127,6 +127,21 @@ def test_a_missing_file_is_blocking(world: World) -> None:
     assert report(world, record) == ([f"file {DATA} missing"], [])
 
 
+def test_a_missing_inductor_cache_file_says_what_it_is_and_how_to_keep_it(world: World) -> None:
+    """Issue 34, 8: torch.compile maps the kernels Inductor compiled from /tmp; once /tmp is
+    cleaned the restore refused with only "file ... missing"."""
+    kernel = "/tmp/torchinductor_alice/ab/cabcdef.so"
+    world.node.add_file(kernel, b"\x7fELF kernel")
+    world.node.use(JOB, kernel, FileKind.MAP)
+    record = world.dump(JOB)
+    del world.node.files[kernel]
+    assert report(world, record) == ([
+        f"file {kernel} missing: it is torch.compile's Inductor/Triton cache (the kernels the "
+        "job compiled, under /tmp/torchinductor_<user> by default); keep them by starting the "
+        "job with TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) set to a persistent "
+        "directory, or keep /tmp across the restore"], [])
+
+
 def test_a_changed_library_is_blocking_and_hides_the_libc_warning(world: World) -> None:
     record = world.dump(JOB)
     world.node.files[LIBC].size = 3 << 20
