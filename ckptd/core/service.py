@@ -51,6 +51,7 @@ from ckptd.domain import (
     RestoreRequest,
     VerifyReport,
 )
+from ckptd.domain.model import ROOT
 from ckptd.errors import (
     Cancelled,
     CgroupUnavailable,
@@ -67,6 +68,13 @@ RECEIVED_KEEP_S = 30 * 86400.0
 """How long a migration target keeps what it did with a checkpoint it was sent (its answer
 to a source asking after a broken link); a source stops asking about a migration older than
 ``core.settle.SETTLE_MAX_AGE_S``, far less."""
+
+RETENTION_GC_MIN_S = 60.0
+"""The shortest time between two collections that retention asks for
+(``collect_after_retention``): a job checkpointed every 10 s with ``--keep`` gets the data
+its deleted checkpoints held condemned (and, past ``gc_grace_s``, deleted) within about a
+minute, not at the next ``gc_interval_s``, and GC's exclusive lock is taken at most once a
+minute for it."""
 
 
 class CheckpointService:
@@ -105,6 +113,11 @@ class CheckpointService:
         self._undoer = restore.parts.undoer(restore_here=self._restore_here)
         self.unsettled: builtins.list[tuple[str, InDoubt]] = []
         """Migrations in doubt that ``recover`` left journaled, for ``core.settle``."""
+        self._retention_deleted = False
+        """Retention deleted a checkpoint since the last collection began."""
+        self._last_gc_at: float | None = None
+        """When the last collection began (``clock.monotonic``); None: none yet."""
+        self._gc_due_lock = threading.Lock()
 
     # ---- operations -------------------------------------------------------------------------
 
@@ -154,6 +167,7 @@ class CheckpointService:
             for old in self._beyond_retention(request.keep, request.name, record.uid):
                 with contextlib.suppress(CkptdError):
                     self._store.delete(old)
+                    self._retention_deleted = True
                     log.info("retention: deleted %s (keep %d of %r)", old, request.keep,
                              request.name)
         self._prune_work_dirs()
@@ -310,6 +324,10 @@ class CheckpointService:
         touches every user's data."""
         if not caller.is_root:
             raise PermissionDenied("only root may collect garbage")
+        # what retention deletes from now on is this run's or the next one's (a deletion
+        # racing this line is collected by the next: never by none)
+        self._retention_deleted = False
+        self._last_gc_at = self._clock.monotonic()
         doomed = self._beyond_retention(keep_last, name) if keep_last > 0 else ()
         report = self._store.collect_garbage(doomed, compact=compact)
         self.events.publish(EventKind.GC_DONE, message="garbage collected",
@@ -323,6 +341,19 @@ class CheckpointService:
         for line in report.skipped:
             log.warning("gc: %s", line)
         return report
+
+    def collect_after_retention(self, min_interval_s: float = RETENTION_GC_MIN_S,
+                                ) -> GcReport | None:
+        """Collect now (as the periodic GC does) if retention deleted a checkpoint since the
+        last collection began and that began at least ``min_interval_s`` ago; else None.
+        The daemon calls it every few seconds: what ``--keep`` drops is collected soon, not
+        at the next ``gc_interval_s``. One collection at a time by this path."""
+        with self._gc_due_lock:
+            now = self._clock.monotonic()
+            if not self._retention_deleted or (
+                    self._last_gc_at is not None and now - self._last_gc_at < min_interval_s):
+                return None
+            return self.gc(ROOT)
 
     def _beyond_retention(self, keep_last: int, name: str = "",
                           owner: int | None = None) -> tuple[str, ...]:

@@ -273,3 +273,32 @@ def test_gc_passes_no_compact_to_the_store(world: World) -> None:
     world.service.gc(ROOT)
     world.service.gc(ROOT, compact=False)
     assert world.store.gc_compact == [True, False]
+
+
+def test_what_retention_deletes_is_collected_soon_at_most_once_a_minute(world: World) -> None:
+    """Issue 34, 8: with ``--every 10s --keep N`` the store grew between hourly collections.
+    A retention deletion makes the next ``collect_after_retention`` collect, once a minute at
+    most; nothing deleted, nothing collected."""
+    def keep_one() -> None:
+        world.clock.advance(10.0)
+        world.service.dump(USER, DumpRequest(JOB, leave_running=True, name="train", keep=1))
+
+    collect = world.service.collect_after_retention
+    keep_one()
+    assert collect() is None and world.store.gc_compact == []  # retention deleted nothing
+    keep_one()  # deletes the first
+    report = collect()
+    assert report is not None and world.store.gc_compact == [True]  # as the periodic GC does
+    assert collect() is None  # nothing deleted since
+    keep_one()  # 10 s after that collection: rate-limited
+    assert collect() is None and world.store.gc_compact == [True]
+    world.clock.advance(49.0)
+    assert collect() is None
+    world.clock.advance(1.0)  # a minute after the last collection began
+    assert collect() is not None and world.store.gc_compact == [True, True]
+    world.service.gc(ROOT)  # a periodic (or ckptctl) collection counts too
+    keep_one()
+    world.clock.advance(49.0)
+    assert collect() is None
+    world.clock.advance(1.0)
+    assert collect() is not None and len(world.store.gc_compact) == 4
