@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptd.core.config import CoreConfig
-from ckptd.core.ports import JobFiles, Precopy, PutBack, SharedFile, WrittenFile
+from ckptd.core.ports import JobFiles, NotCaptured, Precopy, PutBack, SharedFile, WrittenFile
 from ckptd.core.ports.asides import AsideLog, AsideRecord
 from ckptd.core.undo import Member, UndoLog, UndoPutBack
 from ckptd.domain import CapturedFile, CheckpointRecord, ProcessFact
@@ -120,8 +120,12 @@ def capture(
                 f"{file.path} ({_fmt(file.size)} > {_fmt(config.file_capture_limit)})"
             )
             continue
-        captured = files.capture(file, images_dir / image_name(file.path),
-                                 early.get(file.path))
+        try:
+            captured = files.capture(file, images_dir / image_name(file.path),
+                                     early.get(file.path))
+        except NotCaptured as exc:
+            result.skipped.append(f"{file.path} ({exc})")
+            continue
         if captured is not None:
             sharing = others.get(file.path)
             result.files.append(replace(

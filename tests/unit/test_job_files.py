@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptd.core.ports import PutBack
+from ckptd.core.ports import NotCaptured, Precopy, PutBack, WrittenFile
 from ckptd.core.ports.asides import AsideRecord
 from ckptd.domain import Caller, CapturedFile, PidState
 from ckptd.domain.model import ROOT
@@ -150,6 +150,29 @@ def test_a_file_over_the_limit_is_skipped_when_so_configured(tmp_path: Path) -> 
     record = world.dump(JOB, leave_running=True)
     assert [f.path for f in record.files] == [str(small)]
     assert len(record.files_skipped) == 1 and str(big) in record.files_skipped[0]
+
+
+def test_a_file_that_cannot_be_read_without_harm_is_recorded_as_not_captured(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34 (6): a file leased through a write-only descriptor (the adapter's
+    ``NotCaptured``): the dump goes on, the others captured, that one listed with why."""
+    log = _log(world)
+    leased = _log(world, b"x" * 10, "leased.bin")
+    capture = world.files.capture
+
+    def refuse(
+        file: WrittenFile, dest: Path, precopy: Precopy | None = None
+    ) -> CapturedFile | None:
+        if file.path == str(leased):
+            raise NotCaptured("leased by the job through a write-only descriptor")
+        return capture(file, dest, precopy)
+
+    monkeypatch.setattr(world.files, "capture", refuse)
+    record = world.dump(JOB, leave_running=True)
+    assert [f.path for f in record.files] == [str(log)]
+    assert record.files_skipped == (
+        f"{leased} (leased by the job through a write-only descriptor)",)
 
 
 def test_a_file_growing_over_the_limit_while_frozen_aborts_and_the_tree_runs_on(

@@ -34,6 +34,7 @@ from ckptd.adapters.criu.containers import (
 )
 from ckptd.adapters.criu.images import read_tcp_connections, tcp_connections_in
 from ckptd.adapters.criu.imgstreamer import ImageStreamer, StreamGuard
+from ckptd.adapters.criu.leases import VALIDATION_BY_SIZE, holds_lease
 from ckptd.adapters.criu.pageserver import wire_for
 from ckptd.core.ports import (
     CriuDumpJob,
@@ -155,6 +156,10 @@ def plain_dump(setup: Setup, job: CriuDumpJob, hooks: CriuHooks,
     (honoured by ``criu swrk`` only)."""
     with DirFd(job.images_dir) as images_fd, DirFd(job.work_dir) as work_fd:
         opts = dump_opts(setup, images_fd, work_fd, job, job.pid)
+        if holds_lease(job.pid):  # CRIU's build-id check would open the leased file
+            config = job.work_dir / "dump.conf"
+            config.write_text(VALIDATION_BY_SIZE)
+            opts.config_file = str(config)
         fds: tuple[int, ...] = (images_fd, work_fd)
         if job.page_server_fd >= 0:
             opts.ps.fd = job.page_server_fd

@@ -3,6 +3,11 @@
 Invariants:
 - content is read only through the writing process's own descriptor or mapping
   (``WrittenFile.source``: ``/proc/PID/fd/N``, ``/proc/PID/map_files/A-B``), never by path;
+- a file the job holds a lease on (``F_SETLEASE``: a ``LEASE`` line in its descriptor's
+  fdinfo) is read through the job's own open file description (``pidfd_getfd``), not opened:
+  an open(2) breaks a write lease and waits the kernel's lease-break time (45 s) for a holder
+  that, frozen, can never answer; that description's offset is the job's, so it is read with
+  pread only and never seeked (no extent search: holes are read as zeros);
 - only data extents are read and written (``SEEK_DATA``/``SEEK_HOLE``): a hole stays a hole
   in the image (which the store keeps as zero pages, for nothing), so a 2 GiB sparse file
   with 4 KiB of data costs 4 KiB of reading and of staging, not 2 GiB; the hash is the hash
@@ -12,7 +17,9 @@ Invariants:
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -22,12 +29,14 @@ from typing import Any
 
 import xxhash
 
-from ckptd.core.ports import Precopy, WrittenFile
+from ckptd.adapters.procfs.pidfd import getfd
+from ckptd.core.ports import NotCaptured, Precopy, WrittenFile
 from ckptd.domain import CapturedFile
 
 PAGE = 4096
 BLOCK = 1 << 20
 _ZEROS = bytes(BLOCK)
+_FD_SOURCE = re.compile(r"/proc/(\d+)/fd/(\d+)")
 
 
 @dataclass
@@ -39,9 +48,14 @@ class _Copied:
     digest: Any
 
 
-def extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+def extents(fd: int, start: int, end: int, seek: bool = True) -> Iterator[tuple[int, int]]:
     """The data extents ``[offset, offset + length)`` of ``fd`` between ``start`` and
-    ``end`` (the whole range where the file system cannot say)."""
+    ``end`` (the whole range where the file system cannot say, or ``seek`` is False: ``fd``
+    is another process's description, whose offset SEEK_DATA would move)."""
+    if not seek:
+        if start < end:
+            yield start, end - start
+        return
     offset = start
     while offset < end:
         try:
@@ -60,11 +74,13 @@ def extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
         offset = hole
 
 
-def copy_range(src: int, start: int, end: int, out: int, digest: Any) -> None:
+def copy_range(src: int, start: int, end: int, out: int, digest: Any,
+               seek: bool = True) -> None:
     """``src``'s bytes ``[start, end)`` into ``out`` at the same offsets, data extents only
-    (``out`` is sized by the caller); ``digest`` updated with every byte, holes as zeros."""
+    (``out`` is sized by the caller); ``digest`` updated with every byte, holes as zeros.
+    ``seek`` False: ``src`` is never seeked (see ``extents``)."""
     offset = start
-    for data, length in extents(src, start, end):
+    for data, length in extents(src, start, end, seek):
         _zeros(digest, data - offset)
         done = 0
         while done < length:
@@ -86,11 +102,48 @@ def _zeros(digest: Any, count: int) -> None:
         count -= n
 
 
+def leased(source: str) -> bool:
+    """Whether ``source`` (``/proc/PID/fd/N``) is a descriptor of the job's that holds a lease
+    (its fdinfo's ``lock:`` lines list the locks and leases of that open file description)."""
+    fdinfo = source.replace("/fd/", "/fdinfo/")
+    try:
+        with open(fdinfo, encoding="ascii", errors="replace") as lines:
+            return any(line.startswith("lock:") and " LEASE " in line for line in lines)
+    except OSError:
+        return False
+
+
+def open_source(source: str) -> tuple[int, bool]:
+    """A descriptor to read ``source``'s file from, and whether it may be seeked. A leased
+    file (``leased``): the job's own description (``getfd``, checked to be the same file),
+    never an open of ckptd's (an open breaks the lease); ``NotCaptured`` when that
+    description is write-only or cannot be had. Any other file: opened read-only (its own
+    description, free to seek). OSError when gone."""
+    match = _FD_SOURCE.fullmatch(source)
+    if match is None or not leased(source):
+        return os.open(source, os.O_RDONLY | os.O_CLOEXEC), True
+    fd = getfd(int(match.group(1)), int(match.group(2)))  # OSError: gone
+    try:
+        st, want = os.fstat(fd), os.stat(source)
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        os.close(fd)
+        raise
+    if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):  # its descriptor N changed
+        os.close(fd)
+        raise OSError(errno.ESTALE, f"{source} is another file now")
+    if mode == os.O_WRONLY:
+        os.close(fd)
+        raise NotCaptured("leased by the job through a write-only descriptor: reading it "
+                          "would break the lease; CRIU checks its size at the restore")
+    return fd, False
+
+
 def precopy_file(file: WrittenFile, dest: Path) -> Precopy | None:
     """What ``file`` holds now, copied to ``dest`` (no padding yet)."""
     try:
-        src = os.open(file.source, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        src, seek = open_source(file.source)
+    except (OSError, NotCaptured):  # the capture says why
         return None
     digest = xxhash.xxh3_128()
     try:
@@ -99,7 +152,7 @@ def precopy_file(file: WrittenFile, dest: Path) -> Precopy | None:
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(out, size)
-            copy_range(src, 0, size, out, digest)
+            copy_range(src, 0, size, out, digest, seek)
         finally:
             os.close(out)
     finally:
@@ -118,7 +171,7 @@ def capture_file(
     since. ``dirs``/``boot``: the directories on its path as seen now (``safefs``);
     ``rotated``: its rotated set beside it; its own identity is read from ``file.source``."""
     try:
-        src = os.open(file.source, os.O_RDONLY | os.O_CLOEXEC)
+        src, seek = open_source(file.source)
     except OSError:
         return None
     try:
@@ -142,7 +195,7 @@ def capture_file(
                 digest = xxhash.xxh3_128()
                 start = 0
             os.ftruncate(out, padded)
-            copy_range(src, start, size, out, digest)
+            copy_range(src, start, size, out, digest, seek)
         finally:
             os.close(out)
     finally:

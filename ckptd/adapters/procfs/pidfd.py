@@ -10,6 +10,7 @@ keeps its pid, so what was read was its own)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import select
 import signal
@@ -29,6 +30,26 @@ def read_stat(pid: int, proc: Path) -> list[str] | None:
         return None
     lpar, rpar = raw.index("("), raw.rindex(")")
     return [raw[:lpar].strip(), raw[lpar + 1 : rpar], *raw[rpar + 2 :].split()]
+
+
+_SYS_PIDFD_GETFD = 438  # the same number on every architecture (the unified syscall table)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def getfd(pid: int, target: int) -> int:
+    """A descriptor of process ``pid``'s descriptor ``target`` (``pidfd_getfd``, close-on-exec):
+    the process's own open file description, not a new open(2) of the file, so a lease on it
+    is not broken; its offset is the process's (read it with pread, never move it). OSError
+    when the process or the descriptor is gone."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        fd = int(_libc.syscall(_SYS_PIDFD_GETFD, pidfd, target, 0))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"pidfd_getfd of {pid}'s descriptor {target}: {os.strerror(err)}")
+        return fd
+    finally:
+        os.close(pidfd)
 
 
 PF_EXITING = 0x4

@@ -29,6 +29,7 @@ from ckptd.core.ports.criu import (
 from ckptd.core.ports.files import (
     FileCheck,
     JobFiles,
+    NotCaptured,
     PinnedPaths,
     Precopy,
     PutBack,
@@ -118,6 +119,7 @@ __all__ = [
     "LazyPages",
     "MemoryLimit",
     "NodeInspector",
+    "NotCaptured",
     "PageExchange",
     "PageFrame",
     "PageSink",

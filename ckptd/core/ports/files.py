@@ -64,6 +64,12 @@ class GhostFile:
     """One process holding it."""
 
 
+class NotCaptured(Exception):
+    """``JobFiles.capture`` of a file whose content cannot be read without harm to the job
+    (the message says why: a lease its reading would break): the dump records it among the
+    files not captured, as a file over the capture limit."""
+
+
 @dataclass(frozen=True)
 class Precopy:
     """The first ``size`` bytes of an append-only file, copied while the tree ran; ``state``
@@ -185,7 +191,8 @@ class JobFiles(Protocol):
     def capture(
         self, file: WrittenFile, dest: Path, precopy: Precopy | None = None
     ) -> CapturedFile | None:
-        """Copy its content to ``dest`` (zero-padded to whole pages); None when gone. With
+        """Copy its content to ``dest`` (zero-padded to whole pages); None when gone;
+        ``NotCaptured`` when reading it would harm the job. With
         the ``precopy`` made into ``dest``, only what was appended since is copied (all of it
         when the file is another one now, or shorter)."""
         ...
