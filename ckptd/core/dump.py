@@ -137,6 +137,9 @@ class DumpContext:
     gpu: GpuSession = field(default_factory=GpuSession)
     fingerprint: NodeFingerprint | None = None
     notes: list[str] = field(default_factory=list)
+    lost_locks: list[str] = field(default_factory=list)
+    """The file locks a restore will not take back (``Criu.lost_locks``): recorded with the
+    files not captured."""
     gate: Callable[[str], None] | None = None
     """Group checkpoints: called with the checkpoint id once the tree is dumped and before
     anything is committed; returns to commit, raises to abort (the tree is resumed)."""
@@ -543,13 +546,21 @@ class DumpRecipe:
         ctx.precopies = jobfiles.precopy(self._files, ctx.written, ctx.images_dir, self._config)
 
     def _capture_files(self, ctx: DumpContext) -> None:
+        # a lock CRIU's restore drops (a POSIX lock on a file the process maps: SQLite WAL's
+        # -shm) is said with the checkpoint, as a file not captured (ckptctl show, dump)
+        lost_locks = () if ctx.images_dir is None else self._criu.lost_locks(ctx.images_dir)
+        for lost in lost_locks:
+            log.warning("dump %s: lock not captured: %s", ctx.checkpoint_id, lost)
+            ctx.notes.append(f"not captured: {lost}")
+            ctx.lost_locks.append(lost)
         if self._files is None:
+            ctx.files_skipped = tuple(ctx.lost_locks)
             return
         assert ctx.images_dir is not None
         captured = jobfiles.capture(self._files, ctx.tree, ctx.images_dir, self._config,
                                     ctx.request.pid, ctx.precopies, ctx.shared)
         ctx.files = tuple(captured.files)
-        ctx.files_skipped = tuple(captured.skipped)
+        ctx.files_skipped = (*captured.skipped, *ctx.lost_locks)
         for skipped in captured.skipped:
             log.warning("dump %s: file not captured: %s", ctx.checkpoint_id, skipped)
             ctx.notes.append(f"not captured: {skipped}")

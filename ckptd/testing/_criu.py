@@ -165,6 +165,8 @@ class FakeCriu:
         """What ``restore_paths`` says CRIU would resolve by path (pair it with
         ``FakeJobFiles.opens``: what it then opened)."""
         self.fail_restore_paths: CkptdError | None = None
+        self.locks_lost: tuple[str, ...] = ()
+        """What ``lost_locks`` says of every dump's images."""
 
     # ---- helpers for tests -----------------------------------------------------------------
 
@@ -198,6 +200,10 @@ class FakeCriu:
         if self.fail_restore_paths is not None:
             raise self.fail_restore_paths
         return self.paths
+
+    def lost_locks(self, images_dir: Path) -> tuple[str, ...]:
+        """``locks_lost``."""
+        return self.locks_lost
 
     def status(self) -> CriuStatus:
         """``criu_status``."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ckptd._gen.criu import rpc_pb2
-from ckptd.adapters.criu import client, pathimages, variants
+from ckptd.adapters.criu import client, lockimages, pathimages, variants
 from ckptd.adapters.criu.client import SwrkCall
 from ckptd.adapters.criu.held_dump import SwrkDump
 from ckptd.adapters.criu.logs import log_tail_text
@@ -135,6 +135,9 @@ class CriuSwrk:
                 f"CRIU's image {found.unreadable} cannot be read: ckptd cannot tell which paths "
                 "CRIU would open as root", hint="run `ckptctl verify` on the checkpoint")
         return found.paths
+
+    def lost_locks(self, images_dir: Path) -> tuple[str, ...]:
+        return lockimages.lost_locks(images_dir)
 
     def can_stream_restore(self) -> bool:
         """This CRIU streams a restore's images through RPC (our patch, scripts/criu-patches:

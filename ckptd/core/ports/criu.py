@@ -374,6 +374,12 @@ class Criu(Protocol):
         cannot be read."""
         ...
 
+    def lost_locks(self, images_dir: Path) -> tuple[str, ...]:
+        """The file locks of a dump (its images in ``images_dir``) that a restore will not
+        take back, one line each naming the file, the process and the lock; () when none, or
+        when the images do not say (a warning only)."""
+        ...
+
     def can_stream_restore(self) -> bool:
         """Whether ``restore`` takes ``CriuRestoreJob.images`` (a CRIU that streams images
         through its RPC service)."""

@@ -127,11 +127,15 @@ def key_values(pairs: Sequence[tuple[str, str]]) -> str:
 
 
 def dump_summary(ck: Mapping[str, Any]) -> str:
-    return (
+    """The dump's one line, then what it did not capture (files over the capture limit,
+    locks a restore drops), one line each as ``show`` says them."""
+    lines = [
         f"checkpoint {ck['id']} of pid {ck['pid']}: {human_bytes(ck['bytes_logical'])} of "
         f"images, {human_bytes(ck['bytes'])} stored, {human_bytes(ck['bytes_new'])} new, "
         f"in {seconds(ck['duration_s'])}s (frozen {seconds(ck['frozen_s'])}s)"
-    )
+    ]
+    lines.extend(f"file not captured: {skipped}" for skipped in ck.get("files_skipped") or [])
+    return "\n".join(lines)
 
 
 def verify_report(report: Mapping[str, Any]) -> str:
