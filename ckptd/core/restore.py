@@ -386,7 +386,7 @@ class RestoreRecipe:
             gpu_map=gpu_map,
             files=self._files,
             shared_files=self._config.shared_files,
-            launchers=self.launchers(caller) if caller is not None else (),
+            launchers=self.launchers(caller, record),
         )
         if not criu.ok:
             report = replace(
@@ -422,7 +422,7 @@ class RestoreRecipe:
         report = check_restore(
             record, node, criu_version=self._criu.status().version, include_gpu=False,
             files=files, shared_files=self._config.shared_files,
-            launchers=self.launchers(ctx.caller),
+            launchers=self.launchers(ctx.caller, record),
         )
         if ctx.into is not None:
             more = memory_problems(self._cgroups, ctx.into, record)
@@ -569,20 +569,30 @@ class RestoreRecipe:
         ctx.files = PutBackAll(files, ctx.record, ctx.undo_log, root,
                                asides=self.parts.asides, made=self._clock.time(),
                                shared_files=self._config.shared_files,
-                               launchers=self.launchers(ctx.caller))
+                               launchers=self.launchers(ctx.caller, ctx.record))
         ctx.files.run(ctx.images_dir, ctx.op_id)
 
-    def launchers(self, caller: Caller) -> tuple[int, ...]:
-        """The process that asked for the restore and its ancestors (a batch script, a
-        terminal, ``ckptctl run``): the writers of a captured file that hand the job its
-        output, not other writers of it (``shared_files`` leaves them out). () for a caller
-        with no pid, or one gone."""
-        if not caller.pid:
-            return ()
+    def launchers(self, caller: Caller | None, record: CheckpointRecord) -> tuple[int, ...]:
+        """The writers of a captured file that are not other writers of it (``shared_files``
+        leaves them out): the process that asked for the restore and its ancestors (a batch
+        script, a terminal, ``ckptctl run``: they hand the job its output), and the
+        checkpoint's own processes where they still run here with their recorded start time
+        (the job itself: a migration's source on this node, the tree of a leave-running
+        checkpoint): only processes outside the checkpoint are."""
+        own = tuple(p.pid for p in record.processes
+                    if p.start_time and self._same_process(p.pid, p.start_time))
+        if caller is None or not caller.pid:
+            return own
         try:
-            return (caller.pid, *self._processes.ancestors(caller.pid))
+            return (*own, caller.pid, *self._processes.ancestors(caller.pid))
         except (CkptdError, OSError):
-            return ()
+            return own
+
+    def _same_process(self, pid: int, start_time: int) -> bool:
+        try:
+            return self._processes.status(pid).start_time == start_time
+        except (CkptdError, OSError):
+            return False
 
     def _undo_files(self, ctx: RestoreContext) -> None:
         if ctx.files is not None:

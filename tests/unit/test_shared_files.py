@@ -165,3 +165,23 @@ def test_show_and_restore_print_the_writers_and_the_files_left(world: World) -> 
         grpc_convert.restore_result(outcome)))
     [left] = [t for t in said.splitlines() if t.startswith("left as found: ")]
     assert str(log) in left and f"pid {OUTSIDE} (kernel)" in left and "\x1b" not in left
+
+
+def test_the_checkpoints_own_live_process_is_not_another_writer(world: World) -> None:
+    """A migration's source on this node (or a leave-running checkpoint's tree) still holds
+    the job's file: that is the job itself, in the checkpoint; the same pid with another
+    start time (a reused pid) is another writer."""
+    log = world.tmp / "job" / "own.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"job 1\n")
+    world.files.open_for_writing(JOB, log)
+    world.files.written_outside(log, JOB, "job")  # seen from the target: the job itself
+    record = world.dump(JOB, leave_running=True)
+    assert all(not f.writers for f in record.files)
+    report = world.restore_recipe.check(record)
+    assert report.blocking == () and not any("outside the checkpoint" in n
+                                              for n in report.notes), report
+    world.processes.remove(JOB)
+    world.processes.add_process(JOB, ppid=1, comm="reused")  # a new process at that pid
+    report = world.restore_recipe.check(record)
+    assert any(f"pid {JOB} (job), outside the checkpoint" in n for n in report.notes), report
