@@ -43,9 +43,12 @@ DUMPS = 6
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, workloads: Path) -> Iterator[Daemon]:
     """conftest's ``daemon``, with ``gc_grace_s`` 0: ``gc`` deletes at once what compaction
-    left unreferenced (two-phase GC itself: tests/unit/store)."""
+    left unreferenced (two-phase GC itself: tests/unit/store); ``gc_interval_s`` 0: the
+    test's ``ckptctl gc`` is the only one (the daemon's own, after ``--keep`` deletes, would
+    race it and leave it nothing to report)."""
     del workloads
-    with running_daemon(tmp_path_factory.mktemp("ckptd"), config={"gc_grace_s": 0.0}) as d:
+    with running_daemon(tmp_path_factory.mktemp("ckptd"),
+                        config={"gc_grace_s": 0.0, "gc_interval_s": 0.0}) as d:
         yield d
 
 

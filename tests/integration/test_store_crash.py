@@ -318,9 +318,11 @@ def referenced(store: Path) -> tuple[set[str], set[str]]:
 
 def gc_at_once(ds: Daemons) -> list[str]:
     """Flags for a daemon whose GC deletes unreferenced data at once (``gc_grace_s`` 0):
-    what GC deletes is checked here, two-phase GC itself in tests/unit/store."""
+    what GC deletes is checked here, two-phase GC itself in tests/unit/store. The test's
+    ``ckptctl gc`` is the only GC (``gc_interval_s`` 0: the daemon's own, after ``--keep``
+    deletes, would run beside the one the test kills)."""
     conf = ds.root / "gc-at-once.toml"
-    conf.write_text("gc_grace_s = 0.0\n")
+    conf.write_text("gc_grace_s = 0.0\ngc_interval_s = 0.0\n")
     return ["--config", str(conf)]
 
 

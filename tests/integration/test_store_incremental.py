@@ -37,7 +37,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, workloads: Path) -> Iterato
     """conftest's ``daemon``, with ``gc_grace_s`` 0: ``gc`` deletes unreferenced data at once
     (what it deletes is checked here; two-phase GC itself in tests/unit/store)."""
     del workloads
-    with running_daemon(tmp_path_factory.mktemp("ckptd"), config={"gc_grace_s": 0.0}) as d:
+    # gc_interval_s 0: the tests' ckptctl gc is the only one (the daemon's own, after
+    # --keep deletes, would race what they check)
+    with running_daemon(tmp_path_factory.mktemp("ckptd"),
+                        config={"gc_grace_s": 0.0, "gc_interval_s": 0.0}) as d:
         yield d
 
 
