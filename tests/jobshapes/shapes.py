@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.integration.support import VENV_BIN, VENV_PYTHON, descendants, is_alive
+from tests.integration.support import VENV_BIN, VENV_PYTHON, Procs, descendants, is_alive
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 DDP = WORKLOADS / "ddp_train.py"
@@ -146,6 +146,39 @@ def kill_tree(pid: int) -> list[int]:
         assert time.monotonic() < deadline, f"pids {victims} still alive 10s after SIGKILL"
         time.sleep(0.02)
     return victims
+
+
+OUTSIDE_WRITER = """
+import sys
+log = open(sys.argv[1], "a", buffering=1)  # O_WRONLY|O_APPEND, as a logger opens its file
+for line in sys.stdin:  # each line it is sent: appended (one write), then acknowledged
+    log.write(line)
+    print("wrote", flush=True)
+"""
+
+
+class OutsideWriter:
+    """A process outside the job's tree (the test's child, not the job's) that holds
+    ``path`` open for appending and writes each line it is given, on cue: a service sharing
+    the job's log. ``lines`` is everything it wrote, in order."""
+
+    def __init__(self, procs: Procs, path: Path) -> None:
+        self.proc: subprocess.Popen[str] = procs.popen(
+            [str(VENV_PYTHON), "-c", OUTSIDE_WRITER, str(path)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def append(self, line: str) -> None:
+        """Write ``line`` (a newline is added) and return once it is in the file."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline() == "wrote\n", f"outside writer {self.pid} died"
+        self.lines.append(line)
 
 
 def child_of(pid: int, timeout: float = 15.0) -> int:
