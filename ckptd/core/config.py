@@ -24,6 +24,9 @@ class CoreConfig:
     file_capture_oversize: str = "refuse"
     """A written file over ``file_capture_limit``: ``refuse`` the dump (naming it), or
     ``skip`` its capture (said in the checkpoint; a restore then needs it at its size)."""
+    files_dir_max_files: int = 10_000
+    """Most files a dump captures under its output directories (``--files DIR``): more
+    refuses the dump (a DIR given one level too high would copy a home directory)."""
     shared_files: str = "keep"
     """A captured file that a process outside the tree holds open for writing (or maps
     writable) at a restore: ``keep`` it as it is (the restore says so), ``refuse`` the

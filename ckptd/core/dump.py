@@ -557,8 +557,11 @@ class DumpRecipe:
             ctx.files_skipped = tuple(ctx.lost_locks)
             return
         assert ctx.images_dir is not None
+        dir_files = (self._files if ctx.container is None or not ctx.request.files_dirs
+                     else self._files.seen_by(ctx.request.pid))
         captured = jobfiles.capture(self._files, ctx.tree, ctx.images_dir, self._config,
-                                    ctx.request.pid, ctx.precopies, ctx.shared)
+                                    ctx.request.pid, ctx.precopies, ctx.shared,
+                                    ctx.request.files_dirs, dir_files)
         ctx.files = tuple(captured.files)
         ctx.files_skipped = (*captured.skipped, *ctx.lost_locks)
         for skipped in captured.skipped:

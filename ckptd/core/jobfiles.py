@@ -105,15 +105,38 @@ def capture(
     files: JobFiles, tree: Sequence[ProcessFact], images_dir: Path, config: CoreConfig,
     pid: int, precopies: dict[str, Precopy] | None = None,
     shared: Mapping[str, SharedFile] | None = None,
+    dirs: Sequence[str] = (), dir_files: JobFiles | None = None,
 ) -> Capture:
     """Capture every file ``tree`` writes into ``images_dir`` (the tree frozen); those with a
     ``precopies`` entry only from where it ended; each recorded with the processes outside
-    the tree that ``shared`` (found at inspect: ``outside_writers``) says write it."""
+    the tree that ``shared`` (found at inspect: ``outside_writers``) says write it. Also
+    every regular file under the output directories ``dirs`` (``DumpRequest.files_dirs``),
+    walked by ``dir_files`` (the port as the job sees paths: a container's root) with its
+    owner's rights: more files there than ``config.files_dir_max_files`` refuses the dump."""
     written = files.written(tree)
     others = shared or {}
     refuse_oversized(written, config, pid)
+    owner = tree[0]
+    with (dir_files or files).in_dirs(dirs, pid, owner.uid, owner.gid, written,
+                                      config.files_dir_max_files) as found:
+        if found.over:
+            raise TargetRefused(
+                f"the --files directories of pid {pid} ({', '.join(dirs)}) hold more than "
+                f"{config.files_dir_max_files} files",
+                hint="give the job's output directory itself (not one above it), or raise "
+                "files_dir_max_files in the daemon's configuration", pid=pid)
+        refuse_oversized(found.files, config, pid)
+        result = _capture_all(files, (*written, *found.files), images_dir, config,
+                              precopies or {}, others)
+        result.skipped.extend(found.problems)
+    return result
+
+
+def _capture_all(
+    files: JobFiles, written: Sequence[WrittenFile], images_dir: Path, config: CoreConfig,
+    early: Mapping[str, Precopy], others: Mapping[str, SharedFile],
+) -> Capture:
     result = Capture()
-    early = precopies or {}
     for file in written:
         if file.size > config.file_capture_limit:
             result.skipped.append(

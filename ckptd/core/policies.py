@@ -266,7 +266,7 @@ class PolicyService:
     def _fire_held(self, policy: Policy, *, leave_running: bool, kind: EventKind) -> Policy:
         caller = Caller(uid=policy.uid)
         request = DumpRequest(pid=policy.pid, leave_running=leave_running, name=policy.name,
-                              keep=policy.keep)
+                              keep=policy.keep, files_dirs=policy.files_dirs)
         try:
             record = self._dump(caller, request)
         except CkptdError as exc:
@@ -345,7 +345,8 @@ class PolicyService:
     def _drain_held(self, policy: Policy) -> tuple[Policy | None, str]:
         try:
             record = self._dump(Caller(uid=policy.uid), DumpRequest(
-                pid=policy.pid, leave_running=False, name=policy.name, keep=policy.keep))
+                pid=policy.pid, leave_running=False, name=policy.name, keep=policy.keep,
+                files_dirs=policy.files_dirs))
         except CkptdError as exc:
             self._update(policy, last_error=str(exc))
             return None, f"{policy.name} (pid {policy.pid}): {exc}"

@@ -113,6 +113,11 @@ class DaemonConfig:
     """Largest file a job writes whose content a checkpoint captures (bytes)."""
     file_capture_oversize: str = "refuse"
     """A file over ``file_capture_limit``: ``refuse`` the dump, or ``skip`` its capture."""
+    files_dir_max_files: int = 10_000
+    """Most regular files a dump captures under the job's output directories (``ckptctl run
+    --files DIR``, each within ``file_capture_limit``): more refuses the dump in one line
+    naming this setting (the job runs on), so that a DIR given one level too high (a home
+    directory) is not copied into every checkpoint."""
     shared_files: str = "keep"
     """A file the job writes that a process outside the job also holds open for writing (or
     maps writable) when the job is restored — a log or history database shared with another
@@ -339,6 +344,10 @@ def _check_limits(config: DaemonConfig) -> None:
     if isinstance(ghost, bool) or not isinstance(ghost, int) or not 0 <= ghost <= GHOST_LIMIT_MAX:
         raise ValueError(f"ghost_limit {ghost!r} must be a whole number of bytes from 0 (no "
                          f"ghost files) to {GHOST_LIMIT_MAX} (4 GiB - 1)")
+    files_max = config.files_dir_max_files
+    if isinstance(files_max, bool) or not isinstance(files_max, int) or files_max < 0:
+        raise ValueError(f"files_dir_max_files {files_max!r} must be a whole number of files, "
+                         "0 or more")
     for key in ("ghost_total_limit", "ghost_uid_limit"):
         value = getattr(config, key)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:

@@ -160,6 +160,7 @@ def core_config(config: DaemonConfig) -> CoreConfig:
         shared_files=config.shared_files,
         ghost_limit=config.ghost_limit,
         ghost_total_limit=config.ghost_total_limit,
+        files_dir_max_files=config.files_dir_max_files,
         ghost_uid_limit=config.ghost_uid_limit,
         aside_keep=config.aside_keep,
         aside_max_age_s=config.aside_max_age_s,

@@ -437,6 +437,10 @@ class DumpRequest:
     cgroup: str = ""
     """The target as a container's cgroup (v2 path; ``pid`` 0): its init's job is dumped.
     A ``pid`` that is a container's init also names its job (``targets.container_job``)."""
+    files_dirs: tuple[str, ...] = ()
+    """Output directories (absolute, as the job sees them): every regular file under each is
+    captured by content too, whether the tree holds it open or not (``ckptctl run --files``:
+    loggers that open, append and close per step), and put back by a restore."""
 
 
 @dataclass(frozen=True)

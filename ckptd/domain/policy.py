@@ -28,6 +28,8 @@ class Policy:
     last_checkpoint_id: str = ""
     last_error: str = ""
     drained_checkpoint_id: str = ""
+    files_dirs: tuple[str, ...] = ()
+    """Output directories each of its checkpoints captures (``DumpRequest.files_dirs``)."""
     started: int = 0
     """The job's start time (``PidStatus.start_time``) when ``pid`` was recorded: a pid that
     now belongs to another process is never checkpointed for this job."""
@@ -38,4 +40,6 @@ class Policy:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Policy:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        values["files_dirs"] = tuple(values.get("files_dirs", ()))
+        return cls(**values)

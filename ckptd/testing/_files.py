@@ -8,13 +8,13 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptd.adapters.procfs import relinks
+from ckptd.adapters.procfs import outdirs, relinks
 from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.pathpins import ProcPinnedPaths, link_remap_problems, pin_paths
 from ckptd.adapters.procfs.putback import check_file, put_back, undo_put_back
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
-from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
+from ckptd.core.ports import CriuPaths, DirFiles, FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.core.ports.criu import CriuRelink
 from ckptd.core.ports.files import GhostFile, SharedFile
 from ckptd.domain import CapturedFile, ProcessFact
@@ -150,6 +150,23 @@ class FakeJobFiles:
         self._event("files.remove_link_remaps " + " ".join(r.remap for r in found))
         with self._at() as root:
             relinks.remove(root, found)
+
+    @contextlib.contextmanager
+    def in_dirs(
+        self, dirs: Sequence[str], pid: int, uid: int, gid: int,
+        leave_out: Sequence[WrittenFile], limit: int,
+    ) -> Iterator[DirFiles]:
+        """The real walk (``outdirs.open_under``) of these real directories (in this view's
+        root), without switching file-system identity; the tree's files left out by
+        identity, as the real adapter does."""
+        own = {(st.st_dev, st.st_ino) for st in
+               (os.stat(f.source) for f in leave_out if os.path.exists(f.source))}
+        with self._at() as root:
+            found, held = outdirs.open_under(root, dirs, pid, own, limit)
+        try:
+            yield found
+        finally:
+            outdirs.close_all(held)
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         self._event(f"files.precopy {file.path}")

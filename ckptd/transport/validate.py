@@ -40,6 +40,7 @@ MAX_PATH = 4096
 MAX_BACKLOG = 10_000
 MAX_KINDS = 32
 MAX_NAMES = 1024
+MAX_FILES_DIRS = 16
 NAME_RULE = "letters, digits and . _ : @ + -, starting with a letter or digit, at most 128"
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -229,6 +230,29 @@ def path(value: str, field: str = "--output", *, required: bool = False) -> str:
     if value.endswith("/"):
         raise _bad(field, value, "give a file's path, not a directory's")
     return value
+
+
+def files_dirs(values: Iterable[str], field: str = "--files") -> tuple[str, ...]:
+    """Output directories (``--files DIR``): at most ``MAX_FILES_DIRS`` absolute paths, no
+    ``.``/``..`` component, none the file system's root; normalised (no trailing or double
+    slash) and deduplicated, in the order given."""
+    found: list[str] = []
+    for value in values:
+        _plain(value, field, limit=MAX_PATH - 1)
+        if not value.startswith("/"):
+            raise _bad(field, value, "give an absolute directory path")
+        parts = [p for p in value.split("/") if p]
+        if "." in parts or ".." in parts:
+            raise _bad(field, value, "a path with '.' or '..' is not taken; give it resolved")
+        if not parts:
+            raise _bad(field, value, "give the job's output directory, not /")
+        normal = "/" + "/".join(parts)
+        if normal not in found:
+            found.append(normal)
+    if len(found) > MAX_FILES_DIRS:
+        raise BadRequest(f"{len(found)} {field} directories given; at most {MAX_FILES_DIRS}",
+                         field=field)
+    return tuple(found)
 
 
 def cgroup(value: str, *, required: bool = False) -> str:

@@ -256,3 +256,26 @@ def test_shared_names_the_other_writers_of_the_tree_s_files_and_only_theirs(
     shared_log.write_bytes(b"new\n")
     if isinstance(harness, RealFiles):
         assert harness.files.shared(captured, tree_pids) == ()
+
+
+def test_in_dirs_holds_every_regular_file_under_the_dirs_but_the_tree_s_own(
+    harness: FilesHarness, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "metrics.csv").write_bytes(b"0,a\n")
+    (out / "sub" / "step-4.bin").write_bytes(b"\x07" * 5000)
+    (out / "link").symlink_to(out / "metrics.csv")
+    own = out / "train.log"
+    own.write_bytes(b"open\n")
+    tree = harness.writer(own)
+    written = harness.files.written(tree)
+    with harness.files.in_dirs([str(out), str(tmp_path / "gone")], tree[0].pid, 0, 0,
+                               written, 10) as found:
+        assert [f.path for f in found.files] == [str(out / "metrics.csv"),
+                                                 str(out / "sub" / "step-4.bin")]
+        assert found.problems == (f"{tmp_path / 'gone'} (no such directory)",)
+        captured = harness.files.capture(found.files[1], tmp_path / "image")
+    assert captured is not None and captured.size == 5000
+    with harness.files.in_dirs([str(out)], tree[0].pid, 0, 0, written, 1) as found:
+        assert len(found.files) == 1 and found.over

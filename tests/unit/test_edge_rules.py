@@ -66,6 +66,10 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("bad gpu", lambda: v.gpu_map({"GPU-1": "x y"}), "GPU UUID"),
     ("bad kind", lambda: v.kinds(["Checkpoint\n"]), "event kind"),
     ("backlog", lambda: v.backlog(10**9), "backlog"),
+    ("relative --files", lambda: v.files_dirs(["out"]), "absolute"),
+    ("dot-dot --files", lambda: v.files_dirs(["/tmp/../etc"]), "'..'"),
+    ("root --files", lambda: v.files_dirs(["/"]), "not /"),
+    ("17 --files", lambda: v.files_dirs([f"/d{i}" for i in range(17)]), "at most 16"),
 ]
 
 
@@ -87,6 +91,7 @@ def test_good_values_pass_unchanged() -> None:
     assert v.address("[::1]:7411") == "[::1]:7411"
     assert v.address(":0", listen=True) == ":0"
     assert v.path("/tmp/x.out") == "/tmp/x.out"
+    assert v.files_dirs(["/runs//a/", "/runs/a", "/b"]) == ("/runs/a", "/b")
     assert v.checkpoint_id("ck-20250101T120000-abcdef") == "ck-20250101T120000-abcdef"
 
 
@@ -98,6 +103,7 @@ def test_good_values_pass_unchanged() -> None:
         (pb.DumpRequest(pid=42, name="a\nb"), "invalid name"),
         (pb.DumpRequest(pid=-3), "invalid pid -3"),
         (pb.DumpRequest(pid=42, cgroup="/x"), "not both"),
+        (pb.DumpRequest(pid=42, files_dirs=["rel/dir"]), "absolute"),
     ],
 )
 def test_the_grpc_edge_applies_the_same_rules(msg: pb.DumpRequest, needle: str) -> None:

@@ -204,6 +204,7 @@ def make_world(
     aside_keep: int = 3,
     ghost_total_limit: int = CoreConfig.ghost_total_limit,
     ghost_uid_limit: int = CoreConfig.ghost_uid_limit,
+    files_dir_max_files: int = CoreConfig.files_dir_max_files,
 ) -> World:
     """``gpu``: give the daemon GPU support (a ``FakeGpu`` over the world's processes, clock
     and events, as ``world.gpu``); False: a daemon without GPU support. ``place_cgroups``
@@ -235,6 +236,7 @@ def make_world(
         aside_keep=aside_keep,
         ghost_total_limit=ghost_total_limit,
         ghost_uid_limit=ghost_uid_limit,
+        files_dir_max_files=files_dir_max_files,
     )
     files = FakeJobFiles(events=events)
     threads = FakeThreadHold(processes, events=events)

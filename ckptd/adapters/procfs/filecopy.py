@@ -37,6 +37,9 @@ PAGE = 4096
 BLOCK = 1 << 20
 _ZEROS = bytes(BLOCK)
 _FD_SOURCE = re.compile(r"/proc/(\d+)/fd/(\d+)")
+_OWN_SOURCE = re.compile(r"/proc/self/fd/(\d+)")
+"""A descriptor of ckptd's own (``outdirs``: a file under an output directory, held open
+since it was found): read through a duplicate, never opened again."""
 
 
 @dataclass
@@ -118,7 +121,11 @@ def open_source(source: str) -> tuple[int, bool]:
     file (``leased``): the job's own description (``getfd``, checked to be the same file),
     never an open of ckptd's (an open breaks the lease); ``NotCaptured`` when that
     description is write-only or cannot be had. Any other file: opened read-only (its own
-    description, free to seek). OSError when gone."""
+    description, free to seek); one of ckptd's own (``/proc/self/fd/N``): a duplicate of it.
+    OSError when gone."""
+    own = _OWN_SOURCE.fullmatch(source)
+    if own is not None:
+        return os.dup(int(own.group(1))), True
     match = _FD_SOURCE.fullmatch(source)
     if match is None or not leased(source):
         return os.open(source, os.O_RDONLY | os.O_CLOEXEC), True

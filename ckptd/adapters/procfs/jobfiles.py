@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ckptd.adapters.procfs import relinks
+from ckptd.adapters.procfs import outdirs, relinks
 from ckptd.adapters.procfs.asides import remove_recorded
 from ckptd.adapters.procfs.filecopy import capture_file, precopy_file
 from ckptd.adapters.procfs.ghosts import ghost_files, relinked_files
@@ -33,7 +33,7 @@ from ckptd.adapters.procfs.rootpath import process_root, same_root
 from ckptd.adapters.procfs.safefs import Root, UnsafePath, boot_id
 from ckptd.adapters.procfs.sharers import writers_of
 from ckptd.adapters.procfs.stdio import _as_user
-from ckptd.core.ports import CriuPaths, FileCheck, Precopy, PutBack, WrittenFile
+from ckptd.core.ports import CriuPaths, DirFiles, FileCheck, Precopy, PutBack, WrittenFile
 from ckptd.core.ports.criu import CriuRelink
 from ckptd.core.ports.files import GhostFile, SharedFile
 from ckptd.domain import CapturedFile, ProcessFact
@@ -151,6 +151,27 @@ class ProcJobFiles:
     def remove_link_remaps(self, found: Sequence[CriuRelink]) -> None:
         with self._at() as root:
             relinks.remove(root, found)
+
+    @contextlib.contextmanager
+    def in_dirs(
+        self, dirs: Sequence[str], pid: int, uid: int, gid: int,
+        leave_out: Sequence[WrittenFile], limit: int,
+    ) -> Iterator[DirFiles]:
+        if not dirs:
+            yield DirFiles()
+            return
+        tree_own: set[tuple[int, int]] = set()
+        for file in leave_out:
+            with contextlib.suppress(OSError):
+                st = os.stat(file.source)
+                tree_own.add((st.st_dev, st.st_ino))
+        # walked as the owner, with this thread's identity back before the capture runs
+        with self._at() as root, self._rights(uid, gid):
+            found, held = outdirs.open_under(root, dirs, pid, tree_own, limit)
+        try:
+            yield found
+        finally:
+            outdirs.close_all(held)
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:
         return precopy_file(file, dest)

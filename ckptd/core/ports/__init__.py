@@ -27,6 +27,7 @@ from ckptd.core.ports.criu import (
     PageSink,
 )
 from ckptd.core.ports.files import (
+    DirFiles,
     FileCheck,
     JobFiles,
     NotCaptured,
@@ -104,6 +105,7 @@ __all__ = [
     "CriuRestoreJob",
     "CudaProcessFact",
     "CudaProcessFacts",
+    "DirFiles",
     "ExportedImage",
     "FileCheck",
     "ForwardingHooks",

@@ -64,6 +64,19 @@ class GhostFile:
     """One process holding it."""
 
 
+@dataclass(frozen=True)
+class DirFiles:
+    """The regular files under a job's output directories (``JobFiles.in_dirs``), each held
+    open for its capture (``source``) and ``size_free`` (the tree does not hold it: CRIU
+    checks nothing of it at a restore)."""
+
+    files: tuple[WrittenFile, ...] = ()
+    problems: tuple[str, ...] = ()
+    """What could not be read, one line each ("/out (no such directory)")."""
+    over: bool = False
+    """The directories hold more files than the limit asked for (``files`` stops there)."""
+
+
 class NotCaptured(Exception):
     """``JobFiles.capture`` of a file whose content cannot be read without harm to the job
     (the message says why: a lease its reading would break): the dump records it among the
@@ -181,6 +194,17 @@ class JobFiles(Protocol):
     def remove_link_remaps(self, found: Sequence[CriuRelink]) -> None:
         """Unlink each link-remap file while it is the very object its ``linked_as`` names
         (one missing, or another object, is left)."""
+        ...
+
+    def in_dirs(
+        self, dirs: Sequence[str], pid: int, uid: int, gid: int,
+        leave_out: Sequence[WrittenFile], limit: int,
+    ) -> AbstractContextManager[DirFiles]:
+        """The regular files under each of ``dirs`` (absolute, as process ``pid`` sees them:
+        its root), walked with no link followed and with the file-system rights of
+        ``uid``/``gid``, each held open until the context exits (``capture`` reads it from
+        there); the files of ``leave_out`` (the tree's own, by identity) left out; at most
+        ``limit`` of them (``over`` says there are more)."""
         ...
 
     def precopy(self, file: WrittenFile, dest: Path) -> Precopy | None:

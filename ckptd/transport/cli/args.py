@@ -96,6 +96,13 @@ def _output(text: str) -> str:
     return validate.path(os.path.abspath(text), "--output", required=True)
 
 
+def _files_dir(text: str) -> str:
+    """A --files directory, resolved here as the caller sees it (links included: the daemon
+    follows none), the daemon's working directory being /."""
+    validate.files_dirs([text if text.startswith("/") else "/" + text])  # characters, length
+    return validate.files_dirs([os.path.realpath(text)])[0]
+
+
 def _address(text: str) -> str:
     return validate.address(text, "--to address")
 
@@ -129,6 +136,10 @@ every = checked(_every)
 timeout = checked(_timeout)
 grace = checked(_grace)
 output = checked(_output)
+files_dir = checked(_files_dir)
+FILES_HELP = ("also capture every regular file under DIR with each checkpoint, open or not, "
+              "and put it back at a restore (output directories of loggers that open, "
+              "append and close per step); repeatable")
 address = checked(_address)
 cgroup = checked(_cgroup)
 checkpoint_id = checked(_checkpoint_id)

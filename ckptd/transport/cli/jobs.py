@@ -71,7 +71,9 @@ def dump_by_name(ctx: Any, name: str, *, leave_running: bool, keep: int) -> int:
         return EXIT_OK
     if leave_running:
         call = ctx.client.Dump(pb.DumpRequest(pid=policy.pid, leave_running=True, name=name,
-                                              keep=keep or policy.keep), timeout=ctx.timeout)
+                                              keep=keep or policy.keep,
+                                              files_dirs=policy.files_dirs),
+                               timeout=ctx.timeout)
         ck = stream_result(call, "checkpoint")
         if ck is None:
             raise CliError(f"ckptd ended the checkpoint of {name} without a result")
@@ -94,8 +96,8 @@ def dump_by_name(ctx: Any, name: str, *, leave_running: bool, keep: int) -> int:
 
 
 def cmd_policy_set(ctx: Any, args: argparse.Namespace) -> int:
-    if not (args.every or args.keep or args.on_term):
-        args.subparser.error("give at least one of --every, --keep, --on-term")
+    if not (args.every or args.keep or args.on_term or args.files):
+        args.subparser.error("give at least one of --every, --keep, --on-term, --files")
     if args.target.isascii() and args.target.isdigit():
         if not args.name:
             args.subparser.error("a pid needs --name NAME (the name its checkpoints get)")
@@ -103,7 +105,7 @@ def cmd_policy_set(ctx: Any, args: argparse.Namespace) -> int:
     else:
         pid, name = args.pid or 0, validate.name(args.target, required=True)
     policy = pb.Policy(name=name, pid=pid, every_s=args.every or 0.0, keep=args.keep or 0,
-                       on_term=bool(args.on_term))
+                       on_term=bool(args.on_term), files_dirs=args.files or [])
     result = policy_to_dict(ctx.client.SetPolicy(pb.SetPolicyRequest(policy=policy),
                                                  timeout=ctx.timeout))
     if ctx.json:
@@ -238,6 +240,8 @@ def add_commands(
                       help="take a leave-running (incremental) checkpoint this often: 15m, 1h")
     pset.add_argument("--keep", metavar="N", type=types.keep,
                       help="keep the newest N checkpoints")
+    pset.add_argument("--files", metavar="DIR", action="append", type=types.files_dir,
+                      help=types.FILES_HELP)
     pset.add_argument("--on-term", action="store_true",
                       help="protect it: checkpoint it on drain, spot notice and termination")
     pshow = action("show", cmd_policy_show, "show policies (yours; every one for root)")

@@ -188,6 +188,7 @@ def cmd_dump(ctx: Context, args: argparse.Namespace) -> int:
         keep=args.keep or 0,
         tcp_close=bool(args.tcp_close),
         cgroup=args.cgroup or "",
+        files_dirs=args.files or [],
     )
     result = _stream_result(ctx.client.Dump(request, timeout=ctx.timeout), "checkpoint")
     if result is None:
@@ -450,6 +451,8 @@ def _add_dump(command: Command) -> None:
         type=types.keep,
         help="with --name: then keep only the N newest checkpoints of that name",
     )
+    dump.add_argument("--files", metavar="DIR", action="append", type=types.files_dir,
+                      help=types.FILES_HELP)
 
 
 def _add_migrate(command: Command) -> None:

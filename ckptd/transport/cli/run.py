@@ -106,7 +106,7 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
         handlers[signo] = signal.signal(signo, lambda s, _f: _pass_on(job, s))
     try:
         policy = pb.Policy(name=name, every_s=args.every or 0.0, keep=args.keep or 0,
-                           on_term=True)
+                           on_term=True, files_dirs=args.files or [])
         try:
             # the daemon finds the job as our only child: our pids may not be its pids
             ctx.client.SetPolicy(pb.SetPolicyRequest(policy=policy, callers_child=True),
@@ -395,6 +395,8 @@ def add_command(command: Command) -> None:
                      help="also take a leave-running checkpoint this often: 15m, 1h")
     run.add_argument("--keep", metavar="N", type=types.keep,
                      help="keep the newest N checkpoints")
+    run.add_argument("--files", metavar="DIR", action="append", type=types.files_dir,
+                     help=types.FILES_HELP)
     run.add_argument("--grace", metavar="SECONDS", type=types.grace, default=25.0,
                      help="how long the checkpoint on SIGTERM may take (default 25, inside "
                      "Kubernetes' default 30 s grace period)")

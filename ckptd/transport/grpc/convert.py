@@ -49,6 +49,7 @@ def dump_request(msg: pb.DumpRequest) -> DumpRequest:
         keep=keep,
         tcp_close=msg.tcp_close,
         cgroup=v.cgroup(msg.cgroup),
+        files_dirs=v.files_dirs(msg.files_dirs),
     )
 
 
@@ -270,7 +271,7 @@ def policy(p: Policy) -> pb.Policy:
         name=p.name, pid=p.pid, every_s=p.every_s, keep=p.keep, on_term=p.on_term, uid=p.uid,
         last_fired=p.last_fired, last_checkpoint_id=p.last_checkpoint_id,
         last_error=p.last_error, drained_checkpoint_id=p.drained_checkpoint_id,
-        started=max(0, p.started),
+        started=max(0, p.started), files_dirs=list(p.files_dirs),
     )
 
 
@@ -283,7 +284,8 @@ def policy_from(msg: pb.Policy) -> Policy:
     return Policy(name=v.name(msg.name, "job name", required=True),
                   pid=v.pid(msg.pid, required=False),
                   every_s=v.duration(msg.every_s, "--every period", minimum=MIN_EVERY_S),
-                  keep=v.count(msg.keep, "keep"), on_term=msg.on_term)
+                  keep=v.count(msg.keep, "keep"), on_term=msg.on_term,
+                  files_dirs=v.files_dirs(msg.files_dirs))
 
 
 def group(g: GroupRecord) -> pb.Group:

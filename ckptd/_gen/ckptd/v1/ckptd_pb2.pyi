@@ -482,6 +482,7 @@ class Policy(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     DRAINED_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     STARTED_FIELD_NUMBER: _builtins.int
+    FILES_DIRS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """the job's name: its checkpoints are named so"""
     pid: _builtins.int
@@ -503,6 +504,10 @@ class Policy(_message.Message):
     """The start time of pid (clock ticks since boot: field 22 of /proc/PID/stat) when it was
     recorded; 0: unknown. A process at pid with another start time is not the job.
     """
+    @_builtins.property
+    def files_dirs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Output directories each checkpoint of the job captures (as DumpRequest.files_dirs)."""
+
     def __init__(
         self,
         *,
@@ -517,10 +522,11 @@ class Policy(_message.Message):
         last_error: _builtins.str = ...,
         drained_checkpoint_id: _builtins.str = ...,
         started: _builtins.int = ...,
+        files_dirs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "every_s", b"every_s", "keep", b"keep", "last_checkpoint_id", b"last_checkpoint_id", "last_error", b"last_error", "last_fired", b"last_fired", "name", b"name", "on_term", b"on_term", "pid", b"pid", "started", b"started", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained_checkpoint_id", b"drained_checkpoint_id", "every_s", b"every_s", "files_dirs", b"files_dirs", "keep", b"keep", "last_checkpoint_id", b"last_checkpoint_id", "last_error", b"last_error", "last_fired", b"last_fired", "name", b"name", "on_term", b"on_term", "pid", b"pid", "started", b"started", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -922,6 +928,7 @@ class DumpRequest(_message.Message):
     KEEP_FIELD_NUMBER: _builtins.int
     TCP_CLOSE_FIELD_NUMBER: _builtins.int
     CGROUP_FIELD_NUMBER: _builtins.int
+    FILES_DIRS_FIELD_NUMBER: _builtins.int
     pid: _builtins.int
     leave_running: _builtins.bool
     name: _builtins.str
@@ -937,6 +944,12 @@ class DumpRequest(_message.Message):
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def files_dirs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Output directories (absolute paths, as the job sees them): every regular file under
+        each is captured by content too, open or not, and put back by a restore (`--files`).
+        """
+
     def __init__(
         self,
         *,
@@ -947,10 +960,11 @@ class DumpRequest(_message.Message):
         keep: _builtins.int = ...,
         tcp_close: _builtins.bool = ...,
         cgroup: _builtins.str = ...,
+        files_dirs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "keep", b"keep", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "pid", b"pid", "tcp_close", b"tcp_close"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup", b"cgroup", "files_dirs", b"files_dirs", "keep", b"keep", "labels", b"labels", "leave_running", b"leave_running", "name", b"name", "pid", b"pid", "tcp_close", b"tcp_close"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
