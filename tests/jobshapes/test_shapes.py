@@ -23,14 +23,14 @@ uninterrupted run:
     and the dump, ``show``, ``check-restore`` and the restore name the other writer's pid;
 (j) ``ckptctl run --name J --every 10s``, the job SIGKILLed (not ``run``) after a periodic
     checkpoint: ``run`` exits 137 naming it and ``ckptctl resume J``, which brings the job
-    back bit for bit (its process group killed at once; the loop alone killed is an expected
-    failure, at the resume, see the test).
+    back bit for bit (its process group killed at once, or the loop alone: its workers then
+    remove their ``/tmp/pymp-*`` directories, which the restore makes again for CRIU).
 
 What makes each pass: the files the job writes captured and put back (c, d, j), established
 TCP connections inside the tree (a, e), no io_uring in jobs launched by ``ckptctl run`` (a, j),
 a ghost-file limit sized for torch's shared memory (``ghost_limit``: f, g), files written
 by a live process outside the tree left as they are (``shared_files``: i), the policy kept
-for ``resume`` when its job dies (j).
+for ``resume`` when its job dies and a bound unix socket's missing directory made again (j).
 """
 
 from __future__ import annotations
@@ -461,9 +461,11 @@ def test_j_resume_after_the_job_is_sigkilled_under_ckptctl_run_every(
     (the OOM killer's pick), its workers then ending on their own. ``run`` exits 137 naming
     the newest checkpoint and ``ckptctl resume J``; ``check-restore`` finds it compatible;
     ``ckptctl resume J`` restores that checkpoint — the job's files put back as they were
-    at it — and the job ends as an uninterrupted run, bit for bit (``loop-only`` is an
-    expected failure, at the resume only, while ckptd does not recreate the directory of a
-    bound unix socket that the job's exiting processes removed)."""
+    at it — and the job ends as an uninterrupted run, bit for bit. With ``loop-only`` the
+    workers, ending on their own, remove their ``/tmp/pymp-*`` directories, where the
+    checkpoint's workers have a unix socket bound (multiprocessing's resource sharer): the
+    restore makes each again, ``0700`` and the job owner's, before CRIU binds there
+    (``pathpins.ProcPinnedPaths.socket_dir``)."""
     want = references.get("dataloader", DL_STEPS)
     out_dir, stdout = tmp_path / "out", tmp_path / "stdout"
     fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -520,14 +522,6 @@ def test_j_resume_after_the_job_is_sigkilled_under_ckptctl_run_every(
     report = assert_ok(daemon.ctl("check-restore", kept), "check-restore")
     assert report["compatible"] is True, report
     resuming = daemon.ctl("resume", "every-j")
-    if (kill == "loop-only" and resuming.rc != 0 and "Can't bind" in resuming.err
-            and "/tmp/pymp-" in resuming.err):
-        pytest.xfail(
-            "ckptd bug: the DataLoader workers, ending on their own after their loop was "
-            "SIGKILLed, ran multiprocessing's finalizers, which removed their /tmp/pymp-* "
-            "directories; the checkpoint's workers hold a unix socket bound there "
-            "(multiprocessing.resource_sharer's listener), so CRIU's restore fails to bind "
-            "it (ENOENT) although check-restore said compatible: " + resuming.err.strip())
     resumed = assert_ok(resuming, "resume every-j")
     assert resumed["errors"] == [], resumed
     [restored] = resumed["restored"]

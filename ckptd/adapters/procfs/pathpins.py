@@ -68,6 +68,8 @@ def pin_paths(root: Root, paths: CriuPaths, proc: Path = Path("/proc"), *,
             root_alone(root, made.path, made.what, made.owner)
             if made.what != "unix socket":
                 pins.allow_deleted_in(made.path)
+            elif made.owner >= 0:
+                pins.socket_dir(root, made.path, made.owner)
     except BaseException:
         pins.close()
         raise
@@ -167,9 +169,36 @@ class ProcPinnedPaths:
         self._made: tuple[CriuRelink, ...] = ()
         self._made_in: Root | None = None
         """The link-remap files ``pin_paths`` made (removed at ``close``), and their root."""
+        self._made_dirs: list[tuple[int, str, Identity, str]] = []
+        """Directories ``socket_dir`` made: (parent's fd, name, identity, path)."""
 
     def relinked(self, root: Root, made: tuple[CriuRelink, ...]) -> None:
         self._made, self._made_in = made, root
+
+    def socket_dir(self, root: Root, path: str, owner: int) -> None:
+        """Make the missing directory a unix socket of ``owner``'s is bound in (CRIU binds it
+        by path: multiprocessing's ``/tmp/pymp-*``, which a worker that ended on its own
+        removed), ``0700`` and ``owner``'s, as its program made it, when the directory above
+        it exists (checked by ``root_alone``: root's alone, sticky, or ``owner``'s); made by
+        root in that held directory and only then given to ``owner`` (nobody else can
+        rename a root's entry in a sticky or root's directory meanwhile). Removed at
+        ``close`` while it is that very directory and empty (the restore failed)."""
+        parts = components(path)
+        if len(parts) < 2:
+            return
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), \
+                root.locate("/" + "/".join(parts[:-1])) as loc:
+            try:
+                os.mkdir(loc.name, 0o700, dir_fd=loc.dirfd)
+            except FileExistsError:
+                return
+            fd = root.open_in(loc, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fchown(fd, owner, -1)
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            self._made_dirs.append((os.dup(loc.dirfd), loc.name, (st.st_dev, st.st_ino), path))
 
     @property
     def identities(self) -> dict[Identity, str]:
@@ -279,6 +308,14 @@ class ProcPinnedPaths:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        for parent, name, made_id, _ in self._made_dirs:
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == made_id:
+                    os.rmdir(name, dir_fd=parent)  # ENOTEMPTY: the restored socket is in it
+            with contextlib.suppress(OSError):
+                os.close(parent)
+        self._made_dirs = []
         made, self._made = self._made, ()
         if made and self._made_in is not None and self._made_in.fd >= 0:
             relinks.remove(self._made_in, made)
