@@ -1,6 +1,6 @@
 """Helpers of the job-shape tier: the workloads' command lines, their uninterrupted runs (the
-references), what a run leaves behind — its stdout, ``train.log`` and ``state.bin`` — and the
-comparison of two runs bit for bit.
+references), what a run leaves behind — its stdout, ``train.log`` and ``state.bin``, and
+``metrics.csv`` for the ``metrics-csv`` kind — and the comparison of two runs bit for bit.
 
 The workloads (``workloads/``) are plain scripts run by the checkout's .venv Python; see their
 docstrings for what they print and write. A run's pace (seconds slept per step) changes when
@@ -29,6 +29,8 @@ TORCHRUN = VENV_BIN / "torchrun"
 LOG_NAME = "train.log"
 STATE_NAME = "state.bin"
 JOB_FILES = (LOG_NAME, STATE_NAME)
+METRICS_NAME = "metrics.csv"
+"""What ``--metrics-csv`` adds: a file opened, appended to and closed each step."""
 
 PACE = 0.2
 """Seconds each workload sleeps per step in the tests: a checkpoint lands mid-run."""
@@ -40,6 +42,13 @@ def dataloader_cmd(out_dir: Path, steps: int, pace: float = PACE) -> list[str]:
     """The single-process loop with a DataLoader of 2 worker processes."""
     return [str(VENV_PYTHON), str(DATALOADER), "--out-dir", str(out_dir),
             "--steps", str(steps), "--pace", str(pace)]
+
+
+def metrics_csv_cmd(out_dir: Path, steps: int, pace: float = PACE) -> list[str]:
+    """The DataLoader loop also logging each step to ``metrics.csv`` with the ``csv``
+    module, opened for appending and closed again each step (MLflow's file store, a per-step
+    CSV logger): no descriptor of it is held between steps."""
+    return [*dataloader_cmd(out_dir, steps, pace), "--metrics-csv"]
 
 
 BIG_BATCH_FLOATS = 98304
@@ -93,8 +102,8 @@ class Outcome:
     files: dict[str, bytes]
 
     @classmethod
-    def read(cls, stdout: Path, out_dir: Path) -> Outcome:
-        return cls(stdout.read_bytes(), {n: (out_dir / n).read_bytes() for n in JOB_FILES})
+    def read(cls, stdout: Path, out_dir: Path, names: tuple[str, ...] = JOB_FILES) -> Outcome:
+        return cls(stdout.read_bytes(), {n: (out_dir / n).read_bytes() for n in names})
 
 
 def _first_difference(got: bytes, want: bytes) -> str:
@@ -117,9 +126,11 @@ def assert_same_bytes(got: bytes, want: bytes, what: str) -> None:
 
 
 def assert_same_outcome(got: Outcome, want: Outcome, what: str) -> None:
-    """Bit for bit: stdout and every file."""
+    """Bit for bit: stdout and every file (the reference's files: all of them read)."""
     assert_same_bytes(got.stdout, want.stdout, f"{what}: stdout")
-    for name in JOB_FILES:
+    assert set(got.files) == set(want.files), f"{what}: files {sorted(got.files)} read, " \
+        f"the reference has {sorted(want.files)}"
+    for name in want.files:
         assert_same_bytes(got.files[name], want.files[name], f"{what}: {name}")
 
 
@@ -198,7 +209,10 @@ class References:
     BUILDERS: dict[str, Command] = {"ddp": torchrun_cmd, "dataloader": dataloader_cmd,
                                     "big-batches": big_batches_cmd,
                                     "shared-spawn": shared_spawn_cmd,
-                                    "spawn-queue": spawn_queue_cmd}
+                                    "spawn-queue": spawn_queue_cmd,
+                                    "metrics-csv": metrics_csv_cmd}
+    FILES: dict[str, tuple[str, ...]] = {"metrics-csv": (*JOB_FILES, METRICS_NAME)}
+    """The files a kind's run writes, when more than ``JOB_FILES``."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -226,4 +240,9 @@ class References:
             f"uninterrupted {kind} run exited {proc.returncode}: "
             f"{(run_dir / 'stderr').read_text(errors='replace')[-2000:]}"
         )
-        return Outcome.read(stdout, out_dir)
+        return Outcome.read(stdout, out_dir, self.files(kind))
+
+    @classmethod
+    def files(cls, kind: str) -> tuple[str, ...]:
+        """The files of ``out_dir`` a run of ``kind`` is compared by."""
+        return cls.FILES.get(kind, JOB_FILES)

@@ -24,9 +24,16 @@ uninterrupted run:
 (j) ``ckptctl run --name J --every 10s``, the job SIGKILLed (not ``run``) after a periodic
     checkpoint: ``run`` exits 137 naming it and ``ckptctl resume J``, which brings the job
     back bit for bit (its process group killed at once, or the loop alone: its workers then
-    remove their ``/tmp/pymp-*`` directories, which the restore makes again for CRIU).
+    remove their ``/tmp/pymp-*`` directories, which the restore makes again for CRIU);
+(k) the DataLoader loop also logging each step to ``metrics.csv`` with the ``csv`` module,
+    opened, appended to and closed each step (MLflow's file store, a per-step CSV logger):
+    ``ckptctl run --name J --every 10s --files OUT_DIR``, its process group SIGKILLed some
+    steps after a periodic checkpoint holding the CSV, ``ckptctl resume J`` — the CSV, which
+    the job held no descriptor of, rolled back too: no step logged twice, every file bit for
+    bit.
 
-What makes each pass: the files the job writes captured and put back (c, d, j), established
+What makes each pass: the files the job writes captured and put back (c, d, j), every file
+of an output directory named with ``--files``, open or not, captured and put back (k), established
 TCP connections inside the tree (a, e), no io_uring in jobs launched by ``ckptctl run`` (a, j),
 a ghost-file limit sized for torch's shared memory (``ghost_limit``: f, g), files written
 by a live process outside the tree left as they are (``shared_files``: i), the policy kept
@@ -65,6 +72,7 @@ from tests.integration.support import (
 from tests.jobshapes.shapes import (
     JOB_FILES,
     LOG_NAME,
+    METRICS_NAME,
     STATE_NAME,
     Outcome,
     OutsideWriter,
@@ -76,6 +84,7 @@ from tests.jobshapes.shapes import (
     child_of,
     dataloader_cmd,
     kill_tree,
+    metrics_csv_cmd,
     rank_cmd,
     shared_spawn_cmd,
     spawn_queue_cmd,
@@ -110,12 +119,24 @@ def launch_run(procs: Procs, daemon: Daemon, name: str, cmd: list[str], stdout: 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "steps"), [("dataloader", DL_STEPS), ("ddp", DDP_STEPS),
                                              ("big-batches", SHM_STEPS),
-                                             ("shared-spawn", SHM_STEPS)])
+                                             ("shared-spawn", SHM_STEPS),
+                                             ("metrics-csv", DL_STEPS)])
 def test_the_workloads_are_deterministic(references: References, kind: str, steps: int
                                          ) -> None:
     """Two uninterrupted runs print and write the same bytes (what every test relies on)."""
     assert_same_outcome(references.run(kind, steps), references.get(kind, steps),
                         f"a second uninterrupted {kind} run")
+
+
+@pytest.mark.slow
+def test_the_metrics_csv_option_changes_no_other_output(references: References) -> None:
+    """``--metrics-csv`` (k) adds metrics.csv, one row a step, and nothing else: stdout,
+    train.log and state.bin are the DataLoader loop's bytes without it."""
+    plain, with_csv = references.get("dataloader", DL_STEPS), references.get("metrics-csv",
+                                                                              DL_STEPS)
+    assert len(with_csv.files[METRICS_NAME].splitlines()) == DL_STEPS
+    assert_same_outcome(Outcome(with_csv.stdout, {n: with_csv.files[n] for n in JOB_FILES}),
+                        plain, "the DataLoader loop with --metrics-csv")
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["restore", "restore-lazy"])
@@ -533,3 +554,108 @@ def test_j_resume_after_the_job_is_sigkilled_under_ckptctl_run_every(
     assert_same_outcome(Outcome.read(stdout, out_dir), want, "job resumed after SIGKILL")
     assert_kept_aside(stdout, on_disk)
     assert_ok(daemon.ctl("policy", "clear", "every-j"), "policy clear")
+
+
+def test_k_a_metrics_csv_opened_and_closed_each_step_is_rolled_back_by_run_files(
+    daemon: Daemon, procs: Procs, references: References, tmp_path: Path
+) -> None:
+    """(k) ``--files`` on a training job: the DataLoader loop of (j) also logs each step to
+    ``metrics.csv`` with the ``csv`` module, the file opened for appending, written and
+    closed each step — so between steps no descriptor of it exists, and only ``--files``
+    captures it. ``ckptctl run --name k-job --every 10s --files OUT_DIR``; once a periodic
+    checkpoint lists the CSV, the job logs two steps more and its process group is
+    SIGKILLed; ``run`` exits 137 naming the checkpoint, ``ckptctl resume k-job`` puts the
+    CSV back as it was at the checkpoint (the rows logged after it kept aside), and the job
+    ends as an uninterrupted run, bit for bit: stdout, train.log, state.bin and the CSV, no
+    step logged twice. Without the CSV rolled back the steps between the checkpoint and the
+    kill would be in it twice."""
+    kind = "metrics-csv"
+    names = References.files(kind)
+    want = references.get(kind, DL_STEPS)
+    want_rows = want.files[METRICS_NAME].splitlines(keepends=True)
+    assert [r.split(b",")[0] for r in want_rows] == [
+        str(n).encode() for n in range(1, DL_STEPS + 1)], "the reference logs each step once"
+    out_dir, stdout = tmp_path / "out", tmp_path / "stdout"
+    out_dir.mkdir()
+    metrics = out_dir / METRICS_NAME
+    fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        launcher = procs.popen(
+            [str(CKPTCTL), "--socket", str(daemon.socket), "run", "--name", "k-job",
+             "--every", "10s", "--files", str(out_dir), "--",
+             *metrics_csv_cmd(out_dir, DL_STEPS, pace=PERIODIC_PACE)],
+            stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.PIPE)
+    finally:
+        os.close(fd)
+    job = child_of(launcher.pid)
+
+    def policy() -> dict[str, Any]:
+        listed = assert_ok(daemon.ctl("policy", "show"), "policy show")
+        return next(p for p in listed if p["name"] == "k-job")
+
+    def captured(ck: str) -> dict[str, int]:
+        """The sizes of the files of OUT_DIR checkpoint ``ck`` holds, by name."""
+        shown = assert_ok(daemon.ctl("show", ck), "show")
+        return {Path(f["path"]).name: f["size"] for f in shown["files"]
+                if Path(f["path"]).parent == out_dir}
+
+    def rows(data: bytes) -> int:
+        return data.count(b"\n")
+
+    assert policy()["files_dirs"] == [str(out_dir)]
+    seen: set[str] = set()
+
+    def periodic_with_the_csv() -> bool:
+        ck = policy().get("last_checkpoint_id") or ""
+        if not ck or ck in seen:
+            return False
+        seen.add(ck)  # the first one may come before the job wrote its first step
+        return set(names) <= set(captured(ck))
+
+    wait_until(periodic_with_the_csv, START_S, "a periodic checkpoint holding metrics.csv",
+               interval=0.2)
+
+    def two_rows_past_the_newest_checkpoint() -> bool:
+        size = captured(policy()["last_checkpoint_id"]).get(METRICS_NAME, 0)
+        return rows(metrics.read_bytes()) >= rows(want.files[METRICS_NAME][:size]) + 2
+
+    wait_until(two_rows_past_the_newest_checkpoint, 30, "two more steps in metrics.csv",
+               interval=0.1)
+    workers = descendants(job)
+    assert len(workers) == 2, "the loop's 2 DataLoader workers"
+    assert os.getpgid(job) == job, "the job leads its own process group (ckptctl run)"
+    os.killpg(job, signal.SIGKILL)
+    wait_until(lambda: not any(is_alive(w) for w in [job, *workers]), 30,
+               "the job's processes to end")
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 137, err
+    on_disk = stdout.read_bytes()
+    on_disk_csv = metrics.read_bytes()
+    assert not on_disk.endswith(want.stdout[-40:]), "the job finished before the kill"
+    kept = policy()["last_checkpoint_id"]
+    assert (f"k-job (pid {job}) was killed by SIGKILL; its newest checkpoint is {kept}: "
+            "`ckptctl resume k-job` restores it").encode() in err, err
+    at_checkpoint = captured(kept)[METRICS_NAME]
+    assert want.files[METRICS_NAME].startswith(on_disk_csv), "metrics.csv before the resume"
+    assert rows(on_disk_csv) >= rows(want.files[METRICS_NAME][:at_checkpoint]) + 2, (
+        f"metrics.csv holds {rows(on_disk_csv)} rows at the kill, its checkpoint "
+        f"{at_checkpoint} bytes: nothing for the resume to roll back")
+
+    report = assert_ok(daemon.ctl("check-restore", kept), "check-restore")
+    assert report["compatible"] is True, report
+    resumed = assert_ok(daemon.ctl("resume", "k-job"), "resume k-job")
+    assert resumed["errors"] == [], resumed
+    [restored] = resumed["restored"]
+    procs.add(restored["pid"])
+    timing("(k) resume", restored)
+    assert restored["id"] == kept and restored["pid"] == job, restored
+    assert str(metrics) in restored["files_put_back"], restored
+
+    wait_for_done(stdout, timeout=START_S)
+    got = Outcome.read(stdout, out_dir, names)
+    logged = [r.split(b",")[0] for r in got.files[METRICS_NAME].splitlines()]
+    assert len(logged) == len(set(logged)), f"steps logged twice in metrics.csv: {logged}"
+    assert_same_outcome(got, want, "job with a per-step CSV resumed after SIGKILL")
+    assert_kept_aside(stdout, on_disk)
+    assert_kept_aside(metrics, on_disk_csv)
+    assert_ok(daemon.ctl("policy", "clear", "k-job"), "policy clear")
