@@ -245,6 +245,21 @@ def via_cli(mib: int, kind: str, work: Path, sock: Path) -> Row:
     return Row(t_dump, float(record.get("frozen_s", 0)), t_restore, int(record["bytes_new"]))
 
 
+def conditions(when: str, meminfo: Path = Path("/proc/meminfo")) -> str:
+    """What a small job's figure was measured under: the 1-minute load average, the bytes
+    still waiting for writeback (a preceding big run's fsyncs and page cache slow a small
+    job's own fsyncs) and what ran before it."""
+    dirty_kib = 0
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("Dirty:"):
+                dirty_kib = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return (f"{when}, load average {os.getloadavg()[0]:.2f}, "
+            f"{dirty_kib / 1024:.0f} MiB dirty awaiting writeback")
+
+
 def start_small(out: Path) -> int:
     """A tiny job (``counter``, no extra memory: about CRIU's own zdtm test programs)."""
     return start_counter(out, steps=1000000, interval_ms=100, timeout=30)
@@ -341,10 +356,12 @@ def run(args: argparse.Namespace, report: Report) -> int:
                     rows["incr"] = incremental(mib, work, stub)
             results[(mib, kind)] = rows
     if args.small:
+        before = conditions("after the sizes above" if results else "first in this run")
         with daemon_at(work / "small") as (sock, _pid, _staging):
             small = small_job(work, sock, args.small)
         report.say(f"\nsmall job, median of {args.small}: " + ", ".join(
-            f"{k} {v:.3f} s" for k, v in small.items()) + " (target: ckptctl <= 0.15 s each)")
+            f"{k} {v:.3f} s" for k, v in small.items()) + " (target: ckptctl <= 0.15 s each)"
+            + f"; measured {before}")
     if not results:
         return 0
     tables(results, report)

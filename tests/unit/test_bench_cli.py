@@ -92,3 +92,14 @@ def test_a_report_is_markdown_and_plot_json(tmp_path: Path) -> None:
                               "note": "the other table"}
     with pytest.raises(ValueError, match="table demo: a row of 1 cells for 3 columns"):
         main.add("short")
+
+
+def test_the_small_job_s_figure_says_what_it_was_measured_under(tmp_path: Path) -> None:
+    from bench.speed import conditions
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nDirty:            204800 kB\n")
+    said = conditions("after the sizes above", meminfo)
+    assert said.startswith("after the sizes above, load average ")
+    assert said.endswith(", 200 MiB dirty awaiting writeback")
+    assert conditions("first", tmp_path / "none").endswith(" 0 MiB dirty awaiting writeback")
