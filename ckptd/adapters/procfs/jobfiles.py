@@ -160,14 +160,9 @@ class ProcJobFiles:
         if not dirs:
             yield DirFiles()
             return
-        tree_own: set[tuple[int, int]] = set()
-        for file in leave_out:
-            with contextlib.suppress(OSError):
-                st = os.stat(file.source)
-                tree_own.add((st.st_dev, st.st_ino))
         # walked as the owner, with this thread's identity back before the capture runs
         with self._at() as root, self._rights(uid, gid):
-            found, held = outdirs.open_under(root, dirs, pid, tree_own, limit)
+            found, held = outdirs.open_under(root, dirs, pid, leave_out, limit)
         try:
             yield found
         finally:

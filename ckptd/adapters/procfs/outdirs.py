@@ -57,11 +57,12 @@ class _Walk:
 
 
 def open_under(root: Root, dirs: Sequence[str], pid: int,
-               leave_out: Collection[tuple[int, int]], limit: int) -> tuple[DirFiles, list[int]]:
-    """Every regular file under each of ``dirs`` (as ``root`` resolves them), held open, as a
-    ``WrittenFile`` of ``pid``'s whose source is that descriptor; and the descriptors, which
-    the caller closes once the capture is done. Each file once (by identity), in path order."""
-    walk = _Walk(pid, leave_out, limit)
+               leave_out: Sequence[WrittenFile], limit: int) -> tuple[DirFiles, list[int]]:
+    """Every regular file under each of ``dirs`` (as ``root`` resolves them) but those of
+    ``leave_out`` (by identity, read through their sources), held open, as a ``WrittenFile``
+    of ``pid``'s whose source is that descriptor; and the descriptors, which the caller
+    closes (``close_all``) once the capture is done. Each file once, in path order."""
+    walk = _Walk(pid, _identities(leave_out), limit)
     try:
         for path in dirs:
             if walk.over:
@@ -76,8 +77,7 @@ def open_under(root: Root, dirs: Sequence[str], pid: int,
             finally:
                 os.close(top)
     except BaseException:
-        for fd in walk.held:
-            os.close(fd)
+        close_all(walk.held)
         raise
     return DirFiles(tuple(walk.files), tuple(walk.problems), walk.over), walk.held
 
@@ -153,6 +153,15 @@ def _hold_file(walk: _Walk, dirfd: int, name: str, where: str, st: os.stat_resul
     walk.seen.add(key)
     walk.files.append(WrittenFile(where, held.st_size, f"/proc/self/fd/{fd}", walk.pid,
                                   size_free=True))
+
+
+def _identities(files: Sequence[WrittenFile]) -> set[tuple[int, int]]:
+    found: set[tuple[int, int]] = set()
+    for file in files:
+        with contextlib.suppress(OSError):
+            st = os.stat(file.source)
+            found.add((st.st_dev, st.st_ino))
+    return found
 
 
 def close_all(fds: Sequence[int]) -> None:

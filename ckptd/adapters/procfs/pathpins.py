@@ -169,8 +169,8 @@ class ProcPinnedPaths:
         self._made: tuple[CriuRelink, ...] = ()
         self._made_in: Root | None = None
         """The link-remap files ``pin_paths`` made (removed at ``close``), and their root."""
-        self._made_dirs: list[tuple[int, str, Identity, str]] = []
-        """Directories ``socket_dir`` made: (parent's fd, name, identity, path)."""
+        self._made_dirs: list[tuple[int, str, Identity]] = []
+        """Directories ``socket_dir`` made: (parent's fd, name, identity)."""
 
     def relinked(self, root: Root, made: tuple[CriuRelink, ...]) -> None:
         self._made, self._made_in = made, root
@@ -198,7 +198,7 @@ class ProcPinnedPaths:
                 st = os.fstat(fd)
             finally:
                 os.close(fd)
-            self._made_dirs.append((os.dup(loc.dirfd), loc.name, (st.st_dev, st.st_ino), path))
+            self._made_dirs.append((os.dup(loc.dirfd), loc.name, (st.st_dev, st.st_ino)))
 
     @property
     def identities(self) -> dict[Identity, str]:
@@ -308,7 +308,7 @@ class ProcPinnedPaths:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for parent, name, made_id, _ in self._made_dirs:
+        for parent, name, made_id in self._made_dirs:
             with contextlib.suppress(OSError):
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) == made_id:
