@@ -14,10 +14,15 @@
  *       (GIL held: it looks up Python containers) the references one by one, and the
  *       runs (first page, count) of pages neither zero, `in known`, nor in the set `fresh`
  *       (first occurrences only; each is added to `fresh`); pages numbered from `start`.
- *   compress_frame(data, level) -> bytes | None
- *       a zstd frame of `data`, always strictly shorter than it; None when `data` does not
- *       compress (decided on a sample of its pages, confirmed on the result): the caller
- *       stores it as it is, and a frame exactly len(data) long is how readers know it.
+ *   compress_frame(data, level, codec=CODEC_ZSTD) -> bytes | None
+ *       a zstd frame (level: zstd's, negative for its fast levels) or an LZ4 frame (level:
+ *       LZ4F's, 0 the default fast mode, negative faster) of `data`, always strictly shorter
+ *       than it; None when `data` does not compress (decided on a sample of its pages,
+ *       confirmed on the result): the caller stores it as it is, and a frame exactly
+ *       len(data) long is how readers know it. Both formats declare their content size.
+ *   decompress_frame(frame, size) -> bytes
+ *       a zstd or LZ4 frame (told apart by their magic numbers) decompressed: exactly `size`
+ *       bytes, its declared content size `size`, or ValueError saying what is wrong.
  *   concat_digest(parts) -> (bytes, bytes)
  *   digest_parts(parts) -> bytes
  *       the parts concatenated (a pack), and its xxh3-128 (unseeded, canonical: its name).
@@ -56,12 +61,16 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include <zstd.h>
+#include <lz4.h>
+#include <lz4frame.h>
 
 #define PAGE 4096
 #define HASH 16
 #define MIN_PAGES_PER_THREAD 256 /* 1 MiB: below that a thread costs more than it saves */
 #define MAX_THREADS 64
 #define SAMPLE_PAGES 16
+#define CODEC_ZSTD 0
+#define CODEC_LZ4 1
 /* A sample that saves less than 1/32 of its size means the frame is stored raw. */
 #define SAMPLE_MIN_GAIN_SHIFT 5
 
@@ -378,41 +387,99 @@ done:
     return result;
 }
 
-/* ---- compress_frame ---------------------------------------------------------------------- */
+/* ---- compress_frame, decompress_frame ------------------------------------------------- */
 
-static pthread_key_t cctx_key;
+/* Each thread's contexts (kept: the executor's threads live long). */
+typedef struct {
+    ZSTD_CCtx *zc;
+    ZSTD_DCtx *zd;
+    LZ4F_dctx *ld;
+} contexts_t;
 
-static void free_cctx(void *cctx) { ZSTD_freeCCtx(cctx); }
+static pthread_key_t ctx_key;
 
-/* This thread's compression context (kept: the executor's threads live long). */
-static ZSTD_CCtx *thread_cctx(void)
+static void free_contexts(void *p)
 {
-    ZSTD_CCtx *cctx = pthread_getspecific(cctx_key);
-    if (cctx == NULL) {
-        cctx = ZSTD_createCCtx();
-        if (cctx != NULL && pthread_setspecific(cctx_key, cctx) != 0) {
-            ZSTD_freeCCtx(cctx);
-            cctx = NULL;
+    contexts_t *c = p;
+    ZSTD_freeCCtx(c->zc);
+    ZSTD_freeDCtx(c->zd);
+    if (c->ld != NULL)
+        LZ4F_freeDecompressionContext(c->ld);
+    free(c);
+}
+
+static contexts_t *thread_contexts(void)
+{
+    contexts_t *c = pthread_getspecific(ctx_key);
+    if (c == NULL) {
+        if ((c = calloc(1, sizeof *c)) == NULL)
+            return NULL;
+        if (pthread_setspecific(ctx_key, c) != 0) {
+            free(c);
+            return NULL;
         }
     }
-    return cctx;
+    return c;
+}
+
+static ZSTD_CCtx *thread_zstd_cctx(void)
+{
+    contexts_t *c = thread_contexts();
+    if (c != NULL && c->zc == NULL)
+        c->zc = ZSTD_createCCtx();
+    return c ? c->zc : NULL;
+}
+
+static void lz4_prefs(LZ4F_preferences_t *prefs, size_t len, int level)
+{
+    memset(prefs, 0, sizeof *prefs);
+    prefs->frameInfo.blockSizeID = LZ4F_max4MB;
+    prefs->frameInfo.blockMode = LZ4F_blockIndependent;
+    prefs->frameInfo.contentSize = len;
+    prefs->compressionLevel = level;
+}
+
+static size_t codec_bound(int codec, size_t len, int level)
+{
+    if (codec == CODEC_LZ4) {
+        LZ4F_preferences_t prefs;
+        lz4_prefs(&prefs, len, level);
+        return LZ4F_compressFrameBound(len, &prefs);
+    }
+    return ZSTD_compressBound(len);
+}
+
+/* `len` bytes of `src` as one frame of `codec` into `dst` (`cap` bytes): its length, or 0
+ * when it could not be made. */
+static size_t codec_compress(int codec, ZSTD_CCtx *zc, void *dst, size_t cap, const void *src,
+                             size_t len, int level)
+{
+    if (codec == CODEC_LZ4) {
+        LZ4F_preferences_t prefs;
+        lz4_prefs(&prefs, len, level);
+        size_t got = LZ4F_compressFrame(dst, cap, src, len, &prefs);
+        return LZ4F_isError(got) ? 0 : got;
+    }
+    size_t got = ZSTD_compressCCtx(zc, dst, cap, src, len, level);
+    return ZSTD_isError(got) ? 0 : got;
 }
 
 /* Whether SAMPLE_PAGES pages spread over the frame compress at all (1), not (0), or the
  * sample could not be made (-1: compress the whole frame, the result decides). */
-static int sample_compresses(ZSTD_CCtx *cctx, const unsigned char *data, size_t pages, int level)
+static int sample_compresses(int codec, ZSTD_CCtx *zc, const unsigned char *data, size_t pages,
+                             int level)
 {
     if (pages <= SAMPLE_PAGES)
         return -1; /* small frame: compressing it is as cheap as a sample */
-    size_t in_len = SAMPLE_PAGES * PAGE, cap = ZSTD_compressBound(in_len);
+    size_t in_len = SAMPLE_PAGES * PAGE, cap = codec_bound(codec, in_len, level);
     unsigned char *sample = malloc(in_len + cap);
     if (sample == NULL)
         return -1;
     for (size_t k = 0; k < SAMPLE_PAGES; k++)
         memcpy(sample + k * PAGE, data + (k * pages / SAMPLE_PAGES) * PAGE, PAGE);
-    size_t got = ZSTD_compressCCtx(cctx, sample + in_len, cap, sample, in_len, level);
+    size_t got = codec_compress(codec, zc, sample + in_len, cap, sample, in_len, level);
     free(sample);
-    if (ZSTD_isError(got))
+    if (got == 0)
         return -1;
     return got < in_len - (in_len >> SAMPLE_MIN_GAIN_SHIFT);
 }
@@ -420,10 +487,10 @@ static int sample_compresses(ZSTD_CCtx *cctx, const unsigned char *data, size_t 
 static PyObject *compress_frame(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
-    int level;
+    int level, codec = CODEC_ZSTD;
     PyObject *out = NULL;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*i:compress_frame", &buf, &level))
+    if (!PyArg_ParseTuple(args, "y*i|i:compress_frame", &buf, &level, &codec))
         return NULL;
     if (whole_pages(&buf) < 0)
         goto done;
@@ -431,33 +498,121 @@ static PyObject *compress_frame(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "empty frame");
         goto done;
     }
+    if (codec != CODEC_ZSTD && codec != CODEC_LZ4) {
+        PyErr_Format(PyExc_ValueError, "unknown codec %d", codec);
+        goto done;
+    }
     size_t len = (size_t)buf.len, pages = len / PAGE;
-    ZSTD_CCtx *cctx = thread_cctx();
-    if (cctx == NULL) {
+    ZSTD_CCtx *zc = NULL;
+    if (codec == CODEC_ZSTD && (zc = thread_zstd_cctx()) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     int worth;
     Py_BEGIN_ALLOW_THREADS
-    worth = sample_compresses(cctx, buf.buf, pages, level);
+    worth = sample_compresses(codec, zc, buf.buf, pages, level);
     Py_END_ALLOW_THREADS
     if (worth == 0) {
         out = Py_NewRef(Py_None); /* store it as it is */
         goto done;
     }
-    size_t cap = ZSTD_compressBound(len);
+    size_t cap = codec_bound(codec, len, level);
     if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap)) == NULL)
         goto done;
     size_t got;
     Py_BEGIN_ALLOW_THREADS
-    got = ZSTD_compressCCtx(cctx, PyBytes_AS_STRING(out), cap, buf.buf, len, level);
+    got = codec_compress(codec, zc, PyBytes_AS_STRING(out), cap, buf.buf, len, level);
     Py_END_ALLOW_THREADS
-    if (ZSTD_isError(got) || got >= len) {
+    if (got == 0 || got >= len) {
         Py_SETREF(out, Py_NewRef(Py_None)); /* not shorter: store it as it is */
         goto done;
     }
     if (_PyBytes_Resize(&out, (Py_ssize_t)got) < 0)
         out = NULL; /* _PyBytes_Resize freed it */
+done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+static const unsigned char ZSTD_MAGIC_LE[4] = {0x28, 0xb5, 0x2f, 0xfd};
+static const unsigned char LZ4_MAGIC_LE[4] = {0x04, 0x22, 0x4d, 0x18};
+
+/* Decompress `src` into exactly `size` bytes at `dst`: NULL, or what is wrong. */
+static const char *decompress_into(contexts_t *c, unsigned char *dst, size_t size,
+                                   const unsigned char *src, size_t len)
+{
+    if (len >= 4 && memcmp(src, ZSTD_MAGIC_LE, 4) == 0) {
+        unsigned long long declared = ZSTD_getFrameContentSize(src, len);
+        if (declared != size && declared != ZSTD_CONTENTSIZE_UNKNOWN)
+            return "its zstd header declares another size";
+        if (c->zd == NULL && (c->zd = ZSTD_createDCtx()) == NULL)
+            return "out of memory";
+        size_t got = ZSTD_decompressDCtx(c->zd, dst, size, src, len);
+        if (ZSTD_isError(got))
+            return ZSTD_getErrorName(got);
+        return got == size ? NULL : "zstd frame shorter than declared";
+    }
+    if (len >= 4 && memcmp(src, LZ4_MAGIC_LE, 4) == 0) {
+        if (c->ld == NULL && LZ4F_isError(LZ4F_createDecompressionContext(&c->ld, LZ4F_VERSION))) {
+            c->ld = NULL;
+            return "out of memory";
+        }
+        LZ4F_resetDecompressionContext(c->ld);
+        LZ4F_frameInfo_t info;
+        size_t in = len;
+        size_t hint = LZ4F_getFrameInfo(c->ld, &info, src, &in);
+        if (LZ4F_isError(hint))
+            return LZ4F_getErrorName(hint);
+        if (info.contentSize != size)
+            return "its LZ4 header declares another size";
+        size_t pos = in, out = 0;
+        while (hint != 0) {
+            size_t src_n = len - pos, dst_n = size - out;
+            if (src_n == 0)
+                return "LZ4 frame cut short";
+            hint = LZ4F_decompress(c->ld, dst + out, &dst_n, src + pos, &src_n, NULL);
+            if (LZ4F_isError(hint))
+                return LZ4F_getErrorName(hint);
+            pos += src_n;
+            out += dst_n;
+            if (src_n == 0 && dst_n == 0 && hint != 0)
+                return "LZ4 frame makes no progress";
+        }
+        if (pos != len)
+            return "bytes after the LZ4 frame's end";
+        return out == size ? NULL : "LZ4 frame shorter than declared";
+    }
+    return "neither a zstd nor an LZ4 frame";
+}
+
+static PyObject *decompress_frame(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t size;
+    PyObject *out = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*n:decompress_frame", &buf, &size))
+        return NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative size");
+        goto done;
+    }
+    contexts_t *c = thread_contexts();
+    if (c == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((out = PyBytes_FromStringAndSize(NULL, size)) == NULL)
+        goto done;
+    const char *wrong;
+    Py_BEGIN_ALLOW_THREADS
+    wrong = decompress_into(c, (unsigned char *)PyBytes_AS_STRING(out), (size_t)size, buf.buf,
+                            (size_t)buf.len);
+    Py_END_ALLOW_THREADS
+    if (wrong != NULL) {
+        PyErr_SetString(PyExc_ValueError, wrong);
+        Py_CLEAR(out);
+    }
 done:
     PyBuffer_Release(&buf);
     return out;
@@ -1163,8 +1318,11 @@ static PyMethodDef methods[] = {
      "plan_new(refs, known, fresh) -> (refs list, runs): runs (first, count) of pages not "
      "zero, not in known, not in the set fresh (added to it)."},
     {"compress_frame", compress_frame, METH_VARARGS,
-     "compress_frame(data, level) -> bytes | None: a zstd frame strictly shorter than data, or "
-     "None: data does not compress, store it as it is."},
+     "compress_frame(data, level, codec=CODEC_ZSTD) -> bytes | None: a zstd or LZ4 frame "
+     "strictly shorter than data, or None: data does not compress, store it as it is."},
+    {"decompress_frame", decompress_frame, METH_VARARGS,
+     "decompress_frame(frame, size) -> bytes: a zstd or LZ4 frame decompressed, exactly size "
+     "bytes, or ValueError."},
     {"concat_digest", concat_digest, METH_O,
      "concat_digest(parts) -> (bytes, bytes): the parts concatenated, and the xxh3-128 "
      "(unseeded, canonical) of the result."},
@@ -1203,7 +1361,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__pages(void)
 {
-    if (pthread_key_create(&cctx_key, free_cctx) != 0) {
+    if (pthread_key_create(&ctx_key, free_contexts) != 0) {
         PyErr_SetString(PyExc_OSError, "pthread_key_create failed");
         return NULL;
     }
@@ -1212,7 +1370,9 @@ PyMODINIT_FUNC PyInit__pages(void)
         return NULL;
     if (PyModule_AddIntConstant(m, "PAGE_SIZE", PAGE) < 0 ||
         PyModule_AddIntConstant(m, "HASH_SIZE", HASH) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0) {
+        PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0 ||
+        PyModule_AddIntConstant(m, "CODEC_ZSTD", CODEC_ZSTD) < 0 ||
+        PyModule_AddIntConstant(m, "CODEC_LZ4", CODEC_LZ4) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -32,7 +32,8 @@
 #   descriptors (`criu swrk <fd>`, inherited fds) pass through exec unchanged.
 # * ckptd's native page path (ckptd/_pages.c) cannot be built here for the GPU machine's
 #   Python 3.12 (Debian 12 has no 3.12 headers), so the bundle carries its kit instead:
-#   pages/include (zstd.h, zstd_errors.h, xxhash.h) and pages/lib/libzstd.so.1, and
+#   pages/include (zstd.h, zstd_errors.h, xxhash.h, lz4.h, lz4frame.h) and pages/lib/libzstd.so.1,
+#   liblz4.so.1, and
 #   scripts/device-check.sh compiles ckptd/_pages*.so on the GPU machine with its own Python's
 #   headers (and gcc, which nvcc needs there). Where that fails, ckptd.core.store.pagepath
 #   falls back to its pure-Python path (tested: tests/unit, both paths); it is slower.
@@ -227,14 +228,17 @@ fi
 
 # ---- the kit for ckptd._pages (built on the GPU machine by scripts/device-check.sh) ------
 mkdir -p "$OUT/pages/include" "$OUT/pages/lib"
-for h in zstd.h zstd_errors.h xxhash.h; do
-    [ -f "/usr/include/$h" ] || die "/usr/include/$h missing (apt-get install libzstd-dev libxxhash-dev)"
+for h in zstd.h zstd_errors.h xxhash.h lz4.h lz4frame.h; do
+    [ -f "/usr/include/$h" ] || die "/usr/include/$h missing (apt-get install libzstd-dev liblz4-dev libxxhash-dev)"
     cmp -s "/usr/include/$h" "$OUT/pages/include/$h" || cp "/usr/include/$h" "$OUT/pages/include/$h"
 done
 zlib=$(ldconfig -p | awk '$1 == "libzstd.so.1" && /x86-64/ && !found {print $NF; found = 1}')
 [ -n "$zlib" ] || die "libzstd.so.1 not found (apt-get install libzstd1)"
 cmp -s "$zlib" "$OUT/pages/lib/libzstd.so.1" || cp -L "$zlib" "$OUT/pages/lib/libzstd.so.1"
-log "pages kit: headers and $(basename "$(readlink -f "$zlib")") in $OUT/pages"
+llib=$(ldconfig -p | awk '$1 == "liblz4.so.1" && /x86-64/ && !found {print $NF; found = 1}')
+[ -n "$llib" ] || die "liblz4.so.1 not found (apt-get install liblz4-1)"
+cmp -s "$llib" "$OUT/pages/lib/liblz4.so.1" || cp -L "$llib" "$OUT/pages/lib/liblz4.so.1"
+log "pages kit: headers, $(basename "$(readlink -f "$zlib")") and $(basename "$(readlink -f "$llib")") in $OUT/pages"
 
 # ---- README -------------------------------------------------------------------------------
 readme=$(cat <<EOF
@@ -257,7 +261,7 @@ lib/ckptd_enter_mntns.so   native/enter-mntns, for jobs in containers (criu_ente
 
 pages/        the kit for ckptd's native page path: scripts/device-check.sh builds
               ckptd/_pages*.so there with the machine's Python headers, pages/include and
-              pages/lib/libzstd.so.1 (rpath). If that fails, ckptd uses its pure-Python page
+              pages/lib/libzstd.so.1, liblz4.so.1 (rpath). If that fails, ckptd uses its pure-Python page
               path (same results, slower; the daemon logs "ckptd._pages is not built" once).
 EOF
 )

@@ -74,7 +74,7 @@ section() { printf '\n==== %s\n' "$*"; }
         if [ ! -f "$inc/Python.h" ]; then
             echo "ckptd._pages: NOT built: no $inc/Python.h (pure-Python page path, slower)"
         elif timeout 120 gcc -O3 -pthread -shared -fPIC -Wall -I"$inc" -I.device/pages/include \
-                ckptd/_pages.c -o "$dest/_pages$ext" -L"$HERE/.device/pages/lib" -l:libzstd.so.1 \
+                ckptd/_pages.c -o "$dest/_pages$ext" -L"$HERE/.device/pages/lib" -l:libzstd.so.1 -l:liblz4.so.1 \
                 -Wl,-rpath,"$HERE/.device/pages/lib" 2>&1 | tail -5; then
             if [ $DRY = 1 ]; then
                 PYTHONPATH="$dest" "$PY" -c 'import _pages' 2>/dev/null && echo "ckptd._pages: built aside and imported (dry run: $dest)" || echo "ckptd._pages: built aside, NOT importable"

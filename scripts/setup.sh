@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything ckptd needs on a Debian 12 host (as root). Idempotent and quick the
 # second time:
-#   - system packages (compiler, zstd, libzstd-dev and libxxhash-dev for the store's native
+#   - system packages (compiler, zstd, libzstd-dev, liblz4-dev and libxxhash-dev for the store's native
 #     page path ckptd._pages, python3-venv, systemd tools),
 #   - a CRIU that works on this kernel (scripts/install-criu.sh),
 #   - .venv in the checkout with ckptd (its C extension built in place by pip install -e),
@@ -21,7 +21,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-PKGS=(gcc make zstd libzstd-dev libxxhash-dev python3 python3-venv python3-dev systemd iproute2
+PKGS=(gcc make zstd libzstd-dev liblz4-dev libxxhash-dev python3 python3-venv python3-dev systemd iproute2
       procps openssl util-linux)
 missing=()
 for p in "${PKGS[@]}"; do

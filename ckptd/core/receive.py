@@ -41,8 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import zstandard
-
 from ckptd.core.compat import refuse_unless_compatible
 from ckptd.core.ports import (
     CheckpointCatalog,
@@ -509,20 +507,14 @@ def _check_record_id(checkpoint_id: str) -> None:
 
 
 def _decompress(zdata: bytes, size: int, what: str, checkpoint_id: str) -> bytes:
-    """``zdata`` decompressed: exactly ``size`` bytes, or CorruptCheckpoint."""
+    """``zdata`` (a zstd or LZ4 frame) decompressed: exactly ``size`` bytes, or
+    CorruptCheckpoint."""
     try:
-        declared = zstandard.frame_content_size(zdata)
-        if declared not in (-1, size):
-            raise zstandard.ZstdError(f"its header declares {declared} bytes")
-        data: bytes = zstandard.ZstdDecompressor().decompress(zdata, max_output_size=size)
-    except zstandard.ZstdError as exc:
+        data = pagepath.decompress_frame(zdata, size)
+    except ValueError as exc:
         raise CorruptCheckpoint(
             f"{what} does not decompress to {size} bytes: {exc}", checkpoint_id=checkpoint_id
         ) from exc
-    if len(data) != size:
-        raise CorruptCheckpoint(
-            f"{what} holds {len(data)} bytes, expected {size}", checkpoint_id=checkpoint_id
-        )
     return data
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptd.adapters.storage.url import local_path
+from ckptd.core.store.pagepath import CODECS, Compression
 from ckptd.errors import BadRequest
 from ckptd.transport import validate
 
@@ -72,14 +73,28 @@ class DaemonConfig:
     are stored (docs/design/streaming.md has the figures). ``false``: CRIU writes the whole
     image to the staging first (RAM when it fits), ingested after the tree is thawed: a shorter
     freeze where RAM allows, for as much staging as the image."""
+    spill_ram_mib: int = -1
+    """How much of a streamed dump's spill (the pages CRIU sends faster than they are stored,
+    kept until the tree is let go) may be held in RAM, in an anonymous memfd of the daemon's,
+    before the rest goes to a file in the staging: -1 (default) a quarter of the memory
+    available when the dump begins; 0 none. RAM keeps the freeze at CRIU's own copy where the
+    staging is on a disk (docs/performance/profile.md); the memfd goes with the daemon if it
+    dies."""
     stream_restore: bool = True
     """A restore's images go from the store to CRIU as they are read and verified (CRIU's
     image-streamer protocol), instead of being written into a directory first: no staging,
     memory bounded by a few frames per open image. Needs a CRIU with ckptd's patch
     (scripts/install-criu.sh; ``criu check --feature rpc_stream``); otherwise, and for
     restores into a container, the images are written first as before."""
+    compression: str = "zstd"
+    """Codec of new page frames: ``zstd`` or ``lz4`` (docs/performance/speed.md has the
+    trade-off measured: LZ4 compresses ~3x and decompresses ~5x faster than zstd -1 and
+    stores ~15% more bytes of real pages). A per-store choice: every node sharing a store
+    reads frames of both codecs (a frame says which it is), whatever it writes."""
     compress_level: int = 1
-    """zstd level of page frames (1: as fast as ``zstd -1``)."""
+    """The codec's level: zstd's (1: as ``zstd -1``; -1..-50: its ``--fast=N`` levels, faster,
+    bigger), LZ4's (0-2: its default fast mode; negative: faster, bigger; 3-12: its slow HC
+    levels)."""
     compress_workers: int = 0
     """Threads compressing frames; 0: one per CPU."""
     gc_interval_s: float = 3600.0
@@ -314,8 +329,25 @@ def _check_jobs_cgroup(path: str) -> None:
                          "/ckptd-jobs (or empty)")
 
 
+def compression_of(config: DaemonConfig) -> Compression:
+    """``compression`` and ``compress_level`` as the store's value (ValueError naming both
+    settings when they make no sense)."""
+    codec = config.compression
+    try:
+        if codec not in CODECS:
+            raise ValueError(f"must be one of {', '.join(CODECS)}")
+        return Compression(codec, config.compress_level)
+    except ValueError as exc:
+        raise ValueError(f"compression {codec!r} with compress_level {config.compress_level!r}: "
+                         f"{exc}") from exc
+
+
 def _check_limits(config: DaemonConfig) -> None:
     """Listen addresses and limits make sense (ValueError naming the setting otherwise)."""
+    compression_of(config)
+    if not isinstance(config.spill_ram_mib, int) or config.spill_ram_mib < -1:
+        raise ValueError(f"spill_ram_mib {config.spill_ram_mib!r} must be a whole number of "
+                         "MiB, 0 (none in RAM) or -1 (a quarter of the available memory)")
     for key in ("peer_listen", "metrics_listen"):
         value = getattr(config, key)
         if value:

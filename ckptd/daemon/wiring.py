@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -9,6 +10,8 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from ckptd.adapters.clock import SystemClock
 from ckptd.adapters.criu import CriuSwrk
@@ -49,7 +52,7 @@ from ckptd.core.service import CheckpointService
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.core.store.integrity import manifest_census
 from ckptd.core.store.keys import ManifestKeys
-from ckptd.daemon.config import DaemonConfig
+from ckptd.daemon.config import DaemonConfig, compression_of
 from ckptd.daemon.probe import NodeProbe
 from ckptd.domain.model import ROOT
 from ckptd.transport.grpc.peer import GrpcPeerConnector, TlsFiles
@@ -204,11 +207,20 @@ def _open_store(
         keys=keys,
         node=node,
         workers=config.compress_workers or (os.cpu_count() or 2),
-        level=config.compress_level,
+        compression=compression_of(config),
+        spill_ram=functools.partial(spill_ram_bytes, config.spill_ram_mib),
         gc_grace_s=config.gc_grace_s,
         stream_pages=config.stream_pages,
     )
     return store, blobs, keys_created, fast
+
+
+def spill_ram_bytes(setting_mib: int) -> int:
+    """A dump's RAM budget for its spill: ``spill_ram_mib`` in bytes, or with -1 a quarter of
+    the memory available now (psutil: MemAvailable)."""
+    if setting_mib >= 0:
+        return setting_mib << 20
+    return int(psutil.virtual_memory().available) // 4
 
 
 def wire(config: DaemonConfig) -> Wired:

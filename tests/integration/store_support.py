@@ -152,12 +152,13 @@ class Daemons:
         self.state_dir = root / "state"
         self._all: list[Daemon] = []
 
-    def start(self, *extra: str) -> Daemon:
+    def start(self, *extra: str, config: dict[str, Any] | None = None) -> Daemon:
         criu = criu_path()
         d = Daemon(
             self.root / f"d{len(self._all)}",
             *(["--criu", criu] if criu else []),
             "--store", str(self.store), "--state-dir", str(self.state_dir), *extra,
+            config=config,
         )
         d.store, d.state_dir = self.store, self.state_dir
         self._all.append(d)

@@ -626,6 +626,7 @@ class Daemon:
         if "--jobs-cgroup" not in extra and "jobs_cgroup" not in (config or {}):
             args += ["--jobs-cgroup", self.jobs_cgroup]
         if config:
+            root.mkdir(parents=True, exist_ok=True)
             conf = root / "ckptd.toml"
             conf.write_text(
                 "".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items())

@@ -1,11 +1,14 @@
 """Issue 25, point 1, through the daemon: a streamed dump whose pages come faster than the store
-takes them spills them to the disk staging and lets the tree go; they are ingested after the
-thaw. The daemon SIGKILLed while it ingests the spill: the job (dumped ``--leave-running``)
-runs on, and the next daemon lists nothing, leaves no staging, spill or lease behind."""
+takes them spills them (to RAM, the daemon's memfd, by default; to the staging's file with
+``spill_ram_mib = 0``: issue 35) and lets the tree go; they are ingested after the thaw. The
+daemon SIGKILLed while it ingests the spill: the job (dumped ``--leave-running``) runs on, and
+the next daemon lists nothing, leaves no staging, spill or lease behind."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,16 +47,28 @@ def _spills(state_dir: Path) -> list[Path]:
     return [p for d in staging_dirs(state_dir) for p in d.glob(f"*/{SPILL_NAME}")]
 
 
-def _ingesting_after_thaw(state_dir: Path, pid: int) -> bool:
-    """The dump's pages are in the spill and CRIU no longer holds the tree."""
-    return bool(_spills(state_dir)) and tracer_of(pid) == 0
+def _ram_spills(daemon_pid: int) -> list[str]:
+    """The daemon's spill memfds (``/memfd:ckptd-spill``, in no filesystem)."""
+    found = []
+    for fd in Path(f"/proc/{daemon_pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).startswith("/memfd:ckptd-spill"):
+                found.append(str(fd))
+    return found
 
 
+def _ingesting_after_thaw(state_dir: Path, daemon_pid: int, in_ram: bool, pid: int) -> bool:
+    """The dump's pages are in the spill (RAM or file) and CRIU no longer holds the tree."""
+    spilled = _ram_spills(daemon_pid) if in_ram else _spills(state_dir)
+    return bool(spilled) and tracer_of(pid) == 0
+
+
+@pytest.mark.parametrize("in_ram", [True, False], ids=["spill-in-ram", "spill-in-file"])
 def test_daemon_killed_while_ingesting_the_spill_lists_nothing_and_the_job_runs(
-    daemons: Daemons, procs: Procs
+    daemons: Daemons, procs: Procs, in_ram: bool
 ) -> None:
     ds = daemons
-    d1 = ds.start()
+    d1 = ds.start(config=None if in_ram else {"spill_ram_mib": 0})
     cmd = workload("bigmem", "--mib", 768, "--random", "--steps", 0)
     job = procs.popen(with_interval(cmd, 50), stdin=subprocess.DEVNULL,
                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -61,7 +76,8 @@ def test_daemon_killed_while_ingesting_the_spill_lists_nothing_and_the_job_runs(
     reader = LineReader(job.stdout.fileno())
     reader.read_lines(3, timeout=60)
     ctl = d1.popen("dump", job.pid, "--leave-running")
-    fired = kill_when(d1, functools.partial(_ingesting_after_thaw, ds.state_dir, job.pid),
+    fired = kill_when(d1, functools.partial(_ingesting_after_thaw, ds.state_dir, d1.proc.pid,
+                                            in_ram, job.pid),
                       timeout=60, also_stop=lambda: ctl.poll() is not None)
     rc, _out, _err = finish(ctl)
     assert fired, f"the dump ended (ckptctl rc {rc}) without spilling: nothing tested"

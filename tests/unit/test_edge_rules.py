@@ -261,6 +261,11 @@ def test_a_bad_listen_address_is_a_bad_configuration(
     [
         ("gpu_lock_timeout_ms = -1", "gpu_lock_timeout_ms -1 must be a whole number of ms"),
         ("gpu_call_timeout_s = 0", "gpu_call_timeout_s 0 must be in (0, 86400]"),
+        ('compression = "gzip"', "compression 'gzip' with compress_level 1: must be one of "
+         "zstd, lz4"),
+        ('compression = "lz4"\ncompress_level = 13', "lz4 level 13 must be in [-50, 12]"),
+        ("compress_level = 22", "zstd level 22 must be in [-50, 19]"),
+        ("spill_ram_mib = -2", "spill_ram_mib -2 must be a whole number of MiB"),
     ],
 )
 def test_a_negative_gpu_timeout_is_a_bad_configuration(

@@ -21,6 +21,7 @@ import builtins
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -59,6 +60,7 @@ from ckptd.core.store.objects import (
     manifest_key,
 )
 from ckptd.core.store.pagehash import ZERO_REF, PageHasher
+from ckptd.core.store.pagepath import DEFAULT_COMPRESSION, Compression
 from ckptd.core.store.reader import CheckpointReader, PageSource
 from ckptd.core.store.restream import CheckpointImages
 from ckptd.core.store.rwlock import RWLock
@@ -66,6 +68,8 @@ from ckptd.core.store.streaming import StreamedPages
 from ckptd.domain import CheckpointRecord, GcReport, GroupRecord, VerifyReport
 from ckptd.domain.model import is_checkpoint_id
 from ckptd.errors import BlobNotFound, CheckpointNotFound, CorruptCheckpoint, StoreError
+
+log = logging.getLogger(__name__)
 
 STREAM_STAGING_HINT = 256 << 20
 """The staging a streamed dump asks for: its non-page images (and captured files)."""
@@ -145,17 +149,20 @@ class ContentStore:
         keys: ManifestKeys,
         node: str = "",
         workers: int = 2,
-        level: int = 1,
+        compression: Compression = DEFAULT_COMPRESSION,
         gc_grace_s: float = 6 * 3600.0,
         stream_pages: bool = False,
+        spill_ram: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``spill_ram``: how many bytes of a streamed dump's spill may be held in RAM
+        (asked at each dump; 0: all of it in the staging's file)."""
         self._blobs = blobs
         self.location = blobs.location
         self._staging = staging
         self._clock = clock
         self._is_pages_file = is_pages_file
         self._node = node
-        self._level = level
+        self._compression = compression
         self.gc_grace_s = gc_grace_s
         self._condemned = Condemned()
         pagepath.warn_if_slow()
@@ -169,6 +176,7 @@ class ContentStore:
         self._listed_mtimes: dict[str, float] = {}
         self._staged: dict[str, Path] = {}
         self._stream_pages = stream_pages
+        self._spill_ram = spill_ram
         self._streams: dict[str, StreamedPages] = {}
         self._spill_roots: dict[str, Path] = {}
         self._kept: dict[str, KeptFrames] = {}
@@ -204,8 +212,9 @@ class ContentStore:
         return self._executor
 
     @property
-    def level(self) -> int:
-        return self._level
+    def compression(self) -> Compression:
+        """How new page frames are compressed (frames of every codec are read)."""
+        return self._compression
 
     @property
     def node(self) -> str:
@@ -253,8 +262,9 @@ class ContentStore:
         with self._mutex:
             spill = self._spill_roots.get(checkpoint_id, self._staging.disk)
         sink = StreamedPages(blobs=self._blobs, index=self.index, hasher=self.hasher(uid),
-                             executor=self._executor, writer=self._writer, level=self._level,
-                             spill_dir=spill / checkpoint_id)
+                             executor=self._executor, writer=self._writer,
+                             compression=self._compression, spill_dir=spill / checkpoint_id,
+                             spill_ram=self._spill_ram())
         with self._mutex:
             self._streams[checkpoint_id] = sink
         return sink
@@ -287,6 +297,7 @@ class ContentStore:
             condemned = self.refresh_condemned()
             if streamed is not None:
                 streamed.finish()
+                log.info("checkpoint %s: %s", record.id, streamed.profile())
             kept_packs = KeptPacks()
             if kept is not None:  # received frames, verified in this uid's space: as they are
                 if kept.seed == hasher.seed:
@@ -329,7 +340,7 @@ class ContentStore:
                 base_for=self._bases_from(record.parent_id, record.uid),
                 executor=self._executor,
                 writer=self._writer,
-                level=self._level,
+                compression=self._compression,
                 condemned_blobs=frozenset(condemned.blobs),
                 streamed=streamed,
             )
@@ -601,7 +612,7 @@ class ContentStore:
                 self.index.refresh(self._blobs)
             yield FrameExport(
                 self._blobs, self.index, manifest, self.hasher(manifest.uid), self._executor,
-                seed=seed, level=self._level,
+                seed=seed, compression=self._compression,
             )
 
     def lacks(self, uid: int, refs: Sequence[bytes]) -> builtins.list[int]:

@@ -45,6 +45,7 @@ from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import LEASE_PREFIX
 from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts, read_frame_data
 from ckptd.core.store.pagehash import PAGE_SIZE, ZERO_REF, PageHasher
+from ckptd.core.store.pagepath import Compression
 from ckptd.core.store.reader import CheckpointReader
 from ckptd.errors import BlobNotFound, CkptdError
 
@@ -73,7 +74,7 @@ class CompactedStore(Protocol):
     def executor(self) -> Executor: ...
 
     @property
-    def level(self) -> int: ...
+    def compression(self) -> Compression: ...
 
     @property
     def node(self) -> str: ...
@@ -232,7 +233,7 @@ def _copy_live(
     for uid, pack_ids in by_uid.items():
         if uid < 0:  # no live page is located in these (a page is located in one pack only:
             continue  # copies an interrupted compaction left): nothing to copy, all dead
-        builder = PackBuilder(store.executor, store.level)
+        builder = PackBuilder(store.executor, store.compression)
         hasher = store.hasher(uid)
         todo = [(p, f, at) for p in pack_ids for f, at in sorted((victims[p].frames or {}).items())]
         ahead: deque[Future[tuple[bytes, bytes]]] = deque()

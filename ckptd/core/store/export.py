@@ -25,6 +25,7 @@ from ckptd.core.store.index import PageIndex
 from ckptd.core.store.manifest import Manifest
 from ckptd.core.store.objects import get_blob_stored
 from ckptd.core.store.pagehash import HASH_SIZE, ZERO_REF, PageHasher
+from ckptd.core.store.pagepath import DEFAULT_COMPRESSION, Compression
 from ckptd.core.store.reader import CheckpointReader, FrameKey
 from ckptd.errors import CorruptCheckpoint, PeerError
 
@@ -43,11 +44,11 @@ class FrameExport(CheckpointReader):
         executor: Executor,
         *,
         seed: int,
-        level: int = 1,
+        compression: Compression = DEFAULT_COMPRESSION,
     ) -> None:
         super().__init__(blobs, index, manifest, hasher, executor)
         self._seed = seed
-        self._level = level
+        self._compression = compression
         self._uses: dict[FrameKey, list[PlaceRun]] = {}
         """Every frame the checkpoint needs, and the places of its pages, in reading order."""
         self._raw: dict[FrameKey, bool] = {}
@@ -136,7 +137,7 @@ class FrameExport(CheckpointReader):
             else:
                 spans.append((i, 1))
         gathered = pagepath.gather_pages(data, spans)
-        packed = pagepath.compress_frame(gathered, self._level)
+        packed = pagepath.compress_frame(gathered, self._compression)
         return PageFrame(
             bytes(packed), len(selected),
             tuple((name, at, rank[src], count) for name, at, src, count in runs),

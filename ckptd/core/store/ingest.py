@@ -21,6 +21,7 @@ from ckptd.core.store.manifest import FileEntry
 from ckptd.core.store.objects import put_blob
 from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, PageHasher
+from ckptd.core.store.pagepath import DEFAULT_COMPRESSION, Compression
 from ckptd.core.store.streaming import StreamedPages
 
 BaseLookup = Callable[[str], tuple[str, bytes] | None]
@@ -54,7 +55,7 @@ def ingest(
     base_for: BaseLookup,
     executor: Executor,
     writer: Executor,
-    level: int = 1,
+    compression: Compression = DEFAULT_COMPRESSION,
     condemned_blobs: frozenset[str] = frozenset(),
     streamed: StreamedPages | None = None,
 ) -> IngestResult:
@@ -66,7 +67,7 @@ def ingest(
     result = IngestResult()
     if streamed is not None:
         _add_streamed(streamed, blobs, hasher, base_for, result, condemned_blobs)
-    builder = PackBuilder(executor, level)
+    builder = PackBuilder(executor, compression)
     writes: list[Future[tuple[str, int]]] = []
     fresh: set[bytes] = set()
     with contextlib.ExitStack() as maps:  # pages images stay mapped until their packs are written

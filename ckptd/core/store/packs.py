@@ -4,7 +4,7 @@ Layout::
 
     b"CKPACK01"
     frame 0 .. frame F-1              each: up to FRAME_PAGES pages, concatenated, either
-                                      a zstd frame or the pages as they are (see below)
+                                      a zstd frame, an LZ4 frame or the pages as they are
     trailer (zstd-compressed):
         u32 F
         F x (u64 offset, u32 length, u32 pages)
@@ -12,7 +12,8 @@ Layout::
     u64 trailer offset, u32 trailer length, 8 bytes xxh3-64 of the trailer, b"CKPKEND1"
 
 A frame of exactly ``pages * PAGE_SIZE`` bytes holds its pages as they are (*raw*: they did
-not compress, docs/adr/0012-native-page-path.md); any other length is a zstd frame. Writers
+not compress, docs/adr/0012-native-page-path.md); any other length is a compressed frame,
+zstd or LZ4 (its magic number says which: ``pagepath.Compression``, ADR 0029). Writers
 since raw frames exist never store a zstd frame that long (``compress_frame`` keeps one only
 when it is strictly shorter). Packs written before (every frame zstd) read unchanged: a zstd
 frame of exactly that length is possible there only in contrived cases (zstd keeps a
@@ -23,12 +24,14 @@ instead (then verified as usual). The trailer is unchanged.
 
 A pack is immutable and named by the xxh3-128 of its bytes. The trailer alone rebuilds the
 index of every page in it. Invariant: every page in a pack is verified against its hash when
-read (``read_frame``), whether its frame is raw or zstd.
+read (``read_frame``), whether its frame is raw or compressed.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ import zstandard
 
 from ckptd.core.store import pagepath
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, PageHasher
+from ckptd.core.store.pagepath import DEFAULT_COMPRESSION, ZSTD_MAGIC, Compression
 from ckptd.errors import CorruptCheckpoint
 
 MAGIC = b"CKPACK01"
@@ -46,7 +50,6 @@ FOOTER = struct.Struct("<QI8s8s")
 FRAME_ENTRY = struct.Struct("<QII")
 FRAME_PAGES = 1024
 TARGET_PACK_BYTES = 64 << 20
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_TRAILER = 64 << 20
 """Largest decompressed trailer read (4 Mi pages: far more than a pack of TARGET_PACK_BYTES
 holds); a damaged one declaring more is refused before anything is allocated."""
@@ -135,7 +138,8 @@ def read_frame_data(
     pack_id: str, frame_no: int, raw: bytes, hashes: tuple[bytes, ...], hasher: PageHasher
 ) -> bytes:
     """The pages of one frame, concatenated, every one verified against its hash (in one
-    native call, ``pagepath``); a raw frame is returned as it is, a zstd frame decompressed."""
+    native call, ``pagepath``); a raw frame is returned as it is, a zstd or LZ4 frame
+    decompressed."""
     size = len(hashes) * PAGE_SIZE
     expected = b"".join(hashes)
     # threads=1: a frame is at most 4 MiB, and readers verify frames in parallel
@@ -160,20 +164,13 @@ def read_frame_data(
 
 
 def _decompress(pack_id: str, frame_no: int, raw: bytes, size: int) -> bytes:
+    """A zstd or LZ4 frame's pages (its magic number says which), ``size`` bytes."""
     try:
-        declared = zstandard.frame_content_size(raw)
-        if declared not in (-1, size):
-            raise CorruptCheckpoint(
-                f"pack {pack_id} frame {frame_no}: header declares {declared} bytes"
-            )
-        data: bytes = zstandard.ZstdDecompressor().decompress(raw, max_output_size=size)
-    except zstandard.ZstdError as exc:
+        return pagepath.decompress_frame(raw, size)
+    except ValueError as exc:
         raise CorruptCheckpoint(
             f"pack {pack_id} frame {frame_no}: does not decompress ({exc})"
         ) from exc
-    if len(data) != size:
-        raise CorruptCheckpoint(f"pack {pack_id} frame {frame_no}: wrong size")
-    return data
 
 
 def _mismatch(pack_id: str, frame_no: int, page: int) -> CorruptCheckpoint:
@@ -234,10 +231,17 @@ class PackBuilder:
     """
 
     def __init__(
-        self, executor: Executor, level: int = 1, target_bytes: int = TARGET_PACK_BYTES
+        self,
+        executor: Executor,
+        compression: Compression = DEFAULT_COMPRESSION,
+        target_bytes: int = TARGET_PACK_BYTES,
     ) -> None:
         self._executor = executor
-        self._level = level
+        self._compression = compression
+        self.compress_cpu_s = 0.0
+        """CPU seconds the executor's threads spent compressing this builder's frames (and
+        gathering their pages), summed over threads (the profile: docs/performance)."""
+        self._cpu_lock = threading.Lock()
         self._target = target_bytes
         self._pending: list[memoryview] = []
         self._pending_hashes: list[bytes] = []
@@ -307,10 +311,24 @@ class PackBuilder:
             self._queue(self._executor.submit(self._gather_compress, pages, spans), hashes)
 
     def _compress(self, data: bytes | memoryview) -> Frame:
-        return pagepath.compress_frame(data, self._level)
+        began = time.thread_time()
+        try:
+            return pagepath.compress_frame(data, self._compression)
+        finally:
+            self._count_cpu(began)
 
     def _gather_compress(self, pages: memoryview, spans: list[tuple[int, int]]) -> Frame:
-        return pagepath.compress_frame(pagepath.gather_pages(pages, spans), self._level)
+        began = time.thread_time()
+        try:
+            return pagepath.compress_frame(pagepath.gather_pages(pages, spans),
+                                           self._compression)
+        finally:
+            self._count_cpu(began)
+
+    def _count_cpu(self, began: float) -> None:
+        spent = time.thread_time() - began
+        with self._cpu_lock:
+            self.compress_cpu_s += spent
 
     def add_frame(self, frame: Frame, hashes: Sequence[bytes]) -> None:
         """Queue a frame already made (compressed or raw, its pages verified by the caller)

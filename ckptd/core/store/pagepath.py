@@ -14,7 +14,8 @@ import functools
 import logging
 import os
 from collections.abc import Container, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import xxhash
 import zstandard
@@ -35,6 +36,40 @@ try:
     from ckptd import _pages as _native
 except ImportError:  # not built: no compiler, libzstd-dev or libxxhash-dev at install time
     _native = None  # type: ignore[assignment]
+
+
+CodecName = Literal["zstd", "lz4"]
+CODECS: tuple[CodecName, ...] = ("zstd", "lz4")
+LEVELS: dict[str, tuple[int, int]] = {"zstd": (-50, 19), "lz4": (-50, 12)}
+"""Levels accepted per codec: zstd's own (1 as ``zstd -1``, negative its ``--fast=N``
+levels), LZ4F's (0 its default fast mode, negative its acceleration, 3-12 its slow HC)."""
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LZ4_MAGIC = b"\x04\x22\x4d\x18"
+
+
+@dataclass(frozen=True)
+class Compression:
+    """How new page frames are compressed: ``codec`` and its ``level`` (``LEVELS``).
+
+    Readers never need it: a frame says what it is (its codec's magic number, or its length
+    for pages stored as they are: packs.py), so frames of both codecs read from any store."""
+
+    codec: CodecName = "zstd"
+    level: int = 1
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise ValueError(f"compression codec {self.codec!r} must be one of "
+                             + ", ".join(CODECS))
+        low, high = LEVELS[self.codec]
+        if not low <= self.level <= high:
+            raise ValueError(f"{self.codec} level {self.level} must be in [{low}, {high}]")
+
+    def __str__(self) -> str:
+        return f"{self.codec} level {self.level}"
+
+
+DEFAULT_COMPRESSION = Compression()
 
 
 def is_native() -> bool:
@@ -145,14 +180,25 @@ def encode_delta(refs: bytes | bytearray, base: bytes | bytearray, base_hash: by
     return pagelist.encode_delta(pagelist.Refs(refs), pagelist.Refs(base), base_hash)
 
 
-def compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryview:
-    """A zstd frame of ``data`` (whole pages), strictly shorter than it; or, when it does not
-    compress, ``data`` itself (no copy here: its pack copies it; exactly ``len(data)``
-    bytes: how a reader tells them apart, packs.py)."""
+def compress_frame(
+    data: bytes | memoryview, compression: Compression = DEFAULT_COMPRESSION
+) -> bytes | memoryview:
+    """A zstd or LZ4 frame (``compression``) of ``data`` (whole pages), strictly shorter than
+    it; or, when it does not compress, ``data`` itself (no copy here: its pack copies it;
+    exactly ``len(data)`` bytes: how a reader tells them apart, packs.py)."""
     if _native is not None:
-        frame = _native.compress_frame(data, level)
+        codec = _native.CODEC_LZ4 if compression.codec == "lz4" else _native.CODEC_ZSTD
+        frame = _native.compress_frame(data, compression.level, codec)
         return data if frame is None else frame
-    return py_compress_frame(data, level)
+    return py_compress_frame(data, compression)
+
+
+def decompress_frame(frame: Buffer, size: int) -> bytes:
+    """A zstd or LZ4 frame (told apart by their magic numbers) decompressed: exactly
+    ``size`` bytes, else ``ValueError`` saying what is wrong (without the GIL, natively)."""
+    if _native is not None:
+        return _native.decompress_frame(frame, size)
+    return py_decompress_frame(frame, size)
 
 
 def concat_digest(parts: Sequence[Buffer]) -> tuple[bytes, bytes]:
@@ -280,12 +326,61 @@ def py_slot_counts(buffers: Sequence[Buffer], pages: dict[bytes, int]) -> dict[i
     return counts
 
 
-def py_compress_frame(data: bytes | memoryview, level: int) -> bytes | memoryview:
+def py_compress_frame(
+    data: bytes | memoryview, compression: Compression = DEFAULT_COMPRESSION
+) -> bytes | memoryview:
     view = _pages(data)
     if not view:
         raise ValueError("empty frame")
-    frame: bytes = zstandard.ZstdCompressor(level=level).compress(view)
+    frame: bytes
+    if compression.codec == "lz4":
+        import lz4.frame  # only here: the native path has its own
+
+        frame = lz4.frame.compress(view, compression_level=compression.level,
+                                   block_size=lz4.frame.BLOCKSIZE_MAX4MB,
+                                   content_checksum=False, store_size=True)
+    else:
+        frame = zstandard.ZstdCompressor(level=compression.level).compress(view)
     return frame if len(frame) < len(view) else data
+
+
+def py_decompress_frame(frame: Buffer, size: int) -> bytes:
+    raw = bytes(frame)
+    if raw.startswith(ZSTD_MAGIC):
+        try:
+            declared = zstandard.frame_content_size(raw)
+            if declared not in (-1, size):
+                raise ValueError("its zstd header declares another size")
+            if declared == -1:  # no size said: bounded (trailing bytes go unnoticed here)
+                data: bytes = zstandard.ZstdDecompressor().decompress(raw, max_output_size=size)
+                ended, rest = True, b""
+            else:  # zstd itself holds the frame to the size it declares
+                zobj = zstandard.ZstdDecompressor().decompressobj()
+                data = zobj.decompress(raw)
+                ended, rest = zobj.eof, zobj.unused_data
+        except zstandard.ZstdError as exc:
+            raise ValueError(str(exc)) from exc
+    elif raw.startswith(LZ4_MAGIC):
+        import lz4.frame
+
+        try:
+            info = lz4.frame.get_frame_info(raw)
+            if info["content_size"] != size:
+                raise ValueError("its LZ4 header declares another size")
+            lobj = lz4.frame.LZ4FrameDecompressor()
+            data = lobj.decompress(raw, max_length=size + 1)
+            ended, rest = lobj.eof, lobj.unused_data
+        except RuntimeError as exc:  # python-lz4's error for a damaged frame
+            raise ValueError(str(exc)) from exc
+    else:
+        raise ValueError("neither a zstd nor an LZ4 frame")
+    if not ended:
+        raise ValueError("frame cut short")
+    if rest:
+        raise ValueError("bytes after the frame's end")
+    if len(data) != size:
+        raise ValueError(f"{len(data)} bytes where {size} were expected")
+    return data
 
 
 def py_concat_digest(parts: Sequence[Buffer]) -> tuple[bytes, bytes]:

@@ -10,10 +10,11 @@ frames of 4 MiB, plus for each pack being filled or written (1 + max_packs) its 
 (256 MiB by default).
 
 **CRIU never waits for ingest** (with ``spill_dir``; docs/adr/0021): a chunk that arrives
-while that pipeline is full (ingest would have to wait) is appended as it is to a spill file
-(``spill_dir/pages.spill``, sequential writes into the page cache) and so is every later
+while that pipeline is full (ingest would have to wait) is appended as it is to the spill
+(``Spill``: RAM, an anonymous memfd, up to ``spill_ram`` bytes, then the file
+``spill_dir/pages.spill``, sequential writes into the page cache) and so is every later
 chunk of the dump, in order; ``finish`` (the commit, after CRIU has let the tree go) ingests
-the spilled chunks, in order, exactly as if they had just arrived, then removes the file. So
+the spilled chunks, in order, exactly as if they had just arrived, then drops the spill. So
 the tree stays frozen only for CRIU's own copy, memory stays bounded as above, and the spill
 (on disk, the staging of the dump, at most the size of its pages) is gone once the dump is
 committed or aborted (``discard``); a crash leaves it to the store's ``clean`` at the next
@@ -28,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future
 from pathlib import Path
@@ -37,6 +40,7 @@ from ckptd.core.store import pagepath
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts
 from ckptd.core.store.pagehash import PageHasher
+from ckptd.core.store.pagepath import DEFAULT_COMPRESSION, Compression
 from ckptd.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -47,32 +51,69 @@ written, so this sets most of the memory bound."""
 
 Frames = Sequence[tuple[Future[Frame], tuple[bytes, ...]]]
 
+STAGES = ("receiving", "hash", "plan", "copy", "wait", "spill_write", "spill_read", "drain",
+          "flush", "finish", "write", "compress_cpu")
+"""The stages a streamed dump's profile counts (``StreamedPages.times``): while CRIU sends
+(``receiving``, of which hashing, planning, copying new pages, waiting for the pipeline,
+writing the spill), after it (``finish``: reading the spill back, draining compression and
+pack writes, the flush), pack writes (on the writer's threads) and compression (CPU-s)."""
+
 SPILL_NAME = "pages.spill"
 SPILL_READ = 4 << 20
 """How much of the spill is read back at once (one buffer, reused)."""
 
 
 class Spill:
-    """Chunks of pages images appended, as they came, to one file; read back in order.
+    """Chunks of pages images appended, as they came, to RAM (an anonymous ``memfd``, up to
+    ``ram_bytes``) and beyond that to a file in ``directory``; read back in order.
 
     Invariant: ``entries`` lists every chunk appended, in order, each (image, offset in the
-    image, offset in the file, length), and the file holds exactly their bytes one after the
-    other. The file is created exclusively (``O_EXCL``, mode 0600) and removed by ``close``;
-    the directory too when this made it."""
+    image, 0 for the memfd or 1 for the file, offset there, length), and the memfd and the
+    file hold exactly their chunks' bytes one after the other. The memfd has no name in any
+    filesystem (it dies with the daemon: nothing to clean after a crash); the file is
+    created exclusively (``O_EXCL``, mode 0600) only once RAM is used up, and removed by
+    ``close``, with the directory when this made it. RAM first because the spill is what
+    CRIU waits for: written at memory speed it keeps the freeze at CRIU's own copy, where a
+    file in a disk's page cache is written at the disk's pace (docs/performance/profile.md).
+    """
 
-    def __init__(self, directory: Path) -> None:
-        self._made_dir = not directory.exists()
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def __init__(self, directory: Path, ram_bytes: int = 0) -> None:
+        self.directory = directory
         self.path = directory / SPILL_NAME
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        self.entries: list[tuple[str, int, int, int]] = []
+        self._ram_left = max(0, ram_bytes)
+        self._fds = [-1, -1]
+        self._sizes = [0, 0]
+        self._made_dir = self._made_file = False
+        self.entries: list[tuple[str, int, int, int, int]] = []
         self.size = 0
 
+    @property
+    def in_ram(self) -> int:
+        """Bytes of the spill held in RAM (the rest is in the file)."""
+        return self._sizes[0]
+
+    def _fd_for(self, length: int) -> int:
+        """Where a chunk of ``length`` goes: 0 (RAM) while it fits the budget, else 1."""
+        if self._fds[1] < 0 and length <= self._ram_left:
+            if self._fds[0] < 0:
+                self._fds[0] = os.memfd_create("ckptd-spill", os.MFD_CLOEXEC)
+            self._ram_left -= length
+            return 0
+        if self._fds[1] < 0:
+            self._made_dir = not self.directory.exists()
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._fds[1] = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                   0o600)
+            self._made_file = True
+        return 1
+
     def append(self, name: str, offset: int, data: memoryview) -> None:
-        at, done = self.size, 0
+        where = self._fd_for(len(data))
+        fd, at, done = self._fds[where], self._sizes[where], 0
         while done < len(data):
-            done += os.pwrite(self._fd, data[done:], at + done)
-        self.entries.append((name, offset, at, len(data)))
+            done += os.pwrite(fd, data[done:], at + done)
+        self.entries.append((name, offset, where, at, len(data)))
+        self._sizes[where] += len(data)
         self.size += len(data)
 
     def chunks(self) -> Iterator[tuple[str, int, memoryview]]:
@@ -80,26 +121,29 @@ class Spill:
         bytes are one buffer, valid until the next chunk is asked for."""
         buf = bytearray(min(SPILL_READ, max((n for *_, n in self.entries), default=0)))
         view = memoryview(buf)
-        for name, offset, at, length in self.entries:
+        for name, offset, where, at, length in self.entries:
             done = 0
             while done < length:
                 take = min(len(view), length - done)
-                got = os.preadv(self._fd, [view[:take]], at + done)
+                got = os.preadv(self._fds[where], [view[:take]], at + done)
                 if got != take:
-                    raise OSError(f"spill file {self.path}: {got} of {take} bytes at "
-                                  f"{at + done} read back")
+                    what = "RAM" if where == 0 else f"file {self.path}"
+                    raise OSError(f"spill {what}: {got} of {take} bytes at {at + done} "
+                                  "read back")
                 yield name, offset + done, view[:take]
                 done += take
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        for i, fd in enumerate(self._fds):
+            if fd >= 0:
+                os.close(fd)
+                self._fds[i] = -1
+        if self._made_file:  # never a file of this name it did not make (O_EXCL)
+            with contextlib.suppress(OSError):
+                self.path.unlink()
         if self._made_dir:
             with contextlib.suppress(OSError):
-                self.path.parent.rmdir()
+                self.directory.rmdir()
 
 
 class StreamedPages:
@@ -113,11 +157,12 @@ class StreamedPages:
         hasher: PageHasher,
         executor: Executor,
         writer: Executor,
-        level: int = 1,
+        compression: Compression = DEFAULT_COMPRESSION,
         max_frames: int = 8,
         max_packs: int = 1,
         pack_bytes: int = STREAM_PACK_BYTES,
         spill_dir: Path | None = None,
+        spill_ram: int = 0,
     ) -> None:
         self._blobs = blobs
         self._index = index
@@ -127,7 +172,8 @@ class StreamedPages:
         self._writer = writer
         self._max_frames = max_frames
         self._max_packs = max_packs
-        self.builder = PackBuilder(executor, level, pack_bytes)
+        self.builder = PackBuilder(executor, compression, pack_bytes)
+        self._compression_name = str(compression)
         self.fresh: set[bytes] = set()
         """New pages of this dump not yet in the index (their pack not written): once a pack
         is indexed its pages are ``known`` and leave this set, so it holds the pages of the
@@ -141,9 +187,16 @@ class StreamedPages:
         self.written_packs: set[str] = set()
         self.bytes_new = 0
         self._spill_dir = spill_dir
+        self._spill_ram = spill_ram
         self._spill: Spill | None = None
         self.spilled = 0
-        """Bytes of pages that went through the spill file (its size at its largest)."""
+        """Bytes of pages that went through the spill (its size at its largest)."""
+        self.spilled_ram = 0
+        """Of which in RAM."""
+        self.times: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        """Seconds spent in each stage (``STAGES``), for the dump's profile line."""
+        self._times_lock = threading.Lock()
+        self._first_chunk = 0.0
 
     # ---- PageSink ----------------------------------------------------------------------------
 
@@ -156,13 +209,18 @@ class StreamedPages:
         (and from the first spilled chunk on, every chunk): never waits for ingest when
         there is a spill directory. ``data`` is the receiver's and is reused once this
         returns."""
+        now = time.perf_counter()
+        self._first_chunk = self._first_chunk or now
         if self._spill is None and self._spill_dir is not None and self._behind():
-            self._spill = Spill(self._spill_dir)
+            self._spill = Spill(self._spill_dir, self._spill_ram)
         if self._spill is not None:
             self._spill.append(name, offset, data)
             self.sizes[name] = offset + len(data)
+            self._add("spill_write", now)
+            self.times["receiving"] = time.perf_counter() - self._first_chunk
             return
         self._ingest(name, offset, data)
+        self.times["receiving"] = time.perf_counter() - self._first_chunk
 
     def _behind(self) -> bool:
         """Whether ingesting a chunk now could wait: frames or pack writes in flight at
@@ -173,13 +231,18 @@ class StreamedPages:
     def _ingest(self, name: str, offset: int, data: memoryview) -> None:
         """Two native calls as for a staged image (``pagepath``: every page hashed, then the
         runs of new pages), then one native copy of only the new pages."""
+        began = time.perf_counter()
         digests = pagepath.hash_pages(data, self.seed, zero_ref=True)
+        began = self._add("hash", began)
         fresh, runs = pagepath.plan_runs(digests, self._index.live(), self.fresh)
         self.refs[name] += digests
+        began = self._add("plan", began)
         if runs:
             self.builder.add_run(fresh, memoryview(pagepath.gather_pages(data, runs)))
+        began = self._add("copy", began)
         self.sizes[name] = max(self.sizes.get(name, 0), offset + len(data))
         self._flow()
+        self._add("wait", began)
 
     def end_image(self, name: str, size: int) -> None:
         self.sizes[name] = size
@@ -192,24 +255,52 @@ class StreamedPages:
         A spill that cannot be read back raises ``StoreError``; the spill is removed either
         way."""
         spill, self._spill = self._spill, None
+        finishing = time.perf_counter()
         if spill is not None:
-            self.spilled = spill.size
+            self.spilled, self.spilled_ram = spill.size, spill.in_ram
             try:
+                began = time.perf_counter()
                 for name, offset, data in spill.chunks():
+                    self._add("spill_read", began)
                     self._ingest(name, offset, data)
+                    began = time.perf_counter()
             except OSError as exc:
                 raise StoreError(f"pages spilled during the dump cannot be read back: {exc}"
                                  ) from exc
             finally:
                 spill.close()
             log.info("ingested %d MiB of pages spilled while CRIU dumped", spill.size >> 20)
+        began = time.perf_counter()
         self.builder.finish()
         self._submit_sealed()
         for write in self.writes:
             write.result()
+        began = self._add("drain", began)
         self.writes = []
         self.fresh = set()
         self._blobs.flush()  # once, here: not on CRIU's (frozen) path
+        self._add("flush", began)
+        self.times["finish"] = time.perf_counter() - finishing
+        self.times["compress_cpu"] = self.builder.compress_cpu_s
+
+    def profile(self) -> str:
+        """Where this dump's page ingest spent its time, one line (logged at commit)."""
+        t = self.times
+        return (f"pages: {t['receiving']:.2f} s receiving from CRIU (hash {t['hash']:.2f}, "
+                f"plan {t['plan']:.2f}, copy {t['copy']:.2f}, waiting for compression or "
+                f"writes {t['wait']:.2f}, spill {t['spill_write']:.2f} s for "
+                f"{self.spilled >> 20} MiB, {self.spilled_ram >> 20} MiB of it in RAM); after "
+                f"CRIU {t['finish']:.2f} s (spill read {t['spill_read']:.2f}, draining "
+                f"{t['drain']:.2f}, flush {t['flush']:.2f}); "
+                f"pack writes {t['write']:.2f} s; compression {t['compress_cpu']:.2f} CPU-s "
+                f"({self._compression_name}); {self.bytes_new >> 20} MiB new")
+
+    def _add(self, stage: str, began: float) -> float:
+        """``stage`` ran from ``began`` until now; now."""
+        now = time.perf_counter()
+        with self._times_lock:
+            self.times[stage] += now - began
+        return now
 
 
     def discard(self) -> None:
@@ -241,7 +332,10 @@ class StreamedPages:
         index has them now, unless the pack is one GC condemned (then none)."""
         pack_id, parts, pack_index = build_pack_parts(frames)
         again = pack_id in self._index.condemned
-        if self._blobs.put_parts(pack_key(pack_id), parts, if_absent=not again):
+        began = time.perf_counter()
+        written = self._blobs.put_parts(pack_key(pack_id), parts, if_absent=not again)
+        self._add("write", began)
+        if written:
             self.bytes_new += sum(memoryview(p).nbytes for p in parts)
             self.written_packs.add(pack_id)
         self._index.add_pack(pack_index)

@@ -13,6 +13,7 @@ from ckptd.adapters.storage import LocalBlobStore
 from ckptd.core.ports import BlobStore
 from ckptd.core.store.cas import ContentStore, StagingPolicy
 from ckptd.core.store.keys import ManifestKeys
+from ckptd.core.store.pagepath import DEFAULT_COMPRESSION, Compression
 from ckptd.domain import CheckpointRecord, ProcessFact, new_checkpoint_id
 from ckptd.testing import FakeClock, MemoryBlobStore
 
@@ -62,7 +63,12 @@ class Backend:
     keys: ManifestKeys = field(default_factory=ManifestKeys.generate)
     """The manifest keys every node of this store holds (unless a test gives others)."""
 
-    def store(self, gc_grace_s: float = 0.0, keys: ManifestKeys | None = None) -> ContentStore:
+    def store(
+        self,
+        gc_grace_s: float = 0.0,
+        keys: ManifestKeys | None = None,
+        compression: Compression = DEFAULT_COMPRESSION,
+    ) -> ContentStore:
         """A ContentStore on these objects (a second one is a daemon restart, or another
         node sharing the storage; with other ``keys``, a node that was not given the store's
         key). GC deletes unreferenced objects at once unless given a ``gc_grace_s``
@@ -74,6 +80,7 @@ class Backend:
             is_pages_file=is_pages_image,
             keys=keys or self.keys,
             gc_grace_s=gc_grace_s,
+            compression=compression,
         )
 
     def corrupt(self, key: str, offset: int, mask: int = 0xFF) -> None:

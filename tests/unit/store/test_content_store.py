@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from ckptd.core.store.cas import ContentStore
 from ckptd.core.store.index import load_pack_index, pack_key
 from ckptd.core.store.objects import blob_key, manifest_key
+from ckptd.core.store.pagepath import LZ4_MAGIC, ZSTD_MAGIC, CodecName, Compression
 from ckptd.errors import CheckpointNotFound, CorruptCheckpoint
 
 from .support import (
@@ -311,3 +312,44 @@ def test_gc_keeps_what_a_surviving_child_shares(backend: Backend) -> None:
     assert report.packs_deleted == 0  # the child needs the parent's pages
     assert checkout(store, child.id) == images(pages)
     assert store.verify().ok
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_either_codec_checks_out_verifies_and_names_a_damaged_frame(
+    backend: Backend, codec: CodecName
+) -> None:
+    """Issue 35: a store writing LZ4 frames (or zstd at a fast level) checks out byte for
+    byte, its frames are of that codec, and a damaged one is named, never restored."""
+    compression = Compression(codec, -2)
+    store = backend.store(compression=compression)
+    pages = make_pages(["pattern"] * 200 + ["random"] * 20 + ["zero"] * 10, 3)
+    files = images(pages, 3)
+    rec = commit(store, backend.clock, files)
+    assert checkout(store, rec.id) == files
+    assert checkout(backend.store(), rec.id) == files  # read by a node writing zstd
+    [pack_id] = store.manifest(rec.id).packs
+    frames = load_pack_index(backend.blobs, pack_id).frames
+    stored = backend.blobs.get(pack_key(pack_id))
+    magic = LZ4_MAGIC if codec == "lz4" else ZSTD_MAGIC
+    assert any(stored[f.offset : f.offset + 4] == magic for f in frames)
+    assert store.verify(rec.id).ok
+    squeezed = next(f for f in frames if stored[f.offset : f.offset + 4] == magic)
+    backend.corrupt(pack_key(pack_id), squeezed.offset + squeezed.length // 2, 0x01)
+    [problem] = store.verify(rec.id).problems
+    assert pack_id in problem
+    _assert_never_restored(store, rec.id)
+
+
+def test_a_store_switched_to_lz4_reads_its_zstd_checkpoints_and_dedups_against_them(
+    backend: Backend,
+) -> None:
+    """Frames say their codec: changing ``compression`` needs no rewrite; a child written
+    with LZ4 stores only its changed pages against its zstd parent, and both check out."""
+    pages = _base_pages()
+    parent = commit(backend.store(), backend.clock, images(pages))
+    lz4_store = backend.store(compression=Compression("lz4", 0))
+    changed = [*pages[:-8], *make_pages(["pattern"] * 8, 9)]
+    child = commit(lz4_store, backend.clock, images(changed), parent_id=parent.id)
+    assert child.bytes_new < parent.bytes_new / 10
+    assert checkout(lz4_store, parent.id) == images(pages)
+    assert checkout(backend.store(), child.id) == images(changed)

@@ -6,6 +6,7 @@ that do not compress are stored as they are and read back by the same rule.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
@@ -13,6 +14,7 @@ import random
 from collections.abc import Iterator
 from types import ModuleType
 
+import lz4.frame
 import pytest
 import xxhash
 import zstandard
@@ -20,8 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptd.core.store import pagepath
-from ckptd.core.store.packs import ZSTD_MAGIC, read_frame_data
+from ckptd.core.store.packs import read_frame_data
 from ckptd.core.store.pagehash import HASH_SIZE, PAGE_SIZE, ZERO_PAGE, ZERO_REF, PageHasher
+from ckptd.core.store.pagepath import (
+    DEFAULT_COMPRESSION,
+    LZ4_MAGIC,
+    ZSTD_MAGIC,
+    CodecName,
+    Compression,
+)
 from ckptd.errors import CorruptCheckpoint
 
 from .support import PAGE_KINDS, make_pages
@@ -157,11 +166,19 @@ def test_plans_made_in_chunks_are_the_same(
     }
 
 
+COMPRESSIONS = [Compression("zstd", 1), Compression("zstd", -3), Compression("lz4", 0),
+                Compression("lz4", -4)]
+
+
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.sampled_from(PAGE_KINDS), min_size=1, max_size=200), st.integers(0, 2**32))
-def test_frames_compress_or_are_stored_as_they_are(page_kinds: list[str], content: int) -> None:
-    """Either path's frame is strictly shorter than its pages (zstd) or exactly as long (raw),
-    and reads back, verified, to the same pages."""
+@given(st.lists(st.sampled_from(PAGE_KINDS), min_size=1, max_size=200), st.integers(0, 2**32),
+       st.sampled_from(COMPRESSIONS))
+def test_frames_compress_or_are_stored_as_they_are(
+    page_kinds: list[str], content: int, compression: Compression
+) -> None:
+    """Either path's frame, of either codec, is strictly shorter than its pages (a frame of
+    that codec) or exactly as long (raw), and reads back, verified, to the same pages, by
+    either path's decompression."""
     pages = make_pages(page_kinds, content)
     data = b"".join(pages)
     hasher = PageHasher(b"secret", 3)
@@ -169,20 +186,56 @@ def test_frames_compress_or_are_stored_as_they_are(page_kinds: list[str], conten
     compressors = [pagepath.py_compress_frame]
     if native is not None:
         compressors.append(native_compress)
+    magic = LZ4_MAGIC if compression.codec == "lz4" else ZSTD_MAGIC
     for compress in compressors:
-        frame = bytes(compress(data, 1))
+        frame = bytes(compress(data, compression))
         assert len(frame) <= len(data)
         if len(frame) == len(data):
             assert frame == data
         else:
-            assert frame.startswith(ZSTD_MAGIC)
+            assert frame.startswith(magic)
+            assert pagepath.py_decompress_frame(frame, len(data)) == data
         assert read_frame_data("p", 0, frame, hashes, hasher) == data
 
 
-def native_compress(data: bytes, level: int) -> bytes:
+def native_compress(data: bytes, compression: Compression = DEFAULT_COMPRESSION) -> bytes:
     assert native is not None
-    frame = native.compress_frame(data, level)
+    codec = native.CODEC_LZ4 if compression.codec == "lz4" else native.CODEC_ZSTD
+    frame = native.compress_frame(data, compression.level, codec)
     return data if frame is None else frame
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_a_damaged_frame_of_either_codec_is_refused_by_both_paths(
+    codec: CodecName, impl: ModuleType
+) -> None:
+    """Cut short, a flipped byte, a header declaring another size, trailing bytes, another
+    format: ValueError from either path, never other pages."""
+    rng = random.Random(9)
+    text = b"".join(f"{{\"n\":{rng.randrange(10**6)}}}\n".encode() for _ in range(40_000))
+    data = text[: 64 * PAGE_SIZE]
+    frame = bytes(pagepath.compress_frame(data, Compression(codec, 1)))
+    assert len(frame) < len(data)
+    assert impl.decompress_frame(frame, len(data)) == data
+    flipped = bytearray(frame)
+    flipped[len(frame) // 2] ^= 0xFF
+    for bad, size in [(frame[: len(frame) // 2], len(data)), (frame, len(data) - PAGE_SIZE),
+                      (frame, len(data) + PAGE_SIZE), (frame + b"\0" * 8, len(data)),
+                      (b"CKPACK01" + frame, len(data)), (b"", len(data))]:
+        with pytest.raises(ValueError):
+            impl.decompress_frame(bad, size)
+    with contextlib.suppress(ValueError):  # refused, or other bytes (the hashes catch them)
+        assert impl.decompress_frame(bytes(flipped), len(data)) != data
+
+
+def test_compression_settings_are_checked() -> None:
+    assert str(Compression()) == "zstd level 1"
+    with pytest.raises(ValueError, match="one of zstd, lz4"):
+        Compression("gzip", 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"zstd level 20 must be in \[-50, 19\]"):
+        Compression("zstd", 20)
+    with pytest.raises(ValueError, match="lz4 level"):
+        Compression("lz4", -51)
 
 
 @settings(max_examples=40, deadline=None)
@@ -205,14 +258,18 @@ def test_incompressible_frames_are_raw_and_compressible_ones_are_not() -> None:
     text = b"".join(
         f'{{"id":{rng.randrange(10**7)},"ok":true}}\n'.encode() for _ in range(200_000)
     )[: 1024 * PAGE_SIZE]
-    frame = native_compress(text, 1)
+    frame = native_compress(text)
     assert len(frame) < len(text) // 2
     assert zstandard.ZstdDecompressor().decompress(frame) == text
+    lz4_frame = native_compress(text, Compression("lz4", 0))
+    assert len(lz4_frame) < len(text) // 2
+    assert lz4.frame.decompress(lz4_frame) == text  # a standard LZ4 frame
+    assert native.compress_frame(noise, 0, native.CODEC_LZ4) is None
     # a frame of mixed pages (random ones every other page) still compresses
     mixed = b"".join(
         (noise if i % 2 else text)[i * PAGE_SIZE : (i + 1) * PAGE_SIZE] for i in range(1024)
     )
-    assert len(native_compress(mixed, 1)) < len(mixed) * 3 // 4
+    assert len(native_compress(mixed)) < len(mixed) * 3 // 4
 
 
 def test_a_legacy_zstd_frame_exactly_as_long_as_its_pages_still_reads() -> None:
@@ -316,9 +373,13 @@ def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
     if request.param == "native":
         if native is None:
             pytest.skip("ckptd._pages is not built")
-        yield native
+        yield type("native", (), {
+            name: staticmethod(getattr(native, name)) for name in dir(native)
+            if not name.startswith("_")
+        } | {"compress_frame": staticmethod(native_compress)})  # type: ignore[misc]
         return
     yield type("py", (), {
+        "decompress_frame": staticmethod(pagepath.py_decompress_frame),
         "hash_pages": staticmethod(pagepath.py_hash_pages),
         "verify_pages": staticmethod(pagepath.py_verify_pages),
         "plan_new": staticmethod(pagepath.py_plan_new),
@@ -339,9 +400,9 @@ def test_bad_arguments_are_refused(impl: ModuleType) -> None:
     with pytest.raises(ValueError, match="whole number"):
         impl.plan_new(bytes(HASH_SIZE + 3), set(), set())
     with pytest.raises(ValueError):
-        impl.compress_frame(b"", 1)
+        impl.compress_frame(b"", Compression())
     with pytest.raises(ValueError, match="whole number"):
-        impl.compress_frame(bytes(100), 1)
+        impl.compress_frame(bytes(100), Compression())
     fd = os.memfd_create("bad")
     try:
         for run in [(0, 1, 2), (0, -1, 1), (-1, 0, 1), (0, 3, 0)]:

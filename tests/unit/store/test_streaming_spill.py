@@ -162,3 +162,72 @@ def test_a_spill_that_cannot_be_read_back_fails_the_commit_in_one_line(tmp_path:
         with pytest.raises(StoreError, match="spilled during the dump cannot be read back"):
             sink.finish()
         assert not spill_dir.exists()
+
+
+def _memfds() -> list[str]:
+    found = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("/memfd:ckptd-spill"):
+            found.append(target)
+    return found
+
+
+@pytest.mark.parametrize("ram_pages", [10_000, 1500, 0])
+def test_the_spill_goes_to_ram_up_to_its_budget_then_to_the_file(
+    tmp_path: Path, ram_pages: int
+) -> None:
+    """Issue 35: a spill within ``spill_ram`` is held in an anonymous memfd (no file, no
+    directory made); past it, the rest (in order) goes to the file. Either way every page is
+    stored exactly and nothing is left: no memfd, no file, no directory."""
+    images = {"pages-1.img": _image(6, 2600), "pages-2.img": _image(7, 900)}
+    blobs, index = MemoryBlobStore(), PageIndex()
+    held = _HeldPuts(blobs)
+    spill_dir = tmp_path / "ck-4"
+    before = _memfds()
+    with ThreadPoolExecutor(2) as pool, ThreadPoolExecutor(1) as writer:
+        sink = StreamedPages(blobs=blobs, index=index, hasher=HASHER, executor=pool,
+                             writer=writer, pack_bytes=32 * PAGE_SIZE, max_frames=1,
+                             max_packs=1, spill_dir=spill_dir, spill_ram=ram_pages * PAGE_SIZE)
+        _feed(sink, images)
+        spill_file = spill_dir / SPILL_NAME
+        everything = sum(map(len, images.values()))
+        if ram_pages == 10_000:  # all of it fits
+            assert not spill_dir.exists()
+            assert len(_memfds()) == len(before) + 1
+        elif ram_pages:
+            assert len(_memfds()) == len(before) + 1
+            assert 0 < spill_file.stat().st_size < everything - ram_pages * PAGE_SIZE + CHUNK
+        else:
+            assert _memfds() == before
+            assert spill_file.is_file()
+        held.release()
+        sink.finish()
+        assert sink.spilled_ram <= ram_pages * PAGE_SIZE
+        assert sink.spilled_ram > 0 or ram_pages == 0
+        assert not spill_dir.exists()
+        assert _memfds() == before
+        for name, data in images.items():
+            assert _read_back(blobs, index, pool, sink, name, tmp_path) == data, name
+        assert "MiB of it in RAM" in sink.profile()
+
+
+def test_a_file_of_the_spill_s_name_it_did_not_make_is_left_alone(tmp_path: Path) -> None:
+    """A spill held in RAM never removes a file it did not make (only its own, O_EXCL)."""
+    spill_dir = tmp_path / "ck-5"
+    spill_dir.mkdir()
+    planted = spill_dir / SPILL_NAME
+    planted.write_bytes(b"someone else's")
+    blobs, index = MemoryBlobStore(), PageIndex()
+    held = _HeldPuts(blobs)
+    with ThreadPoolExecutor(2) as pool, ThreadPoolExecutor(1) as writer:
+        sink = StreamedPages(blobs=blobs, index=index, hasher=HASHER, executor=pool,
+                             writer=writer, pack_bytes=32 * PAGE_SIZE, max_frames=1,
+                             max_packs=1, spill_dir=spill_dir, spill_ram=64 << 20)
+        _feed(sink, {"pages-1.img": _image(8, 1200)})
+        held.release()
+        sink.finish()
+    assert planted.read_bytes() == b"someone else's"
