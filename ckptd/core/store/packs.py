@@ -29,6 +29,8 @@ read (``read_frame``), whether its frame is raw or compressed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 import threading
 import time
@@ -216,6 +218,24 @@ def build_pack_parts(
     return pack_id, body, PackIndex(pack_id, tuple(infos))
 
 
+@contextlib.contextmanager
+def idle_priority(idle: bool = True) -> Iterator[None]:
+    """The calling thread at Linux's idle scheduling class (``SCHED_IDLE``) inside, back to
+    the normal one after; nothing when ``idle`` is False (or where the class is refused)."""
+    if not idle:
+        yield
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
 class PackBuilder:
     """Accumulates new pages into frames, compresses frames on ``executor`` (``pagepath.
     compress_frame``: without the GIL, so frames compress in parallel; a frame that does not
@@ -242,6 +262,9 @@ class PackBuilder:
         """CPU seconds the executor's threads spent compressing this builder's frames (and
         gathering their pages), summed over threads (the profile: docs/performance)."""
         self._cpu_lock = threading.Lock()
+        self.idle = False
+        """While True, frames are compressed at the idle scheduling class (``idle_priority``:
+        only CPU time nobody else wants, so a tree's freeze is never lengthened by it)."""
         self._target = target_bytes
         self._pending: list[memoryview] = []
         self._pending_hashes: list[bytes] = []
@@ -313,15 +336,17 @@ class PackBuilder:
     def _compress(self, data: bytes | memoryview) -> Frame:
         began = time.thread_time()
         try:
-            return pagepath.compress_frame(data, self._compression)
+            with idle_priority(self.idle):
+                return pagepath.compress_frame(data, self._compression)
         finally:
             self._count_cpu(began)
 
     def _gather_compress(self, pages: memoryview, spans: list[tuple[int, int]]) -> Frame:
         began = time.thread_time()
         try:
-            return pagepath.compress_frame(pagepath.gather_pages(pages, spans),
-                                           self._compression)
+            with idle_priority(self.idle):
+                return pagepath.compress_frame(pagepath.gather_pages(pages, spans),
+                                               self._compression)
         finally:
             self._count_cpu(began)
 

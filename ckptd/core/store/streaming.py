@@ -38,7 +38,7 @@ from pathlib import Path
 from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagepath
 from ckptd.core.store.index import PageIndex, pack_key
-from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts
+from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts, idle_priority
 from ckptd.core.store.pagehash import PageHasher
 from ckptd.core.store.pagepath import DEFAULT_COMPRESSION, Compression
 from ckptd.errors import StoreError
@@ -84,6 +84,7 @@ class Spill:
         self._fds = [-1, -1]
         self._sizes = [0, 0]
         self._made_dir = self._made_file = False
+        self._buf: memoryview | None = None
         self.entries: list[tuple[str, int, int, int, int]] = []
         self.size = 0
 
@@ -116,12 +117,16 @@ class Spill:
         self._sizes[where] += len(data)
         self.size += len(data)
 
-    def chunks(self) -> Iterator[tuple[str, int, memoryview]]:
-        """Every chunk appended, in order, as (image, offset in the image, its bytes): the
-        bytes are one buffer, valid until the next chunk is asked for."""
-        buf = bytearray(min(SPILL_READ, max((n for *_, n in self.entries), default=0)))
-        view = memoryview(buf)
-        for name, offset, where, at, length in self.entries:
+    def chunks(self, first: int = 0, end: int | None = None
+               ) -> Iterator[tuple[str, int, memoryview]]:
+        """The chunks of entries ``first`` to ``end`` (default: all), in order, as (image,
+        offset in the image, its bytes): the bytes are one buffer, valid until the next
+        chunk is asked for. Entries may be appended meanwhile (``append`` has written an
+        entry's bytes before it lists it)."""
+        if self._buf is None:
+            self._buf = memoryview(bytearray(SPILL_READ))
+        view = self._buf
+        for name, offset, where, at, length in self.entries[first:end]:
             done = 0
             while done < length:
                 take = min(len(view), length - done)
@@ -138,6 +143,11 @@ class Spill:
             if fd >= 0:
                 os.close(fd)
                 self._fds[i] = -1
+        self.remove()
+
+    def remove(self) -> None:
+        """The file (and the directory this made) gone from the staging; what is open stays
+        readable until ``close``."""
         if self._made_file:  # never a file of this name it did not make (O_EXCL)
             with contextlib.suppress(OSError):
                 self.path.unlink()
@@ -197,6 +207,17 @@ class StreamedPages:
         """Seconds spent in each stage (``STAGES``), for the dump's profile line."""
         self._times_lock = threading.Lock()
         self._first_chunk = 0.0
+        self._drained = 0
+        """Spilled entries ingested so far (by the drainer, then ``finish``)."""
+        self._spill_cond = threading.Condition()
+        self._spill_ended = False
+        self._drainer: threading.Thread | None = None
+        self._draining = False
+        self._drainer_closes = False
+        self._abandoned = False
+        self._drain_error: BaseException | None = None
+        self._after_end = 0
+        """Bytes of the spill ingested after the dump ended (the rest overlapped CRIU)."""
 
     # ---- PageSink ----------------------------------------------------------------------------
 
@@ -213,9 +234,16 @@ class StreamedPages:
         self._first_chunk = self._first_chunk or now
         if self._spill is None and self._spill_dir is not None and self._behind():
             self._spill = Spill(self._spill_dir, self._spill_ram)
+            self._draining = True
+            self.builder.idle = True  # while CRIU sends: only CPU time it does not want
+            self._drainer = threading.Thread(target=self._drain, args=(self._spill,),
+                                             name="spill-drain", daemon=True)
+            self._drainer.start()
         if self._spill is not None:
             self._spill.append(name, offset, data)
-            self.sizes[name] = offset + len(data)
+            with self._spill_cond:
+                self._spill_cond.notify()
+            self.sizes[name] = max(self.sizes.get(name, 0), offset + len(data))
             self._add("spill_write", now)
             self.times["receiving"] = time.perf_counter() - self._first_chunk
             return
@@ -250,26 +278,30 @@ class StreamedPages:
     # ---- the end -----------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """The spilled chunks ingested (in order, after every chunk ingested before them),
-        then every page compressed and every pack written and durable (one ``flush``).
-        A spill that cannot be read back raises ``StoreError``; the spill is removed either
-        way."""
+        """The spilled chunks ingested (in order, after every chunk ingested before them:
+        the drainer's, which has ingested what it could while CRIU sent the rest), then
+        every page compressed and every pack written and durable (one ``flush``). A spill
+        that cannot be read back raises ``StoreError``; the spill is removed either way."""
         spill, self._spill = self._spill, None
         finishing = time.perf_counter()
         if spill is not None:
             self.spilled, self.spilled_ram = spill.size, spill.in_ram
+            with self._spill_cond:
+                self._spill_ended = True
+                self.builder.idle = False  # the tree runs: ingest at full speed now
+                self._spill_cond.notify_all()
             try:
-                began = time.perf_counter()
-                for name, offset, data in spill.chunks():
-                    self._add("spill_read", began)
-                    self._ingest(name, offset, data)
-                    began = time.perf_counter()
-            except OSError as exc:
-                raise StoreError(f"pages spilled during the dump cannot be read back: {exc}"
-                                 ) from exc
+                assert self._drainer is not None
+                self._drainer.join()
+                if isinstance(self._drain_error, OSError):
+                    raise StoreError("pages spilled during the dump cannot be read back: "
+                                     f"{self._drain_error}") from self._drain_error
+                if self._drain_error is not None:
+                    raise self._drain_error
             finally:
                 spill.close()
-            log.info("ingested %d MiB of pages spilled while CRIU dumped", spill.size >> 20)
+            log.info("ingested %d MiB of pages spilled while CRIU dumped (%d MiB after it "
+                     "ended)", spill.size >> 20, self._after_end >> 20)
         began = time.perf_counter()
         self.builder.finish()
         self._submit_sealed()
@@ -304,11 +336,55 @@ class StreamedPages:
 
 
     def discard(self) -> None:
-        """The dump is abandoned: its spill (if any) is removed; what was written stays as
+        """The dump is abandoned: its spill (if any) is removed now (the drainer, if it is
+        still ingesting, stops at its next chunk and closes it); what was written stays as
         unreferenced packs, for GC."""
         spill, self._spill = self._spill, None
-        if spill is not None:
+        if spill is None:
+            return
+        spill.remove()
+        with self._spill_cond:
+            self._abandoned = self._spill_ended = True
+            self._spill_cond.notify_all()
+            self._drainer_closes = self._draining
+        if not self._drainer_closes:
             spill.close()
+
+    def _drain(self, spill: Spill) -> None:
+        """The drainer's thread: ingests the spill's entries in order as they are appended,
+        at ingest's own pace (waiting for compression and writes is its wait, never CRIU's),
+        until the dump has ended and every entry is in, or the dump is abandoned. Sole
+        ingester while the spill exists (the receiver only appends)."""
+        try:
+            while True:
+                with self._spill_cond:
+                    while (self._drained >= len(spill.entries) and not self._spill_ended
+                           and not self._abandoned):
+                        self._spill_cond.wait()
+                    if self._abandoned or (self._drained >= len(spill.entries)
+                                           and self._spill_ended):
+                        return
+                    end, ended = len(spill.entries), self._spill_ended
+                for i in range(self._drained, end):
+                    began = time.perf_counter()
+                    for name, offset, data in spill.chunks(i, i + 1):
+                        self._add("spill_read", began)
+                        with idle_priority(self.builder.idle):
+                            self._ingest(name, offset, data)
+                        if ended:
+                            self._after_end += len(data)
+                        began = time.perf_counter()
+                    self._drained = i + 1
+                    if self._abandoned:
+                        return
+        except BaseException as exc:  # handed to finish, which raises it
+            self._drain_error = exc
+        finally:
+            with self._spill_cond:
+                self._draining = False
+                closes = self._drainer_closes
+            if closes:
+                spill.close()
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -333,7 +409,8 @@ class StreamedPages:
         pack_id, parts, pack_index = build_pack_parts(frames)
         again = pack_id in self._index.condemned
         began = time.perf_counter()
-        written = self._blobs.put_parts(pack_key(pack_id), parts, if_absent=not again)
+        with idle_priority(self.builder.idle):
+            written = self._blobs.put_parts(pack_key(pack_id), parts, if_absent=not again)
         self._add("write", began)
         if written:
             self.bytes_new += sum(memoryview(p).nbytes for p in parts)
