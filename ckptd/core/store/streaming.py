@@ -27,7 +27,9 @@ start, with nothing listed. Without ``spill_dir``, ingest waits instead (CRIU is
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import mmap
 import os
 import threading
 import time
@@ -39,7 +41,7 @@ from ckptd.core.ports import BlobStore
 from ckptd.core.store import pagepath
 from ckptd.core.store.index import PageIndex, pack_key
 from ckptd.core.store.packs import Frame, PackBuilder, build_pack_parts, idle_priority
-from ckptd.core.store.pagehash import PageHasher
+from ckptd.core.store.pagehash import PAGE_SIZE, PageHasher
 from ckptd.core.store.pagepath import DEFAULT_COMPRESSION, Compression
 from ckptd.errors import StoreError
 
@@ -75,12 +77,18 @@ class Spill:
     ``close``, with the directory when this made it. RAM first because the spill is what
     CRIU waits for: written at memory speed it keeps the freeze at CRIU's own copy, where a
     file in a disk's page cache is written at the disk's pace (docs/performance/profile.md).
-    """
+
+    The memfd is sized to its budget at once (sparse: RAM is used only as chunks are
+    written), sealed against shrinking and growing (so no one, root included, can cut it
+    under its mapping: no SIGBUS), and mapped read-only: its chunks are read in place, with
+    no copy, and stay valid until ``close`` (frames are compressed straight from them)."""
 
     def __init__(self, directory: Path, ram_bytes: int = 0) -> None:
         self.directory = directory
         self.path = directory / SPILL_NAME
-        self._ram_left = max(0, ram_bytes)
+        self._ram_left = max(0, ram_bytes) // PAGE_SIZE * PAGE_SIZE
+        self._map: mmap.mmap | None = None
+        self._ram: memoryview | None = None
         self._fds = [-1, -1]
         self._sizes = [0, 0]
         self._made_dir = self._made_file = False
@@ -97,7 +105,7 @@ class Spill:
         """Where a chunk of ``length`` goes: 0 (RAM) while it fits the budget, else 1."""
         if self._fds[1] < 0 and length <= self._ram_left:
             if self._fds[0] < 0:
-                self._fds[0] = os.memfd_create("ckptd-spill", os.MFD_CLOEXEC)
+                self._open_ram()
             self._ram_left -= length
             return 0
         if self._fds[1] < 0:
@@ -107,6 +115,19 @@ class Spill:
                                    0o600)
             self._made_file = True
         return 1
+
+    def _open_ram(self) -> None:
+        fd = os.memfd_create("ckptd-spill", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, self._ram_left)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            self._map = mmap.mmap(fd, self._ram_left, flags=mmap.MAP_SHARED,
+                                  prot=mmap.PROT_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._ram = memoryview(self._map)
+        self._fds[0] = fd
 
     def append(self, name: str, offset: int, data: memoryview) -> None:
         where = self._fd_for(len(data))
@@ -118,15 +139,19 @@ class Spill:
         self.size += len(data)
 
     def chunks(self, first: int = 0, end: int | None = None
-               ) -> Iterator[tuple[str, int, memoryview]]:
+               ) -> Iterator[tuple[str, int, memoryview, bool]]:
         """The chunks of entries ``first`` to ``end`` (default: all), in order, as (image,
-        offset in the image, its bytes): the bytes are one buffer, valid until the next
-        chunk is asked for. Entries may be appended meanwhile (``append`` has written an
-        entry's bytes before it lists it)."""
-        if self._buf is None:
-            self._buf = memoryview(bytearray(SPILL_READ))
-        view = self._buf
+        offset in the image, its bytes, stable). Stable: the RAM's, in place, valid until
+        ``close``; else the file's, read into one buffer, valid until the next chunk is
+        asked for. Entries may be appended meanwhile (``append`` has written an entry's
+        bytes before it lists it)."""
         for name, offset, where, at, length in self.entries[first:end]:
+            if where == 0 and self._ram is not None:
+                yield name, offset, self._ram[at : at + length], True
+                continue
+            if self._buf is None:
+                self._buf = memoryview(bytearray(SPILL_READ))
+            view = self._buf
             done = 0
             while done < length:
                 take = min(len(view), length - done)
@@ -135,10 +160,19 @@ class Spill:
                     what = "RAM" if where == 0 else f"file {self.path}"
                     raise OSError(f"spill {what}: {got} of {take} bytes at {at + done} "
                                   "read back")
-                yield name, offset + done, view[:take]
+                yield name, offset + done, view[:take], False
                 done += take
 
     def close(self) -> None:
+        """Everything dropped. The RAM's mapping goes now unless pages of it are still
+        referenced (frames in flight after a failure): then with the last reference."""
+        if self._ram is not None:
+            self._ram.release()
+            self._ram = None
+        if self._map is not None:
+            with contextlib.suppress(BufferError):
+                self._map.close()
+            self._map = None
         for i, fd in enumerate(self._fds):
             if fd >= 0:
                 os.close(fd)
@@ -256,16 +290,21 @@ class StreamedPages:
         return (self.builder.compressing() >= self._max_frames
                 or sum(not w.done() for w in self.writes) >= self._max_packs)
 
-    def _ingest(self, name: str, offset: int, data: memoryview) -> None:
+    def _ingest(self, name: str, offset: int, data: memoryview, *, stable: bool = False
+                ) -> None:
         """Two native calls as for a staged image (``pagepath``: every page hashed, then the
-        runs of new pages), then one native copy of only the new pages."""
+        runs of new pages), then one native copy of only the new pages — none when ``data``
+        is ``stable`` (the spill's RAM, valid until the packs are written): its frames are
+        compressed from it in place, or gathered on the executor."""
         began = time.perf_counter()
         digests = pagepath.hash_pages(data, self.seed, zero_ref=True)
         began = self._add("hash", began)
         fresh, runs = pagepath.plan_runs(digests, self._index.live(), self.fresh)
         self.refs[name] += digests
         began = self._add("plan", began)
-        if runs:
+        if runs and stable:
+            self.builder.add_runs(fresh, data, runs, in_runs=True)
+        elif runs:
             self.builder.add_run(fresh, memoryview(pagepath.gather_pages(data, runs)))
         began = self._add("copy", began)
         self.sizes[name] = max(self.sizes.get(name, 0), offset + len(data))
@@ -290,7 +329,8 @@ class StreamedPages:
                 self._spill_ended = True
                 self.builder.idle = False  # the tree runs: ingest at full speed now
                 self._spill_cond.notify_all()
-            try:
+        try:
+            if spill is not None:
                 assert self._drainer is not None
                 self._drainer.join()
                 if isinstance(self._drain_error, OSError):
@@ -298,16 +338,17 @@ class StreamedPages:
                                      f"{self._drain_error}") from self._drain_error
                 if self._drain_error is not None:
                     raise self._drain_error
-            finally:
+                log.info("ingested %d MiB of pages spilled while CRIU dumped (%d MiB after "
+                         "the commit began)", spill.size >> 20, self._after_end >> 20)
+            began = time.perf_counter()
+            self.builder.finish()
+            self._submit_sealed()
+            for write in self.writes:
+                write.result()
+            began = self._add("drain", began)
+        finally:  # after the writes: frames are read from the spill's RAM in place
+            if spill is not None:
                 spill.close()
-            log.info("ingested %d MiB of pages spilled while CRIU dumped (%d MiB after it "
-                     "ended)", spill.size >> 20, self._after_end >> 20)
-        began = time.perf_counter()
-        self.builder.finish()
-        self._submit_sealed()
-        for write in self.writes:
-            write.result()
-        began = self._add("drain", began)
         self.writes = []
         self.fresh = set()
         self._blobs.flush()  # once, here: not on CRIU's (frozen) path
@@ -367,10 +408,10 @@ class StreamedPages:
                     end, ended = len(spill.entries), self._spill_ended
                 for i in range(self._drained, end):
                     began = time.perf_counter()
-                    for name, offset, data in spill.chunks(i, i + 1):
+                    for name, offset, data, stable in spill.chunks(i, i + 1):
                         self._add("spill_read", began)
                         with idle_priority(self.builder.idle):
-                            self._ingest(name, offset, data)
+                            self._ingest(name, offset, data, stable=stable)
                         if ended:
                             self._after_end += len(data)
                         began = time.perf_counter()

@@ -164,16 +164,16 @@ def test_a_spill_that_cannot_be_read_back_fails_the_commit_in_one_line(tmp_path:
         assert not spill_dir.exists()
 
 
-def _memfds() -> list[str]:
-    found = []
+def _memfds() -> list[int]:
+    """The spill memfds open in this process (inode numbers: mmap holds a dup of each)."""
+    found = set()
     for fd in Path("/proc/self/fd").iterdir():
         try:
-            target = os.readlink(fd)
+            if os.readlink(fd).startswith("/memfd:ckptd-spill"):
+                found.add(os.stat(fd).st_ino)
         except OSError:
             continue
-        if target.startswith("/memfd:ckptd-spill"):
-            found.append(target)
-    return found
+    return sorted(found)
 
 
 @pytest.mark.parametrize("ram_pages", [10_000, 1500, 0])
