@@ -54,11 +54,12 @@ written, so this sets most of the memory bound."""
 Frames = Sequence[tuple[Future[Frame], tuple[bytes, ...]]]
 
 STAGES = ("receiving", "hash", "plan", "copy", "wait", "spill_write", "spill_read", "drain",
-          "flush", "finish", "write", "compress_cpu")
+          "flush", "finish", "write", "index", "compress_cpu")
 """The stages a streamed dump's profile counts (``StreamedPages.times``): while CRIU sends
 (``receiving``, of which hashing, planning, copying new pages, waiting for the pipeline,
 writing the spill), after it (``finish``: reading the spill back, draining compression and
-pack writes, the flush), pack writes (on the writer's threads) and compression (CPU-s)."""
+pack writes, the flush), pack writes and indexing their pages (on the writer's threads) and
+compression (CPU-s)."""
 
 SPILL_NAME = "pages.spill"
 SPILL_READ = 4 << 20
@@ -365,7 +366,8 @@ class StreamedPages:
                 f"{self.spilled >> 20} MiB, {self.spilled_ram >> 20} MiB of it in RAM); after "
                 f"CRIU {t['finish']:.2f} s (spill read {t['spill_read']:.2f}, draining "
                 f"{t['drain']:.2f}, flush {t['flush']:.2f}); "
-                f"pack writes {t['write']:.2f} s; compression {t['compress_cpu']:.2f} CPU-s "
+                f"pack writes {t['write']:.2f} s, indexing {t['index']:.2f} s; compression "
+                f"{t['compress_cpu']:.2f} CPU-s "
                 f"({self._compression_name}); {self.bytes_new >> 20} MiB new")
 
     def _add(self, stage: str, began: float) -> float:
@@ -452,10 +454,11 @@ class StreamedPages:
         began = time.perf_counter()
         with idle_priority(self.builder.idle):
             written = self._blobs.put_parts(pack_key(pack_id), parts, if_absent=not again)
-        self._add("write", began)
+        began = self._add("write", began)
         if written:
             self.bytes_new += sum(memoryview(p).nbytes for p in parts)
             self.written_packs.add(pack_id)
         self._index.add_pack(pack_index)
+        self._add("index", began)
         self.new_packs.append(pack_id)
         return () if again else [hashes for _, hashes in frames]
