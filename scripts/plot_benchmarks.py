@@ -71,26 +71,36 @@ def _bars(ax: Any, labels: list[str], series: list[tuple[str, list[float], str, 
     ax.set_ylabel(unit)
 
 
+def _other(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The run's second daemon (``--also``): its label and rows."""
+    if "staged" in data:
+        return "ckptd, stream_pages = false", _rows(data, "staged")
+    key = next(k for k in data if k.startswith("also "))
+    return "ckptd, " + key.removeprefix("also ").replace("=", " = "), _rows(data, key)
+
+
 def speed(data: dict[str, Any]) -> Figure:
-    rows, staged = _rows(data), _rows(data, "staged")
+    rows = _rows(data)
+    other_name, other = _other(data)
     labels = [f"{r['size_gib']} GiB {r['kind']}" for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     _bars(axes[0], labels, [
         ("raw criu dump", [r["raw_dump"] for r in rows], RAW, ""),
         ("raw criu dump + sync", [r["raw_dump_sync"] for r in rows], GREY, ""),
         ("ckptd (streamed, default)", [r["ckptd_dump"] for r in rows], CKPTD, ""),
-        ("ckptd, stream_pages = false", [r["dump"] for r in staged], OTHER, ""),
+        (other_name, [r["dump"] for r in other], OTHER, ""),
     ], "seconds")
     axes[0].set_title("dump: until durable")
     _bars(axes[1], labels, [
         ("raw criu", [r["raw_frozen"] for r in rows], RAW, ""),
         ("ckptd (streamed)", [r["ckptd_frozen"] for r in rows], CKPTD, ""),
-        ("ckptd, stream_pages = false", [r["frozen"] for r in staged], OTHER, ""),
+        (other_name, [r["frozen"] for r in other], OTHER, ""),
     ], "seconds")
     axes[1].set_title("frozen: the job stopped")
     _bars(axes[2], labels, [
         ("raw criu restore", [r["raw_restore"] for r in rows], RAW, ""),
         ("ckptd (streamed restore)", [r["ckptd_restore"] for r in rows], CKPTD, ""),
+        (other_name, [r["restore"] for r in other], OTHER, ""),
     ], "seconds")
     axes[2].set_title("restore: until the process runs")
     for ax in axes:
@@ -101,14 +111,15 @@ def speed(data: dict[str, Any]) -> Figure:
 
 
 def memory(data: dict[str, Any]) -> Figure:
-    rows, staged = _rows(data), _rows(data, "staged")
+    rows = _rows(data)
+    other_name, other = _other(data)
     labels = [f"{r['size_gib']} GiB {r['kind']}" for r in rows]
     fig, ax = plt.subplots(figsize=(7, 3.6))
     _bars(ax, labels, [
-        ("ckptd (streamed, default)",
+        ("ckptd (streamed, default: the spill in RAM)",
          [r["peak_rss_dump_mib"] + r["staging_dump_mib"] for r in rows], CKPTD, ""),
-        ("ckptd, stream_pages = false",
-         [r["peak_rss_dump_mib"] + r["staging_dump_mib"] for r in staged], OTHER, ""),
+        (other_name,
+         [r["peak_rss_dump_mib"] + r["staging_dump_mib"] for r in other], OTHER, ""),
     ], "MiB")
     ax.axhline(512, color="black", linewidth=0.8, linestyle="--")
     ax.text(-0.45, 540, "target: 512 MiB", fontsize=7)

@@ -506,7 +506,7 @@ def test_show_human(capsys: pytest.CaptureFixture[str], daemon: Daemon) -> None:
         "logical size:  1.0 GiB (1073741824 bytes)",
         "stored size:   256.0 MiB (268435456 bytes)",
         "new size:      50.0 MiB (52428800 bytes)",
-        "compression:   4.00x (logical/stored: zstd and zero pages)",
+        "compression:   4.00x (logical/stored: compressed frames and zero pages)",
         "dedup:         5.12x (stored/new: shared with earlier checkpoints)",
         "frozen:        0.42s",
         "total:         1.87s",
