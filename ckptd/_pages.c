@@ -38,6 +38,14 @@
  *       the pages of each run (first page, count) of `buffer`, concatenated (a frame).
  *   write_runs(fd, buffer, runs) -> None
  *       pwrite every run (page in the file, page in buffer, count) of `buffer`'s pages.
+ *   ps_entries(rbuf, rpos, rend, chunk, fill, dst_id, v42) -> (rpos, fill, entries, n, pages)
+ *       the page-server receiver's inner loop (adapters/criu/pageserver.py): the messages
+ *       PS_IOV_ADD / ADD_F / HOLE for `dst_id` that lie whole in rbuf[rpos:rend] (header
+ *       and pages), in order, each PRESENT one's pages copied to chunk[fill:] while they fit,
+ *       each encoded as its pagemap entry (CRIU 4.2's layout, or 4.1's with v42 false) into
+ *       `entries`; stops, consuming nothing more, at the first message it cannot take whole
+ *       (another command or image, cut short, pages not fitting): the caller's slow path
+ *       takes that one. n entries, of which `pages` pages, were taken.
  *   pagemap_columns(image) -> (pages_id, vaddrs, counts, flags, firsts)
  *       a CRIU pagemap image (its magics not checked: the caller does) as columns, for a
  *       lazy restore (adapters/criu/lazypages.py); ValueError if it is cut short.
@@ -1307,6 +1315,140 @@ done:
     return result;
 }
 
+/* ---- ps_entries ------------------------------------------------------------------------- */
+
+#define PS_ADD 1
+#define PS_HOLE 2
+#define PS_ADD_F 6
+#define PE_PARENT_F 1
+#define PE_PRESENT_F 4
+
+static uint64_t le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static size_t put_varint(unsigned char *o, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        o[n++] = (unsigned char)(v | 0x80);
+        v >>= 7;
+    }
+    o[n++] = (unsigned char)v;
+    return n;
+}
+
+static PyObject *ps_entries(PyObject *self, PyObject *args)
+{
+    Py_buffer rb, chunk;
+    Py_ssize_t rpos, rend, fill;
+    unsigned long long dst_id;
+    int v42;
+    PyObject *result = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nnw*nKp:ps_entries", &rb, &rpos, &rend, &chunk, &fill,
+                          &dst_id, &v42))
+        return NULL;
+    if (rpos < 0 || rend < rpos || rend > rb.len || fill < 0 || fill > chunk.len) {
+        PyErr_SetString(PyExc_ValueError, "positions outside the buffers");
+        goto done;
+    }
+    const unsigned char *in = rb.buf;
+    unsigned char *dst = chunk.buf;
+    size_t pos = (size_t)rpos, end = (size_t)rend, at = (size_t)fill, cap = (size_t)chunk.len;
+    size_t hdr = v42 ? 32 : 24, count = 0, pages = 0;
+    /* an entry is at most 4 + 3 tags + 3 varints of 10 bytes + 2 */
+    size_t out_cap = 4096, out_len = 0;
+    unsigned char *out = malloc(out_cap);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (end - pos >= hdr) {
+        const unsigned char *p = in + pos;
+        uint32_t word = le32(p);
+        uint64_t nr = v42 ? le64(p + 8) : le32(p + 4);
+        uint64_t vaddr = v42 ? le64(p + 16) : le64(p + 8);
+        uint64_t dst_of = v42 ? le64(p + 24) : le64(p + 16);
+        unsigned cmd = word & 0xFFFF, flags = word >> 16;
+        if (cmd == PS_ADD)
+            flags = PE_PRESENT_F;
+        else if (cmd == PS_HOLE)
+            flags = PE_PARENT_F;
+        else if (cmd != PS_ADD_F)
+            break;
+        if (dst_of != dst_id)
+            break;
+        size_t len = 0;
+        if (flags & PE_PRESENT_F) {
+            if (nr > (end - pos - hdr) / PAGE)
+                break; /* its pages are not all in the buffer yet */
+            len = (size_t)nr * PAGE;
+            if (len > cap - at)
+                break; /* they do not fit the chunk */
+        }
+        if (out_cap - out_len < 64) {
+            unsigned char *grown = realloc(out, out_cap * 2);
+            if (grown == NULL) {
+                nomem = 1;
+                break;
+            }
+            out = grown;
+            out_cap *= 2;
+        }
+        unsigned char *e = out + out_len + 4;
+        size_t n = 0;
+        e[n++] = 0x08;
+        n += put_varint(e + n, vaddr);
+        if (v42) {
+            e[n++] = 0x10;
+            e[n++] = 0x00;
+            e[n++] = 0x20;
+            n += put_varint(e + n, flags);
+            e[n++] = 0x28;
+            n += put_varint(e + n, nr);
+        } else {
+            e[n++] = 0x10;
+            n += put_varint(e + n, nr);
+            e[n++] = 0x20;
+            n += put_varint(e + n, flags);
+        }
+        out[out_len] = (unsigned char)n;
+        out[out_len + 1] = (unsigned char)(n >> 8);
+        out[out_len + 2] = out[out_len + 3] = 0;
+        out_len += 4 + n;
+        if (len) {
+            memcpy(dst + at, p + hdr, len);
+            at += len;
+            pages += (size_t)nr;
+        }
+        pos += hdr + len;
+        count++;
+    }
+    Py_END_ALLOW_THREADS
+    if (nomem)
+        PyErr_NoMemory();
+    else
+        result = Py_BuildValue("(nny#nn)", (Py_ssize_t)pos, (Py_ssize_t)at, (const char *)out,
+                               (Py_ssize_t)out_len, (Py_ssize_t)count, (Py_ssize_t)pages);
+    free(out);
+done:
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&chunk);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"hash_pages", (PyCFunction)(void (*)(void))hash_pages, METH_VARARGS | METH_KEYWORDS,
      "hash_pages(buffer, seed, *, zero_ref=False, threads=0) -> bytes: the xxh3-128 of every "
@@ -1348,6 +1490,10 @@ static PyMethodDef methods[] = {
      "pagemap_columns(image) -> (pages_id, vaddrs, counts, flags, firsts): a CRIU pagemap "
      "image (after its two magics) as columns, native-endian u64 / u64 / u32 / u64 arrays; "
      "firsts: each entry's first page in the pages image. ValueError if it is not one."},
+    {"ps_entries", ps_entries, METH_VARARGS,
+     "ps_entries(rbuf, rpos, rend, chunk, fill, dst_id, v42) -> (rpos, fill, entries, n, "
+     "pages): the page-server messages ADD/ADD_F/HOLE of dst_id whole in rbuf[rpos:rend], "
+     "their pages copied into chunk[fill:], their pagemap entries encoded."},
     {"cpu_count", cpu_count, METH_NOARGS,
      "cpu_count() -> int: the CPUs this process may run on (the threads' upper bound)."},
     {NULL, NULL, 0, NULL},

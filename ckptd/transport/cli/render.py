@@ -274,7 +274,8 @@ def checkpoint_details(ck: Mapping[str, Any]) -> str:
     ]
     compression = ratio(ck["bytes_logical"], ck["bytes"])
     if compression:
-        pairs.append(("compression", f"{compression} (logical/stored: compressed frames and zero pages)"))
+        pairs.append(("compression",
+                      f"{compression} (logical/stored: compressed frames and zero pages)"))
     dedup = ratio(ck["bytes"], ck["bytes_new"])
     if dedup:
         pairs.append(("dedup", f"{dedup} (stored/new: shared with earlier checkpoints)"))
