@@ -61,6 +61,7 @@ WHEELS=(
     grpcio==1.85.3
     protobuf==7.36.2
     zstandard==0.25.0
+    lz4==4.4.5
     obstore==0.12.1
     pyroute2==0.9.7
     grpcio-health-checking==1.85.1

@@ -90,7 +90,9 @@ class DaemonConfig:
     """Codec of new page frames: ``zstd`` or ``lz4`` (docs/performance/speed.md has the
     trade-off measured: LZ4 compresses ~3x and decompresses ~5x faster than zstd -1 and
     stores ~15% more bytes of real pages). A per-store choice: every node sharing a store
-    reads frames of both codecs (a frame says which it is), whatever it writes."""
+    reads frames of both codecs (a frame says which it is), whatever it writes — once every
+    one of them runs a ckptd that knows LZ4 (an older one refuses those checkpoints, never
+    restoring wrong data)."""
     compress_level: int = 1
     """The codec's level: zstd's (1: as ``zstd -1``; -1..-50: its ``--fast=N`` levels, faster,
     bigger), LZ4's (0-2: its default fast mode; negative: faster, bigger; 3-12: its slow HC

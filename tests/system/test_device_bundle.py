@@ -169,9 +169,10 @@ def test_bundle_readme_says_how_the_page_path_is_built(bundle: Path) -> None:
 
 def test_the_page_kit_builds_an_importable_pages_module(bundle: Path, tmp_path: Path) -> None:
     """What scripts/device-check.sh does on the GPU machine, with this machine's Python: the
-    module built from the kit alone (its headers, its libzstd by rpath) loads and hashes."""
+    module built from the kit alone (its headers, its libzstd and liblz4 by rpath) loads."""
     kit = bundle / "pages"
-    for name in ("include/zstd.h", "include/zstd_errors.h", "include/xxhash.h", "lib/libzstd.so.1"):
+    for name in ("include/zstd.h", "include/zstd_errors.h", "include/xxhash.h", "include/lz4.h",
+                 "include/lz4frame.h", "lib/libzstd.so.1", "lib/liblz4.so.1"):
         assert (kit / name).is_file(), name
     inc = sysconfig.get_paths()["include"]
     if not (Path(inc) / "Python.h").exists():
@@ -180,9 +181,11 @@ def test_the_page_kit_builds_an_importable_pages_module(bundle: Path, tmp_path: 
     subprocess.run(
         ["gcc", "-O2", "-pthread", "-shared", "-fPIC", f"-I{inc}", f"-I{kit / 'include'}",
          str(ROOT / "ckptd" / "_pages.c"), "-o", str(so), f"-L{kit / 'lib'}", "-l:libzstd.so.1",
-         f"-Wl,-rpath,{kit / 'lib'}"], check=True, capture_output=True, text=True)
+         "-l:liblz4.so.1", f"-Wl,-rpath,{kit / 'lib'}"], check=True, capture_output=True,
+        text=True)
     linked = subprocess.run(["ldd", str(so)], capture_output=True, text=True, check=True).stdout
     assert str(kit / "lib" / "libzstd.so.1") in linked, linked
+    assert str(kit / "lib" / "liblz4.so.1") in linked, linked
     probe = subprocess.run([sys.executable, "-c", "import _pages; print(sorted(dir(_pages))[:3])"],
                            env={**os.environ, "PYTHONPATH": str(tmp_path)},
                            capture_output=True, text=True, check=False)
