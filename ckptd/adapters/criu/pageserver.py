@@ -292,7 +292,7 @@ class PageServer:
         next_pages_id = 1
         try:
             while True:
-                if image is not None and self._chunk_buf is not None:
+                if image is not None:
                     self._take_entries(image)
                 self._fill(iov.size)
                 cmd_word, nr_pages, vaddr, dst_id = iov.unpack_from(self._rbuf, self._rpos)

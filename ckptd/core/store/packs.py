@@ -331,29 +331,23 @@ class PackBuilder:
             data = pages[first * PAGE_SIZE : (first + count) * PAGE_SIZE]
             self._queue(self._executor.submit(self._compress, data), hashes)
         else:
-            self._queue(self._executor.submit(self._gather_compress, pages, spans), hashes)
+            self._queue(self._executor.submit(self._compress, pages, spans), hashes)
 
-    def _compress(self, data: bytes | memoryview) -> Frame:
+    def _compress(
+        self, data: bytes | memoryview, spans: list[tuple[int, int]] | None = None
+    ) -> Frame:
+        """``data`` (with ``spans``: those runs of its pages, gathered first) as a frame, on
+        the executor; its CPU time counted in ``compress_cpu_s``."""
         began = time.thread_time()
         try:
             with idle_priority(self.idle):
+                if spans is not None:
+                    data = pagepath.gather_pages(data, spans)
                 return pagepath.compress_frame(data, self._compression)
         finally:
-            self._count_cpu(began)
-
-    def _gather_compress(self, pages: memoryview, spans: list[tuple[int, int]]) -> Frame:
-        began = time.thread_time()
-        try:
-            with idle_priority(self.idle):
-                return pagepath.compress_frame(pagepath.gather_pages(pages, spans),
-                                               self._compression)
-        finally:
-            self._count_cpu(began)
-
-    def _count_cpu(self, began: float) -> None:
-        spent = time.thread_time() - began
-        with self._cpu_lock:
-            self.compress_cpu_s += spent
+            spent = time.thread_time() - began
+            with self._cpu_lock:
+                self.compress_cpu_s += spent
 
     def add_frame(self, frame: Frame, hashes: Sequence[bytes]) -> None:
         """Queue a frame already made (compressed or raw, its pages verified by the caller)

@@ -15,10 +15,11 @@ while that pipeline is full (ingest would have to wait) is appended as it is to 
 ``spill_dir/pages.spill``, sequential writes into the page cache) and so is every later
 chunk of the dump, in order; ``finish`` (the commit, after CRIU has let the tree go) ingests
 the spilled chunks, in order, exactly as if they had just arrived, then drops the spill. So
-the tree stays frozen only for CRIU's own copy, memory stays bounded as above, and the spill
-(on disk, the staging of the dump, at most the size of its pages) is gone once the dump is
-committed or aborted (``discard``); a crash leaves it to the store's ``clean`` at the next
-start, with nothing listed. Without ``spill_dir``, ingest waits instead (CRIU is slowed).
+the tree stays frozen only for CRIU's own copy, memory stays bounded as above plus the
+spill's RAM (at most ``spill_ram``), and the spill (at most the size of its pages) is gone
+once the dump is committed or aborted (``discard``); a crash takes the RAM with the daemon
+and leaves the file (in the staging of the dump) to the store's ``clean`` at the next start,
+with nothing listed. Without ``spill_dir``, ingest waits instead (CRIU is slowed).
 
 ``refs`` and ``sizes`` then give each pages image's page list, to be stored with the other
 (small) images as for a staged dump; nothing is visible before the manifest.
@@ -63,7 +64,8 @@ compression (CPU-s)."""
 
 SPILL_NAME = "pages.spill"
 SPILL_READ = 4 << 20
-"""How much of the spill is read back at once (one buffer, reused)."""
+"""How much of the spill's file is read back at once (one buffer, reused; the RAM is read in
+place)."""
 
 
 class Spill:
@@ -158,9 +160,8 @@ class Spill:
                 take = min(len(view), length - done)
                 got = os.preadv(self._fds[where], [view[:take]], at + done)
                 if got != take:
-                    what = "RAM" if where == 0 else f"file {self.path}"
-                    raise OSError(f"spill {what}: {got} of {take} bytes at {at + done} "
-                                  "read back")
+                    raise OSError(f"spill file {self.path}: {got} of {take} bytes at "
+                                  f"{at + done} read back")
                 yield name, offset + done, view[:take], False
                 done += take
 
@@ -243,7 +244,7 @@ class StreamedPages:
         self._times_lock = threading.Lock()
         self._first_chunk = 0.0
         self._drained = 0
-        """Spilled entries ingested so far (by the drainer, then ``finish``)."""
+        """Spilled entries the drainer has ingested so far."""
         self._spill_cond = threading.Condition()
         self._spill_ended = False
         self._drainer: threading.Thread | None = None
@@ -280,9 +281,8 @@ class StreamedPages:
                 self._spill_cond.notify()
             self.sizes[name] = max(self.sizes.get(name, 0), offset + len(data))
             self._add("spill_write", now)
-            self.times["receiving"] = time.perf_counter() - self._first_chunk
-            return
-        self._ingest(name, offset, data)
+        else:
+            self._ingest(name, offset, data)
         self.times["receiving"] = time.perf_counter() - self._first_chunk
 
     def _behind(self) -> bool:
