@@ -50,15 +50,11 @@ from ckptd.transport.cli.output import print_json as _print_json
 from ckptd.transport.cli.output import stream_result as _stream_result
 
 if TYPE_CHECKING:  # imported on first use (lazy.py): --help and usage errors need none of them
-    import grpc
-
     from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
-    from ckptd._gen.ckptd.v1 import ckptd_pb2_grpc
-    from ckptd.transport.cli import asides, convert
+    from ckptd.transport.cli import asides, convert, wire
 else:
-    grpc = lazy.module("grpc")
+    wire = lazy.module("ckptd.transport.cli.wire")
     pb = lazy.module("ckptd._gen.ckptd.v1.ckptd_pb2")
-    ckptd_pb2_grpc = lazy.module("ckptd._gen.ckptd.v1.ckptd_pb2_grpc")
     asides = lazy.module("ckptd.transport.cli.asides")
     convert = lazy.module("ckptd.transport.cli.convert")
 
@@ -75,7 +71,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "RESOURCE_EXHAUSTED": EXIT_BUSY,
     "ABORTED": EXIT_BUSY,
 }
-"""Exit codes by gRPC status name (``grpc.StatusCode.X.name``; grpc is imported on use)."""
+"""Exit codes by gRPC status name (``wire.StatusCode.X.name``; grpc is imported on use)."""
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -143,8 +139,10 @@ class CheckpointerClient(Protocol):
     ) -> pb.CheckRestoreResponse: ...
 
 
-def _stub(channel: grpc.Channel) -> CheckpointerClient:
-    return cast(CheckpointerClient, ckptd_pb2_grpc.CheckpointerStub(channel))  # type: ignore[no-untyped-call]
+def _stub(channel: wire.Channel) -> CheckpointerClient:
+    """The daemon's Checkpointer service on ``channel`` (``wire``: not grpcio, issue 35)."""
+    service = pb.DESCRIPTOR.services_by_name["Checkpointer"]
+    return cast(CheckpointerClient, wire.Stub(channel, service, pb))
 
 
 class Context(NamedTuple):
@@ -650,9 +648,9 @@ def _went_away(args: argparse.Namespace | None, details: str) -> str:
             f"`{PROG} events` to see before retrying")
 
 
-def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
+def _rpc_error(err: wire.RpcError, socket: str, timeout: float | None,
                args: argparse.Namespace | None = None, late: bool = False) -> int:
-    from ckptd.transport.grpc.status import ERROR_KIND_KEY
+    from ckptd.transport.metadata import ERROR_KIND_KEY
 
     code_fn = getattr(err, "code", None)
     details_fn = getattr(err, "details", None)
@@ -663,18 +661,18 @@ def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
     metadata = (meta_fn() or ()) if callable(meta_fn) else ()
     from_daemon = any(key == ERROR_KIND_KEY for key, _ in metadata)
     refused = ""
-    if code == grpc.StatusCode.UNAVAILABLE and not from_daemon:
+    if code == wire.StatusCode.UNAVAILABLE and not from_daemon:
         from ckptd.transport.grpc.refusal import refusal_of
 
         refused = refusal_of(socket)  # the relay's line: this uid is at its limit
-    if code == grpc.StatusCode.UNAVAILABLE and from_daemon:
+    if code == wire.StatusCode.UNAVAILABLE and from_daemon:
         _err(details)  # the daemon could not reach another daemon (migration)
         exit_code = EXIT_FAILURE
     elif refused:
         _err(refused)
-    elif code == grpc.StatusCode.UNAVAILABLE and _CONNECTION_LOST.search(details):
+    elif code == wire.StatusCode.UNAVAILABLE and _CONNECTION_LOST.search(details):
         _err(_went_away(args, details))
-    elif code == grpc.StatusCode.UNAVAILABLE:
+    elif code == wire.StatusCode.UNAVAILABLE:
         if os.path.exists(socket) and not os.access(socket, os.R_OK | os.W_OK):
             _err(
                 f"cannot reach ckptd at {socket}: permission denied on the socket "
@@ -686,9 +684,9 @@ def _rpc_error(err: grpc.RpcError, socket: str, timeout: float | None,
                 "(start it with 'ckptd' or 'systemctl start ckptd')"
             )
     elif timeout is not None and args is not None and (
-            (code == grpc.StatusCode.DEADLINE_EXCEEDED and not from_daemon) or late):
+            (code == wire.StatusCode.DEADLINE_EXCEEDED and not from_daemon) or late):
         _err(_timed_out(args, timeout))  # "Stream removed", "Deadline Exceeded": the client's
-    elif code == grpc.StatusCode.DEADLINE_EXCEEDED and details in ("", "Deadline Exceeded"):
+    elif code == wire.StatusCode.DEADLINE_EXCEEDED and details in ("", "Deadline Exceeded"):
         _err(f"ckptd did not answer within {timeout:g}s; retry with a larger --timeout")
     elif details:
         _err(details)
@@ -715,7 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     started = time.monotonic()
     try:
-        with grpc.insecure_channel("unix:" + socket) as channel:
+        with wire.Channel(socket) as channel:
             ctx = Context(
                 socket=socket,
                 json=bool(getattr(args, "json", False)),
@@ -725,7 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return handler(ctx, args)
     except SystemExit as exc:  # a subparser's usage error found after parsing
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    except grpc.RpcError as err:
+    except wire.RpcError as err:
         late = timeout is not None and time.monotonic() - started >= timeout
         return _rpc_error(err, socket, timeout, args, late)
     except BadRequest as exc:  # a rule checked after parsing (the same as argparse's types)

@@ -6,10 +6,17 @@ single self-overwriting status line to a terminal.
 
 from __future__ import annotations
 
-import datetime as _dt
-import shutil
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ckptd.transport.cli import lazy
+
+if TYPE_CHECKING:
+    import datetime as _dt
+    import shutil
+else:  # imported on first use: a small dump's output needs neither (issue 35)
+    _dt = lazy.module("datetime")
+    shutil = lazy.module("shutil")
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 

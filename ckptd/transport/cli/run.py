@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -58,12 +56,15 @@ from ckptd.transport.cli.output import (
 )
 
 if TYPE_CHECKING:  # imported on first use (lazy.py): building the parser needs none
-    import grpc
+    import shutil
+    import subprocess
 
     from ckptd._gen.ckptd.v1 import ckptd_pb2 as pb
-    from ckptd.transport.cli import no_io_uring
+    from ckptd.transport.cli import no_io_uring, wire
 else:
-    grpc = lazy.module("grpc")
+    shutil = lazy.module("shutil")
+    subprocess = lazy.module("subprocess")
+    wire = lazy.module("ckptd.transport.cli.wire")
     pb = lazy.module("ckptd._gen.ckptd.v1.ckptd_pb2")
     no_io_uring = lazy.module("ckptd.transport.cli.no_io_uring")
 
@@ -111,7 +112,7 @@ def cmd_run(ctx: Any, args: argparse.Namespace) -> int:
             # the daemon finds the job as our only child: our pids may not be its pids
             ctx.client.SetPolicy(pb.SetPolicyRequest(policy=policy, callers_child=True),
                                  timeout=ctx.timeout)
-        except grpc.RpcError:
+        except wire.RpcError:
             _signal_job(job, signal.SIGTERM)
             job.wait()
             raise
@@ -182,8 +183,8 @@ def _reserve_pids(ctx: Any) -> None:
     container: said in one line, the job starts anyway."""
     try:
         ctx.client.ReservePids(pb.ReservePidsRequest(above=RESERVED_PIDS), timeout=ctx.timeout)
-    except grpc.RpcError as exc:
-        if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+    except wire.RpcError as exc:
+        if exc.code() is not wire.StatusCode.UNIMPLEMENTED:
             err(f"cannot reserve pids for the job ({exc.details()}); it may not be restorable "
                 "into another container")
 
@@ -252,7 +253,7 @@ def _restore_into_this_container(
         return None
     try:
         listed = ctx.client.List(pb.ListRequest(name=name), timeout=ctx.timeout)
-    except grpc.RpcError as exc:
+    except wire.RpcError as exc:
         raise CliError(f"cannot look for a checkpoint of {name}: {exc.details()}",
                        EXIT_UNAVAILABLE) from exc
     if not listed.checkpoints:
@@ -264,8 +265,8 @@ def _restore_into_this_container(
             timeout=ctx.timeout), "result")
         if result is None:
             raise CliError(f"ckptd ended the restore of {newest.id} without a result")
-    except (grpc.RpcError, CliError) as exc:
-        why = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+    except (wire.RpcError, CliError) as exc:
+        why = exc.details() if isinstance(exc, wire.RpcError) else str(exc)
         if args.fresh_on_failure:
             err(f"cannot restore {name} from {newest.id}: {why}; starting it afresh "
                 "(--fresh-on-failure)")
@@ -329,8 +330,8 @@ def _forget_ended(ctx: Any, name: str, *, died: bool, wait_s: float = 60.0
                 pb.ClearPolicyRequest(name=name, unless_drained=True,
                                       unless_died_checkpointed=died), timeout=ctx.timeout)
             return str(response.drained_checkpoint_id), str(response.kept_checkpoint_id)
-        except grpc.RpcError as exc:
-            busy = exc.code() == grpc.StatusCode.ABORTED
+        except wire.RpcError as exc:
+            busy = exc.code() == wire.StatusCode.ABORTED
             if not busy or time.monotonic() > deadline:
                 return "", ""  # the job is over; a stale policy only names a pid that is gone
             time.sleep(0.2)
@@ -342,7 +343,7 @@ def _checkpoint_then_stop(
     late = False
     try:
         response = ctx.client.Drain(pb.DrainRequest(names=[name]), timeout=args.grace)
-    except grpc.RpcError as exc:
+    except wire.RpcError as exc:
         if exc.code().name not in _STILL_GOING:
             if job.poll() is None:  # else: refused as the job had ended, said below
                 err(f"checkpoint of {name} before termination failed: {exc.details()}; "
@@ -355,7 +356,7 @@ def _checkpoint_then_stop(
             late = True
             try:
                 response = ctx.client.Drain(pb.DrainRequest(names=[name]), timeout=LATE_S)
-            except grpc.RpcError as again:
+            except wire.RpcError as again:
                 err(f"checkpoint of {name} before termination failed: {again.details()}; "
                     "stopping it")
                 response = None
@@ -380,7 +381,7 @@ def _checkpoint_then_stop(
 
 
 _STILL_GOING = frozenset({"DEADLINE_EXCEEDED", "ABORTED", "CANCELLED"})
-"""gRPC status names (``grpc.StatusCode.X.name``) after which the daemon may still be dumping."""
+"""gRPC status names (``wire.StatusCode.X.name``) after which the daemon may still be dumping."""
 LATE_S = 900.0
 """How long run waits, past --grace, for a checkpoint the daemon may still be taking."""
 

@@ -25,11 +25,7 @@ from typing import NoReturn
 import grpc
 
 from ckptd import errors
-
-ERROR_KIND_KEY = "ckptd-error"
-"""Trailing metadata key of a status the daemon chose (its value: the error's class name), so
-that a client tells the daemon's own UNAVAILABLE (a peer daemon unreachable) from not reaching
-the daemon at all."""
+from ckptd.transport.metadata import ERROR_KIND_KEY as ERROR_KIND_KEY  # noqa: PLC0414
 
 log = logging.getLogger("ckptd.transport.grpc")
 
