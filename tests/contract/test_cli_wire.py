@@ -161,14 +161,20 @@ def test_a_deadline_that_passes(server: tuple[str, Behaviour, Any]) -> None:
         assert stub.List(pb.ListRequest(pid=7), timeout=10).checkpoints[0].pid == 7
 
 
+def _following(stub: Any, backlog: int) -> tuple[Any, Iterator[pb.Event]]:
+    """A following Watch and its iterator, its first event taken."""
+    call = stub.Watch(pb.WatchRequest(backlog=backlog, follow=True), timeout=None)
+    it = iter(call)
+    assert next(it).seq == 0
+    return call, it
+
+
 def test_a_cancelled_stream_ends_on_the_server_and_the_channel_goes_on(
         server: tuple[str, Behaviour, Any]) -> None:
     path, behaviour, _ = server
     channel, stub = _stub(path)
     with channel:
-        call = stub.Watch(pb.WatchRequest(backlog=2, follow=True), timeout=None)
-        it = iter(call)
-        assert next(it).seq == 0
+        call, _it = _following(stub, backlog=2)
         assert behaviour.watch_started.wait(10)
         assert call.cancel()
         assert behaviour.watch_cancelled.wait(10), "the server never saw the cancellation"
@@ -181,15 +187,39 @@ def test_a_server_that_stops_mid_call(server: tuple[str, Behaviour, Any]) -> Non
     path, _behaviour, srv = server
     channel, stub = _stub(path)
     with channel:
-        call = stub.Watch(pb.WatchRequest(backlog=1, follow=True), timeout=None)
-        it = iter(call)
-        assert next(it).seq == 0
+        _call, it = _following(stub, backlog=1)
         threading.Timer(0.2, lambda: srv.stop(0.1)).start()
         with pytest.raises(wire.RpcError) as caught:
             list(it)
     assert caught.value.code() in (wire.StatusCode.UNAVAILABLE, wire.StatusCode.CANCELLED)
     from ckptd.transport.cli.main import _CONNECTION_LOST
     assert _CONNECTION_LOST.search(caught.value.details()), caught.value.details()
+
+
+def test_each_window_is_given_back_only_what_it_received() -> None:
+    """Flow control across calls on one connection: 10 MiB on an abandoned stream, then
+    20 MiB on the next: at every moment the connection has got back at most what it
+    received, and each stream at most what it received (more overflows its window: the
+    server's FLOW_CONTROL_ERROR). The frames go through the channel's own frame handling;
+    the replies are read back."""
+    channel = wire.Channel("/nonexistent")
+    received: dict[int, int] = {1: 0, 3: 0}
+    given: dict[int, int] = {0: 0, 1: 0, 3: 0}
+    chunk = b"x" * 16384
+    for stream, mib in ((1, 10), (3, 20)):
+        channel._streams = {stream: wire._Stream()}
+        for _ in range(mib * 64):
+            replies: list[bytes] = []
+            channel._take(wire.DATA, 0, stream, chunk, replies)
+            received[stream] += len(chunk)
+            for reply in replies:
+                kind, target = reply[3], int.from_bytes(reply[5:9], "big")
+                assert kind == wire.WINDOW_UPDATE
+                given[target] += int.from_bytes(reply[9:13], "big")
+            # at every moment, never more given back than received (on each window)
+            assert given[0] <= received[1] + received[3], (given, received)
+            assert given[1] <= received[1] and given[3] <= received[3], (given, received)
+    assert given[0] > 0 and given[3] > 0
 
 
 def test_nothing_listening_is_unavailable() -> None:

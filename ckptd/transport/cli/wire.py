@@ -55,6 +55,8 @@ WINDOW = (1 << 31) - 1
 """The receive window asked for, per stream and for the connection."""
 DEFAULT_WINDOW = 65535
 """Every window's size before SETTINGS say otherwise (RFC 9113 6.9.2)."""
+ACK_AFTER = 1 << 24
+"""Received bytes given back (WINDOW_UPDATE) once this many are used of a window."""
 _PREFIX = struct.Struct(">BI")
 _FRAME = struct.Struct(">HBBBI")  # length (24 bits: 16 + 8), type, flags, stream id
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -65,7 +67,6 @@ END_STREAM = ACK = 0x1
 END_HEADERS = 0x4
 PADDED = 0x8
 PRIORITY_FLAG = 0x20
-SETTINGS_HEADER_TABLE_SIZE = 0x1
 SETTINGS_ENABLE_PUSH = 0x2
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
@@ -197,6 +198,8 @@ class _Stream:
         self.reset: int | None = None
         self.goaway = ""
         self.send_window = DEFAULT_WINDOW
+        self.unacked = 0
+        """Bytes received on this stream not yet given back (WINDOW_UPDATE)."""
 
 
 class Channel:
@@ -206,6 +209,10 @@ class Channel:
     def __init__(self, path: str) -> None:
         self.path = path
         self._sock: socket.socket | None = None
+        self._new_connection()
+
+    def _new_connection(self) -> None:
+        """The state of a connection not yet opened (every connection starts from it)."""
         self._open: Call[Any] | None = None
         self._streams: dict[int, _Stream] = {}
         self._next_stream = 1
@@ -216,6 +223,7 @@ class Channel:
         self._send_window = DEFAULT_WINDOW
         self._stream_window = DEFAULT_WINDOW
         self._unacked = 0
+        """Bytes received on the connection not yet given back (WINDOW_UPDATE)."""
         self._goaway = ""
         """What the server's GOAWAY said ("": none): no new call on this connection."""
 
@@ -227,16 +235,8 @@ class Channel:
 
     def close(self) -> None:
         """Close the connection (a later call opens a new one)."""
-        sock, self._sock, self._open = self._sock, None, None
-        self._streams.clear()
-        self._inbox.clear()
-        self._decoder = hpack.Decoder()
-        self._block = None
-        self._next_stream = 1
-        self._send_window = self._stream_window = DEFAULT_WINDOW
-        self._max_frame = 16384
-        self._unacked = 0
-        self._goaway = ""
+        sock, self._sock = self._sock, None
+        self._new_connection()
         if sock is not None:
             sock.close()
 
@@ -458,17 +458,21 @@ class Channel:
             state.ended = True
 
     def _data(self, flags: int, stream: int, payload: bytes, replies: list[bytes]) -> None:
+        """A DATA frame: its bytes (padding included) count against the connection's window
+        and its stream's; each is given back what was received on it, once 16 MiB of its
+        2 GiB are used (a stream only while it is open: never more than it received)."""
         self._unacked += len(payload)
         state = self._streams.get(stream)
         if state is not None:
             state.data += self._unpadded(flags, payload)
+            state.unacked += len(payload)
             if flags & END_STREAM:
                 state.ended = True
-        if self._unacked >= 1 << 24:  # the windows are 2 GiB: give back well before
-            increment = struct.pack(">I", self._unacked)
-            replies.append(frame(WINDOW_UPDATE, 0, 0, increment))
-            if state is not None and not state.ended:
-                replies.append(frame(WINDOW_UPDATE, 0, stream, increment))
+            elif state.unacked >= ACK_AFTER:
+                replies.append(frame(WINDOW_UPDATE, 0, stream, struct.pack(">I", state.unacked)))
+                state.unacked = 0
+        if self._unacked >= ACK_AFTER:
+            replies.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._unacked)))
             self._unacked = 0
 
 
@@ -588,7 +592,8 @@ class Call(Generic[_M]):
             code = _HTTP_CODES.get(int(status) if status.isdigit() else 0, StatusCode.UNKNOWN)
             raise RpcError(code, f"HTTP status {status.decode(errors='replace') or 'missing'}")
         fields = state.trailers if state.trailers is not None else state.headers
-        raw = dict(fields).get(b"grpc-status")
+        named = dict(fields)
+        raw = named.get(b"grpc-status")
         if raw is None:
             raise RpcError(StatusCode.UNKNOWN, "the server ended the call without a status")
         try:
@@ -596,7 +601,7 @@ class Call(Generic[_M]):
         except ValueError:
             code = StatusCode.UNKNOWN
         if code is not StatusCode.OK:
-            raise RpcError(code, _percent_decoded(dict(fields).get(b"grpc-message", b"")),
+            raise RpcError(code, _percent_decoded(named.get(b"grpc-message", b"")),
                            _metadata(fields))
         if state.data:
             raise RpcError(StatusCode.INTERNAL, "the call ended inside a message")
